@@ -1,0 +1,60 @@
+//! The command line: `serve`, `check`, `rank`, `plugin …`, `demo`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod rank;
+
+/// poolgate — a gateway for LLM APIs that sends every request to the best account
+/// of a pool, as decided by a chain of sandboxed WebAssembly policy plugins.
+#[derive(Parser)]
+#[command(name = "poolgate", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the configured chain on one JSON case and print the decision record.
+    ///
+    /// The case holds the accounts with their state, the request facts and the
+    /// clock (`now_ms`); see docs/writing-plugins.md for the format. The chain comes
+    /// from `--config` (its `[[policy.chain]]`), or is the default chain.
+    ///
+    /// Example:
+    ///   poolgate rank --config poolgate.toml --input case.json
+    Rank(rank::Args),
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Rank(args) => rank::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("POOLGATE_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// A config path argument shared by several subcommands.
+pub(crate) fn load_config(path: Option<&PathBuf>) -> anyhow::Result<crate::config::Config> {
+    match path {
+        Some(p) => crate::config::Config::load(p),
+        None => Ok(crate::config::Config::default()),
+    }
+}

@@ -1,0 +1,228 @@
+//! The TOML configuration: the pool of accounts, the policy chain, and the server.
+//!
+//! Every key is documented in `docs/configuration.md`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{self, BreakerConfig, Limits, PluginRef, PluginSpec, StageSpec};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The policy chain and the plugin sandbox.
+    #[serde(default)]
+    pub policy: PolicyConfig,
+    /// The accounts of the pool.
+    #[serde(default)]
+    pub accounts: Vec<AccountConfig>,
+}
+
+/// `[policy]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Default deadline of one plugin call, ms.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Default memory cap per plugin instance, MiB.
+    #[serde(default = "default_memory_mb")]
+    pub memory_mb: usize,
+    /// Where compiled plugins are cached; empty disables the disk cache.
+    #[serde(default)]
+    pub cache_dir: Option<PathBuf>,
+    /// Quota readings older than this count as stale, ms.
+    #[serde(default = "default_freshness_ms")]
+    pub freshness_ms: u64,
+    /// Warm instances kept per plugin (default: one per CPU).
+    #[serde(default)]
+    pub instances: Option<usize>,
+    /// The per-stage circuit breaker.
+    #[serde(default)]
+    pub breaker: BreakerToml,
+    /// The stages, in order. Empty means the default chain.
+    #[serde(default)]
+    pub chain: Vec<StageConfig>,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            timeout_ms: default_timeout_ms(),
+            memory_mb: default_memory_mb(),
+            cache_dir: None,
+            freshness_ms: default_freshness_ms(),
+            instances: None,
+            breaker: BreakerToml::default(),
+            chain: Vec::new(),
+        }
+    }
+}
+
+fn default_timeout_ms() -> u64 {
+    policy::DEFAULT_DEADLINE_MS
+}
+fn default_memory_mb() -> usize {
+    policy::DEFAULT_MEMORY_MB
+}
+fn default_freshness_ms() -> u64 {
+    crate::snapshot::DEFAULT_FRESHNESS_MS
+}
+
+/// `[policy.breaker]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerToml {
+    /// Consecutive failures that open a stage's breaker (0 = never).
+    #[serde(default = "default_breaker_failures")]
+    pub failures: u32,
+    /// First cool-off, ms.
+    #[serde(default = "default_breaker_cooldown")]
+    pub cooldown_ms: u64,
+    /// Longest cool-off, ms.
+    #[serde(default = "default_breaker_max")]
+    pub max_cooldown_ms: u64,
+}
+
+impl Default for BreakerToml {
+    fn default() -> Self {
+        let d = BreakerConfig::default();
+        BreakerToml { failures: d.failures, cooldown_ms: d.cooldown_ms, max_cooldown_ms: d.max_cooldown_ms }
+    }
+}
+
+fn default_breaker_failures() -> u32 {
+    BreakerConfig::default().failures
+}
+fn default_breaker_cooldown() -> u64 {
+    BreakerConfig::default().cooldown_ms
+}
+fn default_breaker_max() -> u64 {
+    BreakerConfig::default().max_cooldown_ms
+}
+
+/// One `[[policy.chain]]` stage.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageConfig {
+    /// `builtin:<name>` or a path to a `.wasm` component (relative to the config
+    /// file).
+    pub plugin: String,
+    /// Name in decisions and status (default: the plugin reference).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// State scope (default: the built-in's name or the file stem).
+    #[serde(default)]
+    pub scope: Option<String>,
+    /// This stage's call deadline, ms.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// This stage's memory cap, MiB.
+    #[serde(default)]
+    pub memory_mb: Option<usize>,
+    /// The plugin's own options, handed to `configure` as JSON.
+    #[serde(default)]
+    pub config: Option<toml::Table>,
+}
+
+/// One `[[accounts]]` entry.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountConfig {
+    /// Stable id.
+    pub id: String,
+    /// Display alias; fill-first orders by it (default: the id).
+    #[serde(default)]
+    pub alias: Option<String>,
+    /// The primary account.
+    #[serde(default)]
+    pub primary: bool,
+}
+
+/// The chain used when the config names none: drop accounts known to be exhausted,
+/// then pick the most headroom. Skip-exhausted first means headroom never ranks a
+/// seat whose quota says it will refuse; headroom then spreads load as dario does.
+pub const DEFAULT_CHAIN: &[&str] = &["builtin:skip-exhausted", "builtin:headroom"];
+
+impl Config {
+    /// Reads and parses a config file.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
+        let mut config: Config = toml::from_str(&text).with_context(|| format!("invalid config {}", path.display()))?;
+        config.resolve_paths(path.parent().unwrap_or(Path::new(".")));
+        Ok(config)
+    }
+
+    /// Makes plugin paths relative to the config file's directory.
+    pub fn resolve_paths(&mut self, base: &Path) {
+        for stage in &mut self.policy.chain {
+            if !stage.plugin.starts_with("builtin:") && Path::new(&stage.plugin).is_relative() {
+                stage.plugin = base.join(&stage.plugin).to_string_lossy().into_owned();
+            }
+        }
+    }
+
+    /// The stages to load: the configured chain, or the default one.
+    pub fn stage_specs(&self) -> Result<Vec<StageSpec>> {
+        let p = &self.policy;
+        let defaults;
+        let stages: &[StageConfig] = if p.chain.is_empty() {
+            defaults = DEFAULT_CHAIN
+                .iter()
+                .filter(|s| policy::builtin_names().iter().any(|b| b == *s))
+                .map(|s| StageConfig {
+                    plugin: s.to_string(),
+                    name: None,
+                    scope: None,
+                    timeout_ms: None,
+                    memory_mb: None,
+                    config: None,
+                })
+                .collect::<Vec<_>>();
+            &defaults
+        } else {
+            &p.chain
+        };
+        let max_idle = p.instances.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        stages
+            .iter()
+            .map(|s| {
+                let plugin = PluginRef::parse(&s.plugin);
+                let config_json = serde_json::to_string(&s.config.clone().unwrap_or_default())?;
+                let timeout = s.timeout_ms.unwrap_or(p.timeout_ms);
+                Ok(StageSpec {
+                    name: s.name.clone().unwrap_or_else(|| s.plugin.clone()),
+                    plugin: PluginSpec {
+                        scope: s.scope.clone().unwrap_or_else(|| plugin.default_scope()),
+                        plugin,
+                        config_json,
+                        limits: Limits {
+                            deadline: std::time::Duration::from_millis(timeout),
+                            memory_bytes: s.memory_mb.unwrap_or(p.memory_mb) << 20,
+                            ..Limits::default()
+                        },
+                        max_idle,
+                    },
+                })
+            })
+            .collect()
+    }
+
+    /// The breaker settings.
+    pub fn breaker(&self) -> BreakerConfig {
+        let b = &self.policy.breaker;
+        BreakerConfig { failures: b.failures, cooldown_ms: b.cooldown_ms, max_cooldown_ms: b.max_cooldown_ms }
+    }
+
+    /// The compiled-plugin cache directory (`None` when disabled).
+    pub fn cache_dir(&self) -> Option<PathBuf> {
+        match &self.policy.cache_dir {
+            Some(p) if p.as_os_str().is_empty() => None,
+            Some(p) => Some(p.clone()),
+            None => policy::PolicyEngine::default_cache_dir(),
+        }
+    }
+}

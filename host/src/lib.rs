@@ -1,0 +1,25 @@
+//! poolgate: a gateway for LLM APIs that routes every request to the best account
+//! of a pool, decided by a chain of sandboxed WebAssembly policy plugins.
+//!
+//! Where things live:
+//! - [`policy`] — the plugin runtime: engine, sandbox, instance pools, and the chain
+//!   (`policy::chain` is where a request's order is decided).
+//! - [`snapshot`] — the plain-data view of an account that the chain ranks.
+//! - [`config`] — the TOML configuration.
+//! - [`case`] — the JSON case format of `poolgate rank` and `poolgate plugin test`.
+
+pub mod case;
+pub mod cli;
+pub mod config;
+pub mod policy;
+pub mod snapshot;
+
+/// The components built from `plugins/*` and `tests/guests/*` by `build.rs`.
+pub mod artifacts {
+    include!(concat!(env!("OUT_DIR"), "/guests.rs"));
+
+    /// The path of the test guest `name` (from `tests/guests/<name>`).
+    pub fn test_guest(name: &str) -> Option<&'static str> {
+        TEST_GUESTS.iter().find(|(n, _)| *n == name).map(|(_, p)| *p)
+    }
+}

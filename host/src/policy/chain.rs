@@ -1,0 +1,269 @@
+//! The chain: where a request's account order is decided.
+//!
+//! Stage 1 sees the pool order with usable accounts first; every later stage sees
+//! the order the previous one left. A stage may reorder and drop, but its answer
+//! must be a permutation of a non-empty subset of what it received, and the host
+//! checks every answer. A stage that fails in any way — trap, deadline, memory,
+//! `Err`, or an invalid answer — is skipped: its input passes through and the
+//! decision records `routing_policy_error` with the stage and the cause. The request
+//! is still served. And whatever the stages do, the chain never drops every usable
+//! account (the last-path safety valve).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use super::bindings::{Account, AccountInfo, Outcome, Request};
+use super::breaker::{Admit, Breaker, BreakerConfig, BreakerStatus};
+use super::decision::{Decision, POOL_ORDER, PolicyError, ROUTING_POLICY_ERROR, StageRecord};
+use super::engine::PolicyEngine;
+use super::fault::{Cause, Fault};
+use super::plugin::{Plugin, PluginSpec};
+use super::state::StateStore;
+
+/// One stage to load.
+#[derive(Debug, Clone)]
+pub struct StageSpec {
+    /// The stage's name in decisions, status and metrics.
+    pub name: String,
+    /// The plugin and its options.
+    pub plugin: PluginSpec,
+}
+
+struct Stage {
+    name: String,
+    plugin: Plugin,
+    breaker: Breaker,
+}
+
+/// A loaded chain, shared by every request of one configuration generation.
+pub struct Chain {
+    stages: Vec<Stage>,
+    pool: Arc<Vec<AccountInfo>>,
+}
+
+/// A stage's health, for `/status`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StageStatus {
+    /// The stage's name.
+    pub name: String,
+    /// `builtin:<name>` or the component's path.
+    pub plugin: String,
+    /// SHA-256 of the component.
+    pub sha256: String,
+    /// The breaker.
+    pub breaker: BreakerStatus,
+    /// Warm instances ready for reuse.
+    pub idle_instances: usize,
+}
+
+impl Chain {
+    /// Loads every stage; the error names the stage that could not be loaded.
+    pub fn load(
+        engine: &PolicyEngine,
+        specs: Vec<StageSpec>,
+        pool: Vec<AccountInfo>,
+        state: Arc<dyn StateStore>,
+        breaker: BreakerConfig,
+    ) -> Result<Chain> {
+        let mut stages = Vec::with_capacity(specs.len());
+        for (i, spec) in specs.into_iter().enumerate() {
+            let plugin = Plugin::load(engine, spec.plugin, pool.clone(), state.clone())
+                .with_context(|| format!("chain stage {} (`{}`)", i + 1, spec.name))?;
+            stages.push(Stage { name: spec.name, plugin, breaker: Breaker::new(breaker) });
+        }
+        Ok(Chain { stages, pool: Arc::new(pool) })
+    }
+
+    /// The pool table the chain was configured with.
+    pub fn pool(&self) -> &[AccountInfo] {
+        &self.pool
+    }
+
+    /// How many stages the chain has.
+    pub fn len(&self) -> usize {
+        self.stages.len()
+    }
+
+    /// Whether the chain has no stages (then the order is the pool order).
+    pub fn is_empty(&self) -> bool {
+        self.stages.is_empty()
+    }
+
+    /// Each stage's health.
+    pub fn status(&self, now_ms: u64) -> Vec<StageStatus> {
+        self.stages
+            .iter()
+            .map(|s| StageStatus {
+                name: s.name.clone(),
+                plugin: s.plugin.label().to_string(),
+                sha256: s.plugin.sha256().to_string(),
+                breaker: s.breaker.status(now_ms),
+                idle_instances: s.plugin.idle_instances(),
+            })
+            .collect()
+    }
+
+    fn ids(&self, accounts: &[Account]) -> Vec<String> {
+        accounts
+            .iter()
+            .map(|a| self.pool.get(a.id as usize).map_or_else(|| format!("#{}", a.id), |i| i.id.clone()))
+            .collect()
+    }
+
+    /// Decides the order of `candidates` (each `id` a pool index) for `req`.
+    pub fn rank(&self, mut req: Request, candidates: Vec<Account>) -> Decision {
+        let started = Instant::now();
+        let mut current = initial_order(candidates);
+        let mut reason = POOL_ORDER.to_string();
+        let mut detail = None;
+        let mut policy_errors = Vec::new();
+        let mut records = Vec::with_capacity(self.stages.len());
+
+        for stage in &self.stages {
+            if current.is_empty() {
+                break;
+            }
+            let t0 = Instant::now();
+            if let Admit::Bypass(_) = stage.breaker.admit(req.now_ms) {
+                records.push(StageRecord {
+                    stage: stage.name.clone(),
+                    reason: String::new(),
+                    detail: None,
+                    order: self.ids(&current),
+                    duration_us: 0.0,
+                    error: None,
+                    bypassed: Some(stage.breaker.status(req.now_ms)),
+                    safety_valve: false,
+                });
+                continue;
+            }
+            req.decided_by = Some(reason.clone());
+            let outcome = stage
+                .plugin
+                .rank(&req, &current)
+                .and_then(|r| validate_order(&r.order, current.len()).map(|()| r));
+            stage.breaker.record(outcome.is_ok(), req.now_ms);
+            let mut record = StageRecord {
+                stage: stage.name.clone(),
+                reason: String::new(),
+                detail: None,
+                order: Vec::new(),
+                duration_us: 0.0,
+                error: None,
+                bypassed: None,
+                safety_valve: false,
+            };
+            match outcome {
+                Ok(ranking) => {
+                    let (next, valve) = apply(current, &ranking.order);
+                    current = next;
+                    record.safety_valve = valve;
+                    if !ranking.reason.is_empty() {
+                        reason = ranking.reason.clone();
+                        detail = ranking.detail.clone();
+                    }
+                    record.reason = ranking.reason;
+                    record.detail = ranking.detail;
+                }
+                Err(fault) => {
+                    tracing::warn!(stage = %stage.name, cause = fault.cause.as_str(), message = %fault.message, "routing_policy_error: stage skipped");
+                    reason = ROUTING_POLICY_ERROR.to_string();
+                    detail = Some(format!("stage `{}` failed ({}): {}", stage.name, fault.cause.as_str(), fault.message));
+                    policy_errors.push(PolicyError {
+                        stage: stage.name.clone(),
+                        cause: fault.cause,
+                        message: fault.message.clone(),
+                    });
+                    record.error = Some(fault);
+                }
+            }
+            record.order = self.ids(&current);
+            record.duration_us = micros(t0);
+            records.push(record);
+        }
+
+        Decision {
+            order: self.ids(&current),
+            order_idx: current.iter().map(|a| a.id).collect(),
+            reason,
+            detail,
+            policy_errors,
+            stages: records,
+            duration_us: micros(started),
+        }
+    }
+
+    /// Tells every stage how the request ended on pool account `account`.
+    pub fn observe(&self, req: &Request, account: u32, outcome: &Outcome) {
+        for stage in &self.stages {
+            if let Err(f) = stage.plugin.observe(req, account, outcome) {
+                tracing::warn!(stage = %stage.name, cause = f.cause.as_str(), message = %f.message, "observe failed");
+            }
+        }
+    }
+}
+
+fn micros(t: Instant) -> f64 {
+    (t.elapsed().as_nanos() as f64 / 100.0).round() / 10.0
+}
+
+/// Pool order, usable accounts first (stable).
+fn initial_order(mut candidates: Vec<Account>) -> Vec<Account> {
+    candidates.sort_by_key(|a| !a.usable);
+    candidates
+}
+
+/// Checks that `order` is a permutation of a non-empty subset of `0..n`.
+pub fn validate_order(order: &[u32], n: usize) -> Result<(), Fault> {
+    let invalid = |m: String| Err(Fault::new(Cause::InvalidOutput, m));
+    if order.is_empty() {
+        return invalid("empty order".into());
+    }
+    if order.len() > n {
+        return invalid(format!("order has {} entries for {n} candidates", order.len()));
+    }
+    let mut seen = vec![false; n];
+    for &i in order {
+        let Some(slot) = seen.get_mut(i as usize) else {
+            return invalid(format!("index {i} is out of range (0..{n})"));
+        };
+        if *slot {
+            return invalid(format!("index {i} appears twice"));
+        }
+        *slot = true;
+    }
+    Ok(())
+}
+
+/// Applies a validated order. If the stage kept no usable account while it was
+/// given some, the dropped usable accounts are appended in input order; the flag
+/// says so.
+fn apply(input: Vec<Account>, order: &[u32]) -> (Vec<Account>, bool) {
+    let had_usable = input.iter().any(|a| a.usable);
+    let mut slots: Vec<Option<Account>> = input.into_iter().map(Some).collect();
+    let mut out: Vec<Account> = order.iter().filter_map(|&i| slots[i as usize].take()).collect();
+    let valve = had_usable && !out.iter().any(|a| a.usable);
+    if valve {
+        out.extend(slots.into_iter().flatten().filter(|a| a.usable));
+    }
+    (out, valve)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_problem() {
+        assert!(validate_order(&[2, 0, 1], 3).is_ok());
+        assert!(validate_order(&[1], 3).is_ok());
+        let msg = |o: &[u32], n| validate_order(o, n).unwrap_err().message;
+        assert_eq!(msg(&[], 3), "empty order");
+        assert_eq!(msg(&[0, 0], 3), "index 0 appears twice");
+        assert_eq!(msg(&[0, 5], 3), "index 5 is out of range (0..3)");
+        assert_eq!(msg(&[0, 1, 2, 0], 3), "order has 4 entries for 3 candidates");
+        assert_eq!(validate_order(&[], 3).unwrap_err().cause, Cause::InvalidOutput);
+    }
+}

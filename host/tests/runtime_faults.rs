@@ -1,0 +1,168 @@
+//! Every way a plugin can misbehave ends in a served decision that records
+//! `routing_policy_error` with the right cause — and the next call succeeds.
+
+mod common;
+
+use common::*;
+use poolgate::policy::{Cause, ROUTING_POLICY_ERROR};
+use serde_json::json;
+
+/// A chain of the misbehaving guest, faulting only for model `boom`.
+fn faulty(fault: &str, deadline_ms: u64) -> (poolgate::case::Case, poolgate::policy::Chain) {
+    faulty_with(json!({ "fault": fault, "on_model": "boom" }), deadline_ms)
+}
+
+fn faulty_with(config: serde_json::Value, deadline_ms: u64) -> (poolgate::case::Case, poolgate::policy::Chain) {
+    let case = pool_case(4);
+    let chain = chain(&case, vec![stage(&guest("misbehave"), config, deadline_ms)]);
+    (case, chain)
+}
+
+/// The fault becomes `routing_policy_error` with `cause`, the input order (pool
+/// order) is served, and a following healthy request is ranked by the plugin.
+fn assert_fault_then_recovery(fault: &str, cause: Cause) -> String {
+    assert_fault_then_recovery_with(json!({ "fault": fault, "on_model": "boom" }), cause)
+}
+
+fn assert_fault_then_recovery_with(config: serde_json::Value, cause: Cause) -> String {
+    let fault = config["fault"].as_str().unwrap().to_string();
+    let (case, chain) = faulty_with(config, 20);
+    let d = rank(&chain, &case, "boom");
+    assert_eq!(d.reason, ROUTING_POLICY_ERROR, "{fault}: {d:?}");
+    assert_eq!(d.policy_errors.len(), 1, "{fault}");
+    assert_eq!(d.policy_errors[0].cause, cause, "{fault}: {:?}", d.policy_errors[0]);
+    assert_eq!(d.stages[0].error.as_ref().unwrap().cause, cause);
+    assert_eq!(d.order, ["a0", "a1", "a2", "a3"], "{fault}: input passes through");
+
+    let next = rank(&chain, &case, "fine");
+    assert!(next.policy_errors.is_empty(), "{fault}: next call failed: {next:?}");
+    assert_eq!(next.reason, "reversed");
+    assert_eq!(next.order, ["a3", "a2", "a1", "a0"]);
+    d.policy_errors[0].message.clone()
+}
+
+#[test]
+fn a_trapping_plugin_is_a_trap() {
+    assert_fault_then_recovery("trap", Cause::Trap);
+}
+
+#[test]
+fn an_endless_loop_is_a_timeout() {
+    let started = std::time::Instant::now();
+    assert_fault_then_recovery("loop", Cause::Timeout);
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "the deadline cut the loop short");
+}
+
+#[test]
+fn unbounded_allocation_is_oom() {
+    assert_fault_then_recovery("oom", Cause::Oom);
+}
+
+#[test]
+fn duplicate_indices_are_invalid_output() {
+    let msg = assert_fault_then_recovery("duplicate", Cause::InvalidOutput);
+    assert!(msg.contains("twice"), "{msg}");
+}
+
+#[test]
+fn unknown_indices_are_invalid_output() {
+    let msg = assert_fault_then_recovery("unknown", Cause::InvalidOutput);
+    assert!(msg.contains("out of range"), "{msg}");
+}
+
+#[test]
+fn an_empty_order_is_invalid_output() {
+    let msg = assert_fault_then_recovery("empty", Cause::InvalidOutput);
+    assert_eq!(msg, "empty order");
+}
+
+#[test]
+fn an_oversize_order_is_invalid_output() {
+    assert_fault_then_recovery("oversize", Cause::InvalidOutput);
+}
+
+#[test]
+fn a_returned_err_is_an_error() {
+    let msg = assert_fault_then_recovery("error", Cause::Error);
+    assert!(msg.contains("deliberate error"), "{msg}");
+}
+
+#[test]
+fn reading_a_file_is_refused() {
+    let msg = assert_fault_then_recovery("read-file", Cause::Error);
+    assert!(msg.starts_with("file read refused"), "{msg}");
+}
+
+#[test]
+fn the_environment_is_empty() {
+    let msg = assert_fault_then_recovery("env", Cause::Error);
+    assert!(msg.starts_with("environment empty"), "{msg}");
+}
+
+#[test]
+fn opening_a_socket_is_refused() {
+    // Something is listening, so only the sandbox can make the connect fail.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let msg = assert_fault_then_recovery_with(json!({ "fault": "socket", "on_model": "boom", "addr": addr }), Cause::Error);
+    assert!(msg.starts_with("socket refused"), "{msg}");
+}
+
+#[test]
+fn a_plugin_that_refuses_its_options_refuses_the_chain() {
+    let case = pool_case(2);
+    let err = poolgate::policy::Chain::load(
+        &ENGINE,
+        vec![stage(&guest("misbehave"), json!({ "fault": "configure" }), 20)],
+        case.pool(),
+        std::sync::Arc::new(poolgate::policy::MemoryState::default()),
+        Default::default(),
+    )
+    .err()
+    .expect("refused");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("configure refused its options"), "{msg}");
+    assert!(msg.contains("option `fault`"), "{msg}");
+}
+
+#[test]
+fn a_file_that_is_not_a_component_is_refused() {
+    let dir = std::env::temp_dir().join(format!("pg-notwasm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("junk.wasm");
+    std::fs::write(&path, b"not wasm at all").unwrap();
+    let case = pool_case(2);
+    let err = poolgate::policy::Chain::load(
+        &ENGINE,
+        vec![stage(path.to_str().unwrap(), json!({}), 20)],
+        case.pool(),
+        std::sync::Arc::new(poolgate::policy::MemoryState::default()),
+        Default::default(),
+    )
+    .err()
+    .expect("refused");
+    assert!(format!("{err:#}").contains("is not a valid WebAssembly component"), "{err:#}");
+}
+
+#[test]
+fn repeated_failures_open_the_breaker_and_the_stage_is_bypassed() {
+    let (case, chain) = faulty("error", 20);
+    for _ in 0..5 {
+        assert_eq!(rank(&chain, &case, "boom").policy_errors.len(), 1);
+    }
+    // Open: the stage is skipped without being called.
+    let d = rank(&chain, &case, "boom");
+    assert!(d.policy_errors.is_empty());
+    let bypass = d.stages[0].bypassed.as_ref().expect("bypassed");
+    assert_eq!(bypass.state, "open");
+    assert_eq!(d.order, ["a0", "a1", "a2", "a3"]);
+    assert_eq!(chain.status(case.now_ms)[0].breaker.state, "open");
+}
+
+#[test]
+fn guest_stdio_does_not_break_the_call() {
+    let (case, chain) = faulty("print", 20);
+    let d = rank(&chain, &case, "boom");
+    assert!(d.policy_errors.is_empty(), "{d:?}");
+    assert_eq!(d.reason, "printed");
+}

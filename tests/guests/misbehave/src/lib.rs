@@ -1,0 +1,108 @@
+//! A plugin that misbehaves on purpose, for the runtime's fault tests.
+//!
+//! Config: `{ "fault": "<mode>", "on_model": "<model>" }`. The fault fires only for
+//! requests whose model equals `on_model` (every request when it is absent); other
+//! requests are answered by reversing the input order, reason "reversed".
+
+use poolgate_sdk::prelude::*;
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Options {
+    fault: String,
+    on_model: Option<String>,
+    /// Where the `socket` fault tries to connect.
+    addr: Option<String>,
+}
+
+struct Misbehave {
+    fault: String,
+    on_model: Option<String>,
+    addr: String,
+}
+
+impl Ranker for Misbehave {
+    fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
+        let o: Options = config.parse_into()?;
+        if o.fault == "configure" {
+            return Err("option `fault`: refusing to configure, as asked".into());
+        }
+        Ok(Misbehave {
+            fault: o.fault,
+            on_model: o.on_model,
+            addr: o.addr.unwrap_or_else(|| "127.0.0.1:9".into()),
+        })
+    }
+
+    fn rank(&mut self, req: &Request, c: &Candidates) -> Result<Ranking, String> {
+        if self.on_model.as_ref().is_some_and(|m| *m != req.model) {
+            let mut order = c.input_order();
+            order.reverse();
+            return Ok(Ranking::new(order, "reversed"));
+        }
+        let n = c.len() as u32;
+        match self.fault.as_str() {
+            "none" => Ok(c.unchanged("none")),
+            "trap" => panic!("misbehave: deliberate panic"),
+            "loop" => {
+                let mut x: u64 = 0;
+                loop {
+                    x = std::hint::black_box(x.wrapping_add(1));
+                }
+            }
+            "oom" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    // Reserve without touching every page: the cap, not the
+                    // deadline, must be what stops this.
+                    let mut chunk = Vec::<u8>::with_capacity(4 << 20);
+                    chunk.push(1);
+                    hoard.push(chunk);
+                    std::hint::black_box(&hoard);
+                }
+            }
+            "duplicate" => Ok(Ranking::new(vec![0, 0], "dup")),
+            "unknown" => Ok(Ranking::new(vec![0, n + 7], "unknown")),
+            "empty" => Ok(Ranking::new(vec![], "empty")),
+            "oversize" => Ok(Ranking::new((0..n * 4).collect(), "oversize")),
+            "drop-all-but-last" => Ok(Ranking::new(vec![n - 1], "kept-last")),
+            "error" => Err("misbehave: deliberate error".into()),
+            "print" => {
+                println!("misbehave says hello on stdout");
+                eprintln!("misbehave says hello on stderr");
+                Ok(c.unchanged("printed"))
+            }
+            "read-file" => match std::fs::read_to_string("/etc/hostname") {
+                Ok(s) => Ok(Ranking::new(c.input_order(), format!("escaped:file:{}", s.trim()))),
+                Err(e) => Err(format!("file read refused: {e}")),
+            },
+            "env" => {
+                let vars: Vec<(String, String)> = std::env::vars().collect();
+                match std::env::var("PATH") {
+                    Ok(v) => Ok(Ranking::new(c.input_order(), format!("escaped:env:{v}"))),
+                    Err(e) if vars.is_empty() => Err(format!("environment empty: {e}")),
+                    Err(e) => Ok(Ranking::new(c.input_order(), format!("escaped:env:{} vars ({e})", vars.len()))),
+                }
+            }
+            "socket" => match std::net::TcpStream::connect(self.addr.as_str()) {
+                Ok(_) => Ok(Ranking::new(c.input_order(), "escaped:socket")),
+                Err(e) => Err(format!("socket refused: {e}")),
+            },
+            "clock" => {
+                // Wall-clock access is allowed (std needs it) but must not be
+                // needed: rankers use `req.now_ms`.
+                let _ = std::time::SystemTime::now();
+                Ok(c.unchanged("clock"))
+            }
+            "state" => {
+                let n: u64 = state::get("count").and_then(|v| v.parse().ok()).unwrap_or(0);
+                state::set("count", &(n + 1).to_string(), None);
+                Ok(c.unchanged(&format!("count:{}", n + 1)))
+            }
+            other => Err(format!("option `fault`: unknown mode `{other}`")),
+        }
+    }
+}
+
+poolgate_sdk::export_ranker!(Misbehave);
