@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use crate::policy::Candidates;
 use crate::policy::bindings as wit;
 use crate::snapshot::{AccountSnapshot, model_family};
 
@@ -244,14 +245,17 @@ impl Case {
     }
 
     /// The candidates as the chain's first stage receives them (before the
-    /// usable-first partition).
-    pub fn candidates(&self, freshness_ms: u64) -> Vec<wit::Account> {
+    /// usable-first partition), with their windows.
+    pub fn candidates(&self, freshness_ms: u64) -> Candidates {
         let family = model_family(&self.request.model);
-        self.accounts
+        let mut windows = Vec::new();
+        let accounts = self
+            .accounts
             .iter()
             .enumerate()
-            .map(|(i, a)| a.to_wit(i as u32, family, self.now_ms, freshness_ms))
-            .collect()
+            .map(|(i, a)| a.to_wit(i as u32, family, self.now_ms, freshness_ms, &mut windows))
+            .collect();
+        Candidates { accounts, windows }
     }
 
     /// The observations as (request, pool index, outcome).

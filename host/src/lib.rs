@@ -11,6 +11,7 @@
 pub mod case;
 pub mod cli;
 pub mod config;
+pub mod fixtures;
 pub mod policy;
 pub mod snapshot;
 

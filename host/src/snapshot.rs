@@ -226,26 +226,30 @@ impl AccountSnapshot {
     }
 
     /// The WIT record for pool index `index`, as a request for `family` at `now`
-    /// sees it.
-    pub fn to_wit(&self, index: u32, family: Option<&str>, now: u64, freshness_ms: u64) -> wit::Account {
+    /// sees it; the account's windows are appended to `windows`.
+    pub fn to_wit(
+        &self,
+        index: u32,
+        family: Option<&str>,
+        now: u64,
+        freshness_ms: u64,
+        windows: &mut Vec<wit::QuotaWindow>,
+    ) -> wit::Account {
         let mut newest: Option<u64> = None;
-        let windows = self
-            .windows
-            .iter()
-            .map(|w| {
-                let observed = w.observed_at_ms.unwrap_or(now);
-                newest = Some(newest.map_or(observed, |n: u64| n.max(observed)));
-                let rolled_over = w.resets_at_ms.is_some_and(|r| r <= now);
-                wit::QuotaWindow {
-                    kind: window_kind(&w.name),
-                    name: names::intern(&w.name),
-                    utilization: if rolled_over { 0.0 } else { w.utilization },
-                    resets_at_ms: w.resets_at_ms,
-                    status: if rolled_over { wit::WindowStatus::Allowed } else { w.status.to_wit() },
-                    observed_at_ms: observed,
-                }
-            })
-            .collect();
+        for w in &self.windows {
+            let observed = w.observed_at_ms.unwrap_or(now);
+            newest = Some(newest.map_or(observed, |n: u64| n.max(observed)));
+            let rolled_over = w.resets_at_ms.is_some_and(|r| r <= now);
+            windows.push(wit::QuotaWindow {
+                account: index,
+                kind: window_kind(&w.name),
+                name: names::intern(&w.name),
+                utilization: if rolled_over { 0.0 } else { w.utilization },
+                resets_at_ms: w.resets_at_ms,
+                status: if rolled_over { wit::WindowStatus::Allowed } else { w.status.to_wit() },
+                observed_at_ms: observed,
+            });
+        }
         let status = match self.resets_at_ms {
             Some(r) if r <= now && self.status == Status::Rejected => Status::Allowed,
             _ => self.status,
@@ -259,14 +263,11 @@ impl AccountSnapshot {
             id: index,
             primary: self.primary,
             usable: self.usable(family, now),
-            cooling_until_ms: cooling.map(|c| c.until_ms),
-            cooling_reason: cooling.map(|c| c.reason.to_wit()),
+            cooldown: cooling.map(|c| wit::Cooldown { until_ms: c.until_ms, reason: c.reason.to_wit() }),
             in_flight: self.in_flight,
             max_in_flight: self.max_in_flight,
             status: status.to_wit(),
             resets_at_ms: self.resets_at_ms,
-            windows,
-            quota_observed_at_ms: newest,
             quota_freshness: match newest {
                 None => wit::Freshness::Unknown,
                 Some(t) if now.saturating_sub(t) <= freshness_ms => wit::Freshness::Fresh,
@@ -313,13 +314,15 @@ mod tests {
             resets_at_ms: Some(100),
             ..Default::default()
         };
-        let w = a.to_wit(0, None, 100, DEFAULT_FRESHNESS_MS);
-        assert_eq!(w.windows[0].utilization, 0.0);
-        assert_eq!(w.windows[0].status, wit::WindowStatus::Allowed);
-        assert_eq!(w.windows[1].utilization, 0.5);
+        let mut ws = Vec::new();
+        let w = a.to_wit(0, None, 100, DEFAULT_FRESHNESS_MS, &mut ws);
+        assert_eq!(ws[0].utilization, 0.0);
+        assert_eq!(ws[0].status, wit::WindowStatus::Allowed);
+        assert_eq!(ws[1].utilization, 0.5);
         assert_eq!(w.status, wit::WindowStatus::Allowed);
-        let before = a.to_wit(0, None, 99, DEFAULT_FRESHNESS_MS);
-        assert_eq!(before.windows[0].utilization, 1.02);
+        ws.clear();
+        let before = a.to_wit(0, None, 99, DEFAULT_FRESHNESS_MS, &mut ws);
+        assert_eq!(ws[0].utilization, 1.02);
         assert_eq!(before.status, wit::WindowStatus::Rejected);
     }
 
@@ -334,17 +337,18 @@ mod tests {
         assert!(a.usable(Some("opus"), 500));
         assert!(a.usable(None, 500));
         assert!(a.usable(Some("fable"), 1000));
-        let w = a.to_wit(0, Some("fable"), 500, DEFAULT_FRESHNESS_MS);
-        assert_eq!(w.cooling_reason, Some(wit::CooldownReason::ModelExhausted));
+        let w = a.to_wit(0, Some("fable"), 500, DEFAULT_FRESHNESS_MS, &mut Vec::new());
+        assert_eq!(w.cooldown.map(|c| c.reason), Some(wit::CooldownReason::ModelExhausted));
     }
 
     #[test]
     fn freshness_follows_the_newest_reading() {
         let mut a = AccountSnapshot { id: "a".into(), ..Default::default() };
-        assert_eq!(a.to_wit(0, None, 0, 1000).quota_freshness, wit::Freshness::Unknown);
+        let fresh = |a: &AccountSnapshot, now| a.to_wit(0, None, now, 1000, &mut Vec::new()).quota_freshness;
+        assert_eq!(fresh(&a, 0), wit::Freshness::Unknown);
         a.windows.push(window("5h", 0.1, None, Status::Allowed));
-        assert_eq!(a.to_wit(0, None, 1000, 1000).quota_freshness, wit::Freshness::Fresh);
-        assert_eq!(a.to_wit(0, None, 1001, 1000).quota_freshness, wit::Freshness::Stale);
+        assert_eq!(fresh(&a, 1000), wit::Freshness::Fresh);
+        assert_eq!(fresh(&a, 1001), wit::Freshness::Stale);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
-use crate::{Account, AccountInfo, Ranking};
+use crate::candidate::Candidate;
+use crate::{Account, AccountInfo, QuotaWindow, Ranking};
 
 /// Every configured account, indexed by [`Account::id`].
 #[derive(Debug, Clone, Default)]
@@ -14,11 +15,7 @@ pub struct Pool {
 
 impl Pool {
     pub(crate) fn new(accounts: Vec<AccountInfo>) -> Self {
-        let by_id = accounts
-            .iter()
-            .enumerate()
-            .map(|(i, a)| (a.id.clone(), i as u32))
-            .collect();
+        let by_id = accounts.iter().enumerate().map(|(i, a)| (a.id.clone(), i as u32)).collect();
         Pool { accounts, by_id }
     }
 
@@ -48,32 +45,51 @@ impl Pool {
     }
 }
 
+static MISSING: AccountInfo = AccountInfo { id: String::new(), alias: String::new(), primary: false };
+
 /// The candidates of one `rank` call, in the order the previous stage left them.
 pub struct Candidates<'a> {
     accounts: Vec<Account>,
+    windows: Vec<QuotaWindow>,
+    /// For each candidate position: its range in `windows`.
+    spans: Vec<(usize, usize)>,
     pool: &'a Pool,
 }
 
-static MISSING: std::sync::LazyLock<AccountInfo> = std::sync::LazyLock::new(|| AccountInfo {
-    id: String::new(),
-    alias: String::new(),
-    primary: false,
-});
-
 impl<'a> Candidates<'a> {
-    pub(crate) fn new(accounts: Vec<Account>, pool: &'a Pool) -> Self {
-        Candidates { accounts, pool }
+    pub(crate) fn new(accounts: Vec<Account>, mut windows: Vec<QuotaWindow>, pool: &'a Pool) -> Self {
+        // The host sends windows grouped by account; sort anyway (stable, and
+        // free when already grouped) so a hand-built input works too.
+        if !windows.is_sorted_by_key(|w| w.account) {
+            windows.sort_by_key(|w| w.account);
+        }
+        let spans = accounts
+            .iter()
+            .map(|a| {
+                let start = windows.partition_point(|w| w.account < a.id);
+                let end = windows.partition_point(|w| w.account <= a.id);
+                (start, end)
+            })
+            .collect();
+        Candidates { accounts, windows, spans, pool }
+    }
+
+    /// The candidate at `position`.
+    pub fn get(&self, position: u32) -> Candidate<'_> {
+        let i = position as usize;
+        let (start, end) = self.spans[i];
+        let account = &self.accounts[i];
+        Candidate {
+            position,
+            account,
+            windows: &self.windows[start..end],
+            info: self.pool.get(account.id).unwrap_or(&MISSING),
+        }
     }
 
     /// The candidates in input order.
-    pub fn accounts(&self) -> &[Account] {
-        &self.accounts
-    }
-
-    /// `(position, account)` pairs in input order; the position is what a
-    /// [`Ranking`] refers to.
-    pub fn iter(&self) -> impl Iterator<Item = (u32, &Account)> {
-        self.accounts.iter().enumerate().map(|(i, a)| (i as u32, a))
+    pub fn iter(&self) -> impl Iterator<Item = Candidate<'_>> {
+        (0..self.accounts.len() as u32).map(|i| self.get(i))
     }
 
     /// How many candidates there are.
@@ -84,11 +100,6 @@ impl<'a> Candidates<'a> {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.accounts.is_empty()
-    }
-
-    /// The pool entry (string id, alias) of a candidate.
-    pub fn info(&self, account: &Account) -> &AccountInfo {
-        self.pool.get(account.id).unwrap_or(&MISSING)
     }
 
     /// The pool table.
@@ -107,25 +118,26 @@ impl<'a> Candidates<'a> {
     }
 
     /// Sorts by `cmp` (stable: ties keep input order) and claims the head.
-    pub fn sorted_by(
-        &self,
-        reason: &str,
-        mut cmp: impl FnMut(&Account, &Account) -> Ordering,
-    ) -> Ranking {
+    pub fn sorted_by(&self, reason: &str, mut cmp: impl FnMut(&Candidate<'_>, &Candidate<'_>) -> Ordering) -> Ranking {
+        let all: Vec<Candidate<'_>> = self.iter().collect();
         let mut order = self.input_order();
-        order.sort_by(|&a, &b| cmp(&self.accounts[a as usize], &self.accounts[b as usize]));
+        order.sort_by(|&a, &b| cmp(&all[a as usize], &all[b as usize]));
         Ranking::new(order, reason)
     }
 
-    /// Sorts by a key, smallest first (stable).
-    pub fn sorted_by_key<K: Ord>(&self, reason: &str, mut key: impl FnMut(&Account) -> K) -> Ranking {
-        self.sorted_by(reason, |a, b| key(a).cmp(&key(b)))
+    /// Sorts by a key computed once per candidate, smallest first (stable).
+    pub fn sorted_by_key<K: Ord>(&self, reason: &str, mut key: impl FnMut(&Candidate<'_>) -> K) -> Ranking {
+        let keys: Vec<K> = self.iter().map(|c| key(&c)).collect();
+        let mut order = self.input_order();
+        order.sort_by(|&a, &b| keys[a as usize].cmp(&keys[b as usize]));
+        Ranking::new(order, reason)
     }
 
     /// The input order with the candidate at `position` moved to the front.
     pub fn with_front(&self, position: u32, reason: &str) -> Ranking {
-        let mut order = vec![position];
-        order.extend(self.input_order().into_iter().filter(|&i| i != position));
+        let mut order = Vec::with_capacity(self.accounts.len());
+        order.push(position);
+        order.extend((0..self.accounts.len() as u32).filter(|&i| i != position));
         Ranking::new(order, reason)
     }
 }

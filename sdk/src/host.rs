@@ -51,17 +51,24 @@ pub mod state {
     }
 }
 
-/// Resolves an interned window name, caching the answer in the instance.
-pub fn window_name(id: u32) -> String {
+/// Resolves an interned window name. The answer is cached in the instance for
+/// good: window names are few, ids are small and never reused, so each costs one
+/// host call per instance and an array index after that.
+pub fn window_name(id: u32) -> &'static str {
     use std::cell::RefCell;
-    use std::collections::HashMap;
     thread_local! {
-        static NAMES: RefCell<HashMap<u32, String>> = RefCell::new(HashMap::new());
+        static NAMES: RefCell<Vec<Option<&'static str>>> = const { RefCell::new(Vec::new()) };
     }
     NAMES.with_borrow_mut(|names| {
-        names
-            .entry(id)
-            .or_insert_with(|| wit::window_name(id))
-            .clone()
+        let i = id as usize;
+        if let Some(Some(name)) = names.get(i) {
+            return *name;
+        }
+        let name: &'static str = Box::leak(wit::window_name(id).into_boxed_str());
+        if names.len() <= i {
+            names.resize(i + 1, None);
+        }
+        names[i] = Some(name);
+        name
     })
 }

@@ -27,7 +27,7 @@
 
 #![warn(missing_docs)]
 
-mod account;
+mod candidate;
 mod candidates;
 mod config;
 pub mod host;
@@ -46,10 +46,10 @@ pub mod bindings {
     });
 }
 
-pub use account::{AccountExt, ModelFamily, model_family};
+pub use candidate::{Candidate, ModelFamily, model_family};
 pub use bindings::poolgate::policy::types::{
-    Account, AccountInfo, ApiShape, CooldownReason, Freshness, Outcome, QuotaWindow, Ranking,
-    Request, WindowKind, WindowStatus,
+    Account, AccountInfo, ApiShape, Cooldown, CooldownReason, Freshness, Outcome, QuotaWindow,
+    Ranking, Request, WindowKind, WindowStatus,
 };
 pub use candidates::{Candidates, Pool};
 pub use config::{Config, check_range};
@@ -58,7 +58,7 @@ pub use config::{Config, check_range};
 pub mod prelude {
     pub use crate::host::{log, state};
     pub use crate::{
-        Account, AccountExt, AccountInfo, ApiShape, Candidates, Config, CooldownReason, Freshness,
+        Account, AccountInfo, ApiShape, Candidate, Candidates, Config, Cooldown, CooldownReason, Freshness,
         ModelFamily, Outcome, Pool, QuotaWindow, Ranker, Ranking, Request, WindowKind,
         WindowStatus, check_range, model_family,
     };
@@ -120,8 +120,9 @@ macro_rules! export_ranker {
                 fn rank(
                     req: $crate::Request,
                     candidates: ::std::vec::Vec<$crate::Account>,
+                    windows: ::std::vec::Vec<$crate::QuotaWindow>,
                 ) -> ::std::result::Result<$crate::Ranking, ::std::string::String> {
-                    $crate::rt::rank::<$ty>(req, candidates)
+                    $crate::rt::rank::<$ty>(req, candidates, windows)
                 }
                 fn observe(req: $crate::Request, account: u32, ended: $crate::Outcome) {
                     $crate::rt::observe::<$ty>(req, account, ended)

@@ -4,7 +4,7 @@
 use std::any::Any;
 use std::cell::RefCell;
 
-use crate::{Account, AccountInfo, Candidates, Config, Outcome, Pool, Ranker, Ranking, Request};
+use crate::{Account, AccountInfo, Candidates, Config, Outcome, Pool, QuotaWindow, Ranker, Ranking, Request};
 
 struct Slot {
     ranker: Box<dyn Any>,
@@ -43,9 +43,9 @@ fn with_ranker<R: Ranker, T>(f: impl FnOnce(&mut R, &Pool) -> T) -> Result<T, St
 }
 
 /// Runs one `rank` call.
-pub fn rank<R: Ranker>(req: Request, candidates: Vec<Account>) -> Result<Ranking, String> {
+pub fn rank<R: Ranker>(req: Request, candidates: Vec<Account>, windows: Vec<QuotaWindow>) -> Result<Ranking, String> {
     with_ranker::<R, _>(|ranker, pool| {
-        let candidates = Candidates::new(candidates, pool);
+        let candidates = Candidates::new(candidates, windows, pool);
         ranker.rank(&req, &candidates)
     })?
 }

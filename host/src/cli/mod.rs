@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod plugin;
 mod rank;
 
 /// poolgate — a gateway for LLM APIs that sends every request to the best account
@@ -27,6 +28,9 @@ enum Command {
     /// Example:
     ///   poolgate rank --config poolgate.toml --input case.json
     Rank(rank::Args),
+    /// Tools for plugin authors: run fixtures against a plugin.
+    #[command(subcommand)]
+    Plugin(plugin::Command),
 }
 
 /// Entry point of the binary.
@@ -35,6 +39,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Rank(args) => rank::run(args),
+        Command::Plugin(cmd) => plugin::run(cmd),
     };
     match result {
         Ok(code) => code,

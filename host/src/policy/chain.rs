@@ -14,13 +14,23 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use super::bindings::{Account, AccountInfo, Outcome, Request};
+use super::bindings::{Account, AccountInfo, Outcome, QuotaWindow, Request};
 use super::breaker::{Admit, Breaker, BreakerConfig, BreakerStatus};
-use super::decision::{Decision, POOL_ORDER, PolicyError, ROUTING_POLICY_ERROR, StageRecord};
+use super::decision::{Decision, Order, POOL_ORDER, PolicyError, ROUTING_POLICY_ERROR, StageRecord};
 use super::engine::PolicyEngine;
 use super::fault::{Cause, Fault};
 use super::plugin::{Plugin, PluginSpec};
 use super::state::StateStore;
+
+/// What the chain ranks: the candidate accounts (each `id` a pool index) and
+/// every window of every candidate.
+#[derive(Debug, Clone, Default)]
+pub struct Candidates {
+    /// The accounts, in pool order.
+    pub accounts: Vec<Account>,
+    /// Their quota windows, grouped by account.
+    pub windows: Vec<QuotaWindow>,
+}
 
 /// One stage to load.
 #[derive(Debug, Clone)]
@@ -41,6 +51,7 @@ struct Stage {
 pub struct Chain {
     stages: Vec<Stage>,
     pool: Arc<Vec<AccountInfo>>,
+    ids: Arc<[String]>,
 }
 
 /// A stage's health, for `/status`.
@@ -73,7 +84,8 @@ impl Chain {
                 .with_context(|| format!("chain stage {} (`{}`)", i + 1, spec.name))?;
             stages.push(Stage { name: spec.name, plugin, breaker: Breaker::new(breaker) });
         }
-        Ok(Chain { stages, pool: Arc::new(pool) })
+        let ids = pool.iter().map(|a| a.id.clone()).collect();
+        Ok(Chain { stages, pool: Arc::new(pool), ids })
     }
 
     /// The pool table the chain was configured with.
@@ -105,17 +117,15 @@ impl Chain {
             .collect()
     }
 
-    fn ids(&self, accounts: &[Account]) -> Vec<String> {
-        accounts
-            .iter()
-            .map(|a| self.pool.get(a.id as usize).map_or_else(|| format!("#{}", a.id), |i| i.id.clone()))
-            .collect()
+    fn order(&self, accounts: &[Account]) -> Order {
+        Order::new(accounts.iter().map(|a| a.id).collect(), self.ids.clone())
     }
 
-    /// Decides the order of `candidates` (each `id` a pool index) for `req`.
-    pub fn rank(&self, mut req: Request, candidates: Vec<Account>) -> Decision {
+    /// Decides the order of `candidates` for `req`.
+    pub fn rank(&self, mut req: Request, candidates: Candidates) -> Decision {
         let started = Instant::now();
-        let mut current = initial_order(candidates);
+        let Candidates { accounts, windows } = candidates;
+        let mut current = initial_order(accounts);
         let mut reason = POOL_ORDER.to_string();
         let mut detail = None;
         let mut policy_errors = Vec::new();
@@ -131,7 +141,7 @@ impl Chain {
                     stage: stage.name.clone(),
                     reason: String::new(),
                     detail: None,
-                    order: self.ids(&current),
+                    order: self.order(&current),
                     duration_us: 0.0,
                     error: None,
                     bypassed: Some(stage.breaker.status(req.now_ms)),
@@ -142,14 +152,14 @@ impl Chain {
             req.decided_by = Some(reason.clone());
             let outcome = stage
                 .plugin
-                .rank(&req, &current)
+                .rank(&req, &current, &windows)
                 .and_then(|r| validate_order(&r.order, current.len()).map(|()| r));
             stage.breaker.record(outcome.is_ok(), req.now_ms);
             let mut record = StageRecord {
                 stage: stage.name.clone(),
                 reason: String::new(),
                 detail: None,
-                order: Vec::new(),
+                order: Order::new(Vec::new(), self.ids.clone()),
                 duration_us: 0.0,
                 error: None,
                 bypassed: None,
@@ -179,14 +189,13 @@ impl Chain {
                     record.error = Some(fault);
                 }
             }
-            record.order = self.ids(&current);
+            record.order = self.order(&current);
             record.duration_us = micros(t0);
             records.push(record);
         }
 
         Decision {
-            order: self.ids(&current),
-            order_idx: current.iter().map(|a| a.id).collect(),
+            order: self.order(&current),
             reason,
             detail,
             policy_errors,

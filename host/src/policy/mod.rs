@@ -12,14 +12,15 @@ pub mod chain;
 pub mod decision;
 pub mod engine;
 pub mod fault;
+mod lowering;
 pub mod names;
 pub mod plugin;
 pub mod sandbox;
 pub mod state;
 
 pub use breaker::BreakerConfig;
-pub use chain::{Chain, StageSpec, StageStatus};
-pub use decision::{Decision, POOL_ORDER, ROUTING_POLICY_ERROR};
+pub use chain::{Candidates, Chain, StageSpec, StageStatus};
+pub use decision::{Decision, Order, POOL_ORDER, ROUTING_POLICY_ERROR};
 pub use engine::PolicyEngine;
 pub use fault::{Cause, Fault};
 pub use plugin::{Limits, PluginRef, PluginSpec, builtin_names};

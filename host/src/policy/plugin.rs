@@ -15,8 +15,11 @@ use anyhow::{Context, Result, anyhow};
 use parking_lot::Mutex;
 use wasmtime::Store;
 
-use super::bindings::{Account, AccountInfo, Outcome, PolicyPre, Ranking, Request};
+use wasmtime::component::{ComponentExportIndex, Func, TypedFunc};
+
+use super::bindings::{Account, AccountInfo, Outcome, Policy, PolicyPre, QuotaWindow, Ranking, Request};
 use super::engine::{EPOCH_TICK, PolicyEngine, check_component};
+use super::lowering::{FastAccount, FastWindow, fast_accounts, fast_windows};
 use super::fault::{Cause, Fault};
 use super::sandbox::Sandbox;
 use super::state::StateStore;
@@ -118,14 +121,21 @@ pub struct PluginSpec {
 
 struct Instance {
     store: Store<Sandbox>,
-    policy: super::bindings::Policy,
+    policy: Policy,
+    /// `rank`, type-checked against the bulk-lowering parameter types once.
+    rank: Func,
 }
+
+/// The parameters `rank` is called with (see `lowering`).
+type RankParams<'a> = (&'a Request, &'a [FastAccount], &'a [FastWindow]);
+type RankResults = (Result<Ranking, String>,);
 
 /// A loaded, configured plugin, ready to rank.
 pub struct Plugin {
     label: Arc<str>,
     sha256: String,
     pre: PolicyPre<Sandbox>,
+    rank_export: ComponentExportIndex,
     engine: wasmtime::Engine,
     spec: PluginSpec,
     pool: Vec<AccountInfo>,
@@ -160,10 +170,12 @@ impl Plugin {
         let pre = PolicyPre::new(instance_pre)
             .map_err(anyhow::Error::from)
             .with_context(|| format!("{label} does not export the policy world"))?;
+        let rank_export = rank_export(&component).with_context(|| format!("{label} exports no `rank`"))?;
         let plugin = Plugin {
             label: Arc::from(label.as_str()),
             sha256,
             pre,
+            rank_export,
             engine: engine.engine().clone(),
             scope: Arc::from(spec.scope.as_str()),
             spec,
@@ -203,10 +215,18 @@ impl Plugin {
         let mut store = Store::new(&self.engine, sandbox);
         store.limiter(|s| &mut s.limiter);
         store.set_epoch_deadline(ticks(self.spec.limits.configure_deadline));
-        let policy = self
-            .pre
-            .instantiate(&mut store)
-            .map_err(|e| Fault::new(Cause::Error, format!("instantiation failed: {}", first_line(&e))))?;
+        let instantiated = (|| {
+            let instance = self.pre.instance_pre().instantiate(&mut store)?;
+            let policy = Policy::new(&mut store, &instance)?;
+            let rank = instance
+                .get_func(&mut store, &self.rank_export)
+                .ok_or_else(|| wasmtime::format_err!("no `rank` export"))?;
+            // Type-check once; calls then skip the check (see `rank`).
+            rank.typed::<RankParams<'_>, RankResults>(&store)?;
+            wasmtime::Result::Ok((policy, rank))
+        })();
+        let (policy, rank) =
+            instantiated.map_err(|e| Fault::new(Cause::Error, format!("instantiation failed: {}", first_line(&e))))?;
         let denied = |s: &Store<Sandbox>| s.data().limiter.denied;
         match policy
             .poolgate_policy_ranker()
@@ -220,7 +240,7 @@ impl Plugin {
             }
         }
         store.data_mut().flush_stdio();
-        Ok(Instance { store, policy })
+        Ok(Instance { store, policy, rank })
     }
 
     fn checkout(&self) -> Result<Instance, Fault> {
@@ -260,8 +280,13 @@ impl Plugin {
 
     /// Asks the plugin to order `candidates`. Only the shape of the answer is
     /// checked here; the chain validates it against the input.
-    pub fn rank(&self, req: &Request, candidates: &[Account]) -> Result<Ranking, Fault> {
-        self.call(req, |i| i.policy.poolgate_policy_ranker().call_rank(&mut i.store, req, candidates))?
+    pub fn rank(&self, req: &Request, candidates: &[Account], windows: &[QuotaWindow]) -> Result<Ranking, Fault> {
+        self.call(req, |i| {
+            // SAFETY: `rank` was type-checked against exactly these types when
+            // the instance was created.
+            let typed = unsafe { TypedFunc::<RankParams<'_>, RankResults>::new_unchecked(i.rank) };
+            typed.call(&mut i.store, (req, fast_accounts(candidates), fast_windows(windows))).map(|(r,)| r)
+        })?
             .map_err(|msg| Fault::new(Cause::Error, truncate(msg, 300)))
     }
 
@@ -275,6 +300,19 @@ impl Plugin {
     pub fn idle_instances(&self) -> usize {
         self.idle.lock().len()
     }
+}
+
+/// The index of `rank` inside the component's ranker export.
+fn rank_export(component: &wasmtime::component::Component) -> Result<ComponentExportIndex> {
+    let engine = component.engine();
+    let iface = component
+        .component_type()
+        .exports(engine)
+        .map(|(name, _)| name.to_string())
+        .find(|n| n.starts_with("poolgate:policy/ranker@"))
+        .ok_or_else(|| anyhow!("no ranker export"))?;
+    let iface = component.get_export_index(None, &iface).ok_or_else(|| anyhow!("no ranker export"))?;
+    component.get_export_index(Some(&iface), "rank").ok_or_else(|| anyhow!("no rank function"))
 }
 
 fn first_line(e: &wasmtime::Error) -> String {

@@ -28,6 +28,9 @@ struct Options {
     buckets: HashMap<String, String>,
 }
 
+/// 1 − 0.98 is 0.020000000000000018 in f64: "at the floor" must include it.
+const FLOOR_EPSILON: f64 = 1e-9;
+
 fn default_floor() -> f64 {
     0.02
 }
@@ -35,7 +38,8 @@ fn default_floor() -> f64 {
 /// The headroom ranker.
 pub struct Headroom {
     floor: f64,
-    buckets: HashMap<String, String>,
+    /// bucket → family; a handful of entries, so a list beats a hash map.
+    buckets: Vec<(String, String)>,
 }
 
 /// Where an account lands, best first.
@@ -49,15 +53,15 @@ enum Tier {
 impl Headroom {
     /// The family a `7d_<bucket>` window binds.
     fn bucket_family<'b>(&'b self, bucket: &'b str) -> &'b str {
-        self.buckets.get(bucket).map(String::as_str).unwrap_or(bucket)
+        self.buckets.iter().find(|(b, _)| b == bucket).map_or(bucket, |(_, f)| f.as_str())
     }
 
     /// Headroom of `account` for a request of model `family`.
-    fn headroom(&self, account: &Account, family: Option<&str>) -> f64 {
+    fn headroom(&self, account: &Candidate, family: Option<&str>) -> f64 {
         let mut h = account.headroom();
         if let Some(family) = family {
             for (bucket, w) in account.model_windows() {
-                if self.bucket_family(&bucket) == family {
+                if self.bucket_family(bucket) == family {
                     h = h.min(1.0 - w.utilization);
                 }
             }
@@ -65,12 +69,12 @@ impl Headroom {
         h
     }
 
-    fn tier(&self, account: &Account, headroom: f64, now: u64) -> Tier {
+    fn tier(&self, account: &Candidate, headroom: f64, now: u64) -> Tier {
         let rejected = account.status == WindowStatus::Rejected
             && account.resets_at_ms.is_none_or(|r| r > now);
         if !account.usable || rejected {
             Tier::Ineligible
-        } else if headroom <= self.floor {
+        } else if headroom <= self.floor + FLOOR_EPSILON {
             Tier::Drained
         } else {
             Tier::Healthy
@@ -82,12 +86,14 @@ impl Ranker for Headroom {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
         let opts: Options = config.parse_into()?;
         check_range("floor", opts.floor, 0.0, 1.0)?;
-        let mut buckets = HashMap::from([("oi".to_string(), "fable".to_string())]);
-        buckets.extend(
-            opts.buckets
-                .into_iter()
-                .map(|(b, f)| (b.to_ascii_lowercase(), f.to_ascii_lowercase())),
-        );
+        let mut buckets: Vec<(String, String)> = opts
+            .buckets
+            .into_iter()
+            .map(|(b, f)| (b.to_ascii_lowercase(), f.to_ascii_lowercase()))
+            .collect();
+        if !buckets.iter().any(|(b, _)| b == "oi") {
+            buckets.push(("oi".into(), "fable".into()));
+        }
         Ok(Headroom {
             floor: opts.floor,
             buckets,
@@ -96,12 +102,14 @@ impl Ranker for Headroom {
 
     fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {
         let family = model_family(&req.model);
+        if candidates.is_empty() {
+            return Ok(candidates.unchanged(""));
+        }
         let keyed: Vec<(Tier, f64)> = candidates
-            .accounts()
             .iter()
             .map(|a| {
-                let h = self.headroom(a, family);
-                (self.tier(a, h, req.now_ms), h)
+                let h = self.headroom(&a, family);
+                (self.tier(&a, h, req.now_ms), h)
             })
             .collect();
         let mut order = candidates.input_order();

@@ -44,6 +44,9 @@ impl Ranker for Misbehave {
         let n = c.len() as u32;
         match self.fault.as_str() {
             "none" => Ok(c.unchanged("none")),
+            "pass" => Ok(c.unchanged("")),
+            "report-decided-by" => Ok(c.unchanged("").with_detail(format!("saw {:?}", req.decided_by))),
+            "drop-first" => Ok(Ranking::new((1..n).collect(), "dropped-first")),
             "trap" => panic!("misbehave: deliberate panic"),
             "loop" => {
                 let mut x: u64 = 0;
@@ -89,6 +92,26 @@ impl Ranker for Misbehave {
                 Ok(_) => Ok(Ranking::new(c.input_order(), "escaped:socket")),
                 Err(e) => Err(format!("socket refused: {e}")),
             },
+            "echo" => {
+                // Everything received, in a canonical text the host test rebuilds
+                // from its own side of the call.
+                let mut out = String::new();
+                for a in c.iter() {
+                    out += &format!(
+                        "A{} p{} u{} c{:?} f{} m{:?} s{:?} r{:?} q{:?};",
+                        a.id, a.primary as u8, a.usable as u8,
+                        a.cooldown.map(|x| (x.until_ms, x.reason as u8)),
+                        a.in_flight, a.max_in_flight, a.status as u8, a.resets_at_ms, a.quota_freshness as u8
+                    );
+                    for w in a.windows {
+                        out += &format!(
+                            "W{} k{} n{} x{} r{:?} s{} o{};",
+                            w.account, w.kind as u8, w.name, w.utilization.to_bits(), w.resets_at_ms, w.status as u8, w.observed_at_ms
+                        );
+                    }
+                }
+                Ok(c.unchanged("echo").with_detail(out))
+            }
             "clock" => {
                 // Wall-clock access is allowed (std needs it) but must not be
                 // needed: rankers use `req.now_ms`.

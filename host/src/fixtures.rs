@@ -1,0 +1,147 @@
+//! The fixture harness behind `poolgate plugin test`: run JSON cases through a
+//! plugin on the real WASM path and compare the decision with what each case
+//! expects.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+
+use crate::case::Case;
+use crate::policy::{
+    BreakerConfig, Chain, Decision, Limits, MemoryState, PluginRef, PluginSpec, PolicyEngine, StageSpec,
+};
+use crate::snapshot::DEFAULT_FRESHNESS_MS;
+
+/// The verdict on one case.
+#[derive(Debug)]
+pub struct CaseResult {
+    /// The file the case came from.
+    pub file: PathBuf,
+    /// The case's name (or its position).
+    pub name: String,
+    /// Why it failed; empty when it passed.
+    pub failures: Vec<String>,
+    /// The decision, when the chain could be loaded.
+    pub decision: Option<Decision>,
+}
+
+impl CaseResult {
+    /// Whether the case passed.
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+fn spec(plugin: &PluginRef, config: Option<&serde_json::Value>, timeout: Duration) -> StageSpec {
+    StageSpec {
+        name: plugin.to_string(),
+        plugin: PluginSpec {
+            scope: plugin.default_scope(),
+            plugin: plugin.clone(),
+            config_json: config.map_or_else(|| "{}".to_string(), |c| c.to_string()),
+            limits: Limits { deadline: timeout, ..Limits::default() },
+            max_idle: 1,
+        },
+    }
+}
+
+/// The chain a case runs: its own `chain` (where `self` is `plugin`), or `plugin`
+/// alone with the case's `config`.
+pub fn stages_for(case: &Case, plugin: &PluginRef, timeout: Duration) -> Vec<StageSpec> {
+    match &case.chain {
+        Some(stages) => stages
+            .iter()
+            .map(|s| {
+                let p = if s.plugin == "self" { plugin.clone() } else { PluginRef::parse(&s.plugin) };
+                spec(&p, s.config.as_ref(), timeout)
+            })
+            .collect(),
+        None => vec![spec(plugin, case.config.as_ref(), timeout)],
+    }
+}
+
+/// Runs one case: a fresh chain and state store, the observations in order, then
+/// the ranking.
+pub fn run_case(engine: &PolicyEngine, plugin: &PluginRef, case: &Case, timeout: Duration) -> Result<Decision> {
+    let chain = Chain::load(
+        engine,
+        stages_for(case, plugin, timeout),
+        case.pool(),
+        Arc::new(MemoryState::default()),
+        BreakerConfig::default(),
+    )?;
+    for (req, account, outcome) in case.observations() {
+        chain.observe(&req, account, &outcome);
+    }
+    Ok(chain.rank(case.request(), case.candidates(DEFAULT_FRESHNESS_MS)))
+}
+
+/// Compares a decision with a case's `expect`; each mismatch is one line.
+pub fn check(case: &Case, decision: &Decision) -> Vec<String> {
+    let mut failures = Vec::new();
+    let Some(expect) = &case.expect else {
+        return vec!["the case has no `expect`".into()];
+    };
+    if let Some(order) = &expect.order {
+        if &decision.order != order {
+            failures.push(format!("order: expected {}, got {}", order.join(" > "), decision.order.join(" > ")));
+        }
+    }
+    if let Some(head) = &expect.head {
+        if decision.order.head() != Some(head.as_str()) {
+            failures.push(format!(
+                "head: expected {head}, got {} (order {})",
+                decision.order.head().unwrap_or("nothing"),
+                decision.order.join(" > ")
+            ));
+        }
+    }
+    if let Some(reason) = &expect.reason {
+        if &decision.reason != reason {
+            failures.push(format!("reason: expected {reason}, got {}", decision.reason));
+        }
+    }
+    if let Some(fragment) = &expect.detail_contains {
+        let detail = decision.detail.as_deref().unwrap_or("");
+        if !detail.contains(fragment.as_str()) {
+            failures.push(format!("detail: expected it to contain {fragment:?}, got {detail:?}"));
+        }
+    }
+    failures
+}
+
+/// Runs every case and judges it.
+pub fn run_all(engine: &PolicyEngine, plugin: &PluginRef, cases: &[(PathBuf, Case)], timeout: Duration) -> Vec<CaseResult> {
+    cases
+        .iter()
+        .enumerate()
+        .map(|(i, (file, case))| {
+            let name = case.name.clone().unwrap_or_else(|| format!("case #{}", i + 1));
+            match run_case(engine, plugin, case, timeout) {
+                Ok(decision) => CaseResult { file: file.clone(), name, failures: check(case, &decision), decision: Some(decision) },
+                Err(e) => CaseResult { file: file.clone(), name, failures: vec![format!("chain failed to load: {e:#}")], decision: None },
+            }
+        })
+        .collect()
+}
+
+/// Runs the fixtures at `path` against `plugin`, failing with a summary when any
+/// case fails (for tests).
+pub fn assert_fixtures(engine: &PolicyEngine, plugin: &str, path: &std::path::Path) -> Result<usize> {
+    let cases = crate::case::load_cases(path)?;
+    if cases.is_empty() {
+        bail!("no cases in {}", path.display());
+    }
+    let results = run_all(engine, &PluginRef::parse(plugin), &cases, Duration::from_millis(crate::policy::DEFAULT_DEADLINE_MS * 4));
+    let failed: Vec<String> = results
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| format!("{} — {}: {}", r.file.display(), r.name, r.failures.join("; ")))
+        .collect();
+    if !failed.is_empty() {
+        bail!("{} of {} cases failed:\n{}", failed.len(), results.len(), failed.join("\n"));
+    }
+    Ok(results.len())
+}
