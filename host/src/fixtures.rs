@@ -104,9 +104,16 @@ pub fn check(case: &Case, decision: &Decision) -> Vec<String> {
         }
     }
     if let Some(fragment) = &expect.detail_contains {
-        let detail = decision.detail.as_deref().unwrap_or("");
-        if !detail.contains(fragment.as_str()) {
-            failures.push(format!("detail: expected it to contain {fragment:?}, got {detail:?}"));
+        // The decision's detail, or any stage's: a modifier that did not act
+        // (affinity skipped, skip-exhausted dropping) reports only on its stage.
+        let details: Vec<&str> = decision
+            .detail
+            .as_deref()
+            .into_iter()
+            .chain(decision.stages.iter().filter_map(|s| s.detail.as_deref()))
+            .collect();
+        if !details.iter().any(|d| d.contains(fragment.as_str())) {
+            failures.push(format!("detail: expected one to contain {fragment:?}, got {details:?}"));
         }
     }
     failures

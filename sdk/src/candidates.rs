@@ -102,6 +102,11 @@ impl<'a> Candidates<'a> {
         self.accounts.is_empty()
     }
 
+    /// The position of the candidate at pool index `id`, if it is among them.
+    pub fn position_of(&self, id: u32) -> Option<u32> {
+        self.accounts.iter().position(|a| a.id == id).map(|p| p as u32)
+    }
+
     /// The pool table.
     pub fn pool(&self) -> &Pool {
         self.pool

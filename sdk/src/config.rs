@@ -24,8 +24,28 @@ impl Config {
     /// Deserializes the options into `T`. With `#[serde(deny_unknown_fields)]` on `T`
     /// a misspelt option is refused with its name; serde's message names the option
     /// and what was expected, e.g. ``unknown field `flor`, expected `floor` ``.
+    /// A value of the wrong type (`"floor": "low"`) is named too, as
+    /// ``option `floor`: invalid type: string "low", expected f64``.
     pub fn parse_into<T: DeserializeOwned>(&self) -> Result<T, String> {
-        serde_json::from_value(self.value.clone()).map_err(|e| e.to_string())
+        serde_json::from_value(self.value.clone()).map_err(|e| {
+            let message = e.to_string();
+            // serde names unknown and missing fields itself, but not a field
+            // whose value has the wrong type. Find it: the one option whose
+            // removal makes the rest parse.
+            let culprit = self.value.as_object().and_then(|options| {
+                options.keys().find(|key| {
+                    let mut rest = options.clone();
+                    rest.remove(*key);
+                    serde_json::from_value::<T>(serde_json::Value::Object(rest)).is_ok()
+                })
+            });
+            match culprit {
+                Some(key) if !message.contains(&format!("`{key}`")) => {
+                    format!("option `{key}`: {message}")
+                }
+                _ => message,
+            }
+        })
     }
 
     /// The raw JSON value of the table.

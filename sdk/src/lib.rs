@@ -24,13 +24,21 @@
 //!
 //! Build with `cargo build --target wasm32-wasip2 --release`; the `.wasm` in
 //! `target/wasm32-wasip2/release/` is the component to point poolgate at.
+//!
+//! The built-in strategies share two building blocks that are yours to use too:
+//! [`Buckets`] (which model family a `7d_<bucket>` window binds, and dario's
+//! headroom) and [`metrics`] (neurolink's per-account sort metrics, its
+//! `expiry-first` and `headroom-first` ladders, and the usable-and-unsaturated
+//! test its affinity, prefer-primary and spill modifiers apply).
 
 #![warn(missing_docs)]
 
+mod buckets;
 mod candidate;
 mod candidates;
 mod config;
 pub mod host;
+pub mod metrics;
 #[doc(hidden)]
 pub mod rt;
 
@@ -51,16 +59,18 @@ pub use bindings::poolgate::policy::types::{
     Account, AccountInfo, ApiShape, Cooldown, CooldownReason, Freshness, Outcome, QuotaWindow,
     Ranking, Request, WindowKind, WindowStatus,
 };
+pub use buckets::Buckets;
 pub use candidates::{Candidates, Pool};
 pub use config::{Config, check_range};
 
 /// Everything a ranker file usually needs.
 pub mod prelude {
     pub use crate::host::{log, state};
+    pub use crate::metrics::{Ladder, SortMetrics};
     pub use crate::{
-        Account, AccountInfo, ApiShape, Candidate, Candidates, Config, Cooldown, CooldownReason, Freshness,
-        ModelFamily, Outcome, Pool, QuotaWindow, Ranker, Ranking, Request, WindowKind,
-        WindowStatus, check_range, model_family,
+        Account, AccountInfo, ApiShape, Buckets, Candidate, Candidates, Config, Cooldown,
+        CooldownReason, Freshness, ModelFamily, Outcome, Pool, QuotaWindow, Ranker, Ranking,
+        Request, WindowKind, WindowStatus, check_range, model_family,
     };
 }
 

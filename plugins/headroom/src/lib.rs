@@ -8,8 +8,10 @@
 //!
 //! Order: eligible accounts above the floor by headroom (highest first), then
 //! eligible accounts at or below the floor (drained: they still serve when nothing
-//! else can), then ineligible ones. Ties keep the input order, so the ranking is
-//! stable and chains compose.
+//! else can), then ineligible ones by soonest recovery (dario's pre-v6 all-parked
+//! fallback: the earliest reset). Remaining ties go to pool order — dario's
+//! single pass keeps the first seat it meets — so the result never depends on the
+//! order this stage received.
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -38,8 +40,7 @@ fn default_floor() -> f64 {
 /// The headroom ranker.
 pub struct Headroom {
     floor: f64,
-    /// bucket → family; a handful of entries, so a list beats a hash map.
-    buckets: Vec<(String, String)>,
+    buckets: Buckets,
 }
 
 /// Where an account lands, best first.
@@ -50,53 +51,59 @@ enum Tier {
     Ineligible,
 }
 
+struct Key {
+    tier: Tier,
+    headroom: f64,
+    /// For ineligible accounts: when they can serve again (unknown = never).
+    recovery: u64,
+    id: u32,
+}
+
 impl Headroom {
-    /// The family a `7d_<bucket>` window binds.
-    fn bucket_family<'b>(&'b self, bucket: &'b str) -> &'b str {
-        self.buckets.iter().find(|(b, _)| b == bucket).map_or(bucket, |(_, f)| f.as_str())
-    }
-
-    /// Headroom of `account` for a request of model `family`.
-    fn headroom(&self, account: &Candidate, family: Option<&str>) -> f64 {
-        let mut h = account.headroom();
-        if let Some(family) = family {
-            for (bucket, w) in account.model_windows() {
-                if self.bucket_family(bucket) == family {
-                    h = h.min(1.0 - w.utilization);
-                }
-            }
-        }
-        h
-    }
-
-    fn tier(&self, account: &Candidate, headroom: f64, now: u64) -> Tier {
-        let rejected = account.status == WindowStatus::Rejected
-            && account.resets_at_ms.is_none_or(|r| r > now);
-        if !account.usable || rejected {
+    fn key(&self, a: &Candidate, family: Option<&str>, now: u64) -> Key {
+        let headroom = self.buckets.headroom(a, family);
+        let rejected = a.status == WindowStatus::Rejected && a.resets_at_ms.is_none_or(|r| r > now);
+        let tier = if !a.usable || rejected {
             Tier::Ineligible
         } else if headroom <= self.floor + FLOOR_EPSILON {
             Tier::Drained
         } else {
             Tier::Healthy
+        };
+        let recovery = match (&a.cooldown, rejected) {
+            (Some(c), _) => c.until_ms,
+            (None, true) => a.resets_at_ms.unwrap_or(u64::MAX),
+            (None, false) => u64::MAX,
+        };
+        Key {
+            tier,
+            headroom,
+            recovery,
+            id: a.id,
         }
     }
+}
+
+fn compare(a: &Key, b: &Key) -> Ordering {
+    let recovery = if a.tier == Tier::Ineligible {
+        a.recovery.cmp(&b.recovery)
+    } else {
+        Ordering::Equal
+    };
+    a.tier
+        .cmp(&b.tier)
+        .then(recovery)
+        .then_with(|| (b.headroom + 0.0).total_cmp(&(a.headroom + 0.0)))
+        .then(a.id.cmp(&b.id))
 }
 
 impl Ranker for Headroom {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
         let opts: Options = config.parse_into()?;
         check_range("floor", opts.floor, 0.0, 1.0)?;
-        let mut buckets: Vec<(String, String)> = opts
-            .buckets
-            .into_iter()
-            .map(|(b, f)| (b.to_ascii_lowercase(), f.to_ascii_lowercase()))
-            .collect();
-        if !buckets.iter().any(|(b, _)| b == "oi") {
-            buckets.push(("oi".into(), "fable".into()));
-        }
         Ok(Headroom {
             floor: opts.floor,
-            buckets,
+            buckets: Buckets::new(opts.buckets),
         })
     }
 
@@ -105,23 +112,15 @@ impl Ranker for Headroom {
         if candidates.is_empty() {
             return Ok(candidates.unchanged(""));
         }
-        let keyed: Vec<(Tier, f64)> = candidates
+        let keys: Vec<Key> = candidates
             .iter()
-            .map(|a| {
-                let h = self.headroom(&a, family);
-                (self.tier(&a, h, req.now_ms), h)
-            })
+            .map(|a| self.key(&a, family, req.now_ms))
             .collect();
         let mut order = candidates.input_order();
-        order.sort_by(|&a, &b| {
-            let (ta, ha) = &keyed[a as usize];
-            let (tb, hb) = &keyed[b as usize];
-            ta.cmp(tb)
-                .then_with(|| hb.partial_cmp(ha).unwrap_or(Ordering::Equal))
-        });
-        let head = &keyed[order[0] as usize];
+        order.sort_by(|&a, &b| compare(&keys[a as usize], &keys[b as usize]));
+        let head = &keys[order[0] as usize];
         let ranking = Ranking::new(order, "headroom");
-        Ok(match head.0 {
+        Ok(match head.tier {
             Tier::Healthy => ranking,
             Tier::Drained => ranking.with_detail("every eligible account is at or below the floor"),
             Tier::Ineligible => ranking.with_detail("no eligible account"),

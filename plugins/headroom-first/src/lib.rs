@@ -1,0 +1,48 @@
+//! `builtin:headroom-first` — neurolink's `headroom-first` ranking: the account
+//! with the most room in both its session and its week first.
+//!
+//! Ladder: availability → quota evidence → session soft-limit saturation →
+//! per-model saturation → highest `min(1 − session used, 1 − weekly used)`
+//! (unknown headroom last) → soonest weekly reset → configured primary → pool
+//! index; two unusable accounts compare by the sooner cooldown end. Windows whose
+//! reset is unknown or has passed read as unused (neurolink's reset-freshening).
+//!
+//! Unlike dario's `headroom`, the per-model bucket is not part of the headroom:
+//! it only demotes an account once it reaches the soft limit (`scoped_headroom`).
+
+use std::collections::HashMap;
+
+use poolgate_sdk::metrics::{compare_headroom_first, rank_by};
+use poolgate_sdk::prelude::*;
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Options {
+    /// 5h utilization at or above which an account is demoted, in (0, 1].
+    session_soft_limit: Option<f64>,
+    /// Extra bucket → model family bindings, merged over the default `oi → fable`.
+    #[serde(default)]
+    buckets: HashMap<String, String>,
+}
+
+/// The headroom-first ranker.
+pub struct HeadroomFirst {
+    ladder: Ladder,
+}
+
+impl Ranker for HeadroomFirst {
+    fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
+        let o: Options = config.parse_into()?;
+        Ok(HeadroomFirst {
+            ladder: Ladder::new(o.session_soft_limit, None, o.buckets)?,
+        })
+    }
+
+    fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {
+        let metrics = self.ladder.metrics(req, candidates);
+        Ok(rank_by(candidates, &metrics, compare_headroom_first))
+    }
+}
+
+poolgate_sdk::export_ranker!(HeadroomFirst);

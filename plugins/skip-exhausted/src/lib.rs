@@ -1,0 +1,106 @@
+//! `builtin:skip-exhausted` — drop the accounts whose quota already says they will
+//! refuse, so no request (and no failover attempt) is spent on a doomed probe.
+//!
+//! An account is dropped only on evidence strong enough to act on: a fresh reading
+//! in which the 5h window, the 7d window, the request's per-model bucket or the
+//! unified status is exhausted (`rejected`, or used ≥ 100%) until a reset that is
+//! still in the future. Everything weaker fails open — no reading, a stale one, a
+//! window whose reset is unknown or has passed, a utilization that is not a
+//! number — because a wrong "exhausted" costs a usable seat while a wrong "fine"
+//! costs one probe. And it never drops the last way out: when no usable candidate
+//! would survive, the whole input order is kept and the upstream decides.
+//!
+//! The readings are the account's own (keyed by its pool entry, never by a token
+//! or a process), so one account's exhaustion can never be pinned on another.
+//! It never claims the head: its reason is empty and its detail names what it
+//! dropped.
+
+use std::collections::HashMap;
+
+use poolgate_sdk::prelude::*;
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Options {
+    /// Extra bucket → model family bindings, merged over the default `oi → fable`.
+    #[serde(default)]
+    buckets: HashMap<String, String>,
+}
+
+/// The skip-exhausted filter.
+pub struct SkipExhausted {
+    buckets: Buckets,
+}
+
+impl SkipExhausted {
+    /// What says `a` is exhausted and until when, if anything trustworthy does.
+    fn exhausted(
+        &self,
+        a: &Candidate,
+        family: Option<&str>,
+        now: u64,
+    ) -> Option<(&'static str, u64)> {
+        if a.quota_freshness != Freshness::Fresh {
+            return None;
+        }
+        let future = |r: Option<u64>| r.filter(|&r| r > now);
+        if a.status == WindowStatus::Rejected
+            && let Some(r) = future(a.resets_at_ms)
+        {
+            return Some(("unified", r));
+        }
+        let scoped = family
+            .into_iter()
+            .flat_map(|f| self.buckets.windows_for(a, f));
+        a.windows
+            .iter()
+            .filter(|w| matches!(w.kind, WindowKind::FiveHour | WindowKind::SevenDay))
+            .chain(scoped)
+            .filter(|w| {
+                w.status == WindowStatus::Rejected
+                    || (w.utilization.is_finite() && w.utilization >= 1.0)
+            })
+            .find_map(|w| {
+                future(w.resets_at_ms).map(|r| (poolgate_sdk::host::window_name(w.name), r))
+            })
+    }
+}
+
+impl Ranker for SkipExhausted {
+    fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
+        let o: Options = config.parse_into()?;
+        Ok(SkipExhausted {
+            buckets: Buckets::new(o.buckets),
+        })
+    }
+
+    fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {
+        let family = model_family(&req.model);
+        let mut kept = Vec::with_capacity(candidates.len());
+        let mut dropped = Vec::new();
+        for c in candidates.iter() {
+            match self.exhausted(&c, family, req.now_ms) {
+                Some((window, until)) => dropped.push(format!(
+                    "`{}` ({window} exhausted until {until})",
+                    c.info.id
+                )),
+                None => kept.push(c.position),
+            }
+        }
+        if dropped.is_empty() {
+            return Ok(candidates.unchanged(""));
+        }
+        let had_usable = candidates.iter().any(|c| c.usable);
+        let keeps_usable = kept.iter().any(|&p| candidates.get(p).usable);
+        if kept.is_empty() || (had_usable && !keeps_usable) {
+            return Ok(candidates.unchanged("").with_detail(format!(
+                "kept every candidate: dropping {} would leave no usable account",
+                dropped.join(", ")
+            )));
+        }
+        Ok(Ranking::new(kept, "").with_detail(format!("dropped {}", dropped.join(", "))))
+    }
+}
+
+poolgate_sdk::export_ranker!(SkipExhausted);
