@@ -5,6 +5,7 @@
 //! - [`policy`] — the plugin runtime: engine, sandbox, instance pools, and the chain
 //!   (`policy::chain` is where a request's order is decided).
 //! - [`snapshot`] — the plain-data view of an account that the chain ranks.
+//! - [`gateway`] — the HTTP proxy around the chain (`gateway::proxy` serves one request).
 //! - [`config`] — the TOML configuration.
 //! - [`case`] — the JSON case format of `poolgate rank` and `poolgate plugin test`.
 
@@ -12,6 +13,7 @@ pub mod case;
 pub mod cli;
 pub mod config;
 pub mod fixtures;
+pub mod gateway;
 pub mod policy;
 pub mod snapshot;
 

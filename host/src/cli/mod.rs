@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod plugin;
 mod rank;
+mod serve;
 
 /// poolgate — a gateway for LLM APIs that sends every request to the best account
 /// of a pool, as decided by a chain of sandboxed WebAssembly policy plugins.
@@ -28,6 +29,15 @@ enum Command {
     /// Example:
     ///   poolgate rank --config poolgate.toml --input case.json
     Rank(rank::Args),
+    /// Run the gateway: proxy the Anthropic API across the configured pool.
+    ///
+    /// Point clients at it with ANTHROPIC_BASE_URL=http://<listen>; every
+    /// response carries x-poolgate-account and x-poolgate-reason. Stops on
+    /// SIGINT/SIGTERM after in-flight requests finish (server.shutdown_grace_ms).
+    ///
+    /// Example:
+    ///   poolgate serve --config poolgate.toml
+    Serve(serve::Args),
     /// Tools for plugin authors: run fixtures against a plugin.
     #[command(subcommand)]
     Plugin(plugin::Command),
@@ -35,10 +45,13 @@ enum Command {
 
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
-    init_tracing();
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        init_tracing(crate::config::LogFormat::Text);
+    }
     let result = match cli.command {
         Command::Rank(args) => rank::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Plugin(cmd) => plugin::run(cmd),
     };
     match result {
@@ -50,10 +63,17 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_tracing() {
+/// Logs go to stderr, filtered by `POOLGATE_LOG` (e.g. `info`,
+/// `poolgate::decision=info`); `json` writes one object per line.
+pub(crate) fn init_tracing(format: crate::config::LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("POOLGATE_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let default = if matches!(format, crate::config::LogFormat::Json) { "info" } else { "warn" };
+    let filter = EnvFilter::try_from_env("POOLGATE_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        crate::config::LogFormat::Json => builder.json().try_init(),
+        crate::config::LogFormat::Text => builder.try_init(),
+    };
 }
 
 /// A config path argument shared by several subcommands.

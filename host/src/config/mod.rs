@@ -1,18 +1,35 @@
-//! The TOML configuration: the pool of accounts, the policy chain, and the server.
+//! The TOML configuration: the server, the pool of accounts, the policy chain,
+//! and how upstream answers cool accounts down.
 //!
 //! Every key is documented in `docs/configuration.md`.
+
+mod accounts;
+mod server;
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+pub use accounts::{ANTHROPIC_API, AccountConfig, AccountKind, Secret};
+pub use server::{ClientKey, GatewayConfig, LogFormat, ServerConfig};
+
+use crate::gateway::cooldown::CooldownConfig;
 use crate::policy::{self, BreakerConfig, Limits, PluginRef, PluginSpec, StageSpec};
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// Listening, client keys, admin token, logs.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// Failover, admission and upstream timeouts.
+    #[serde(default)]
+    pub gateway: GatewayConfig,
+    /// Cooldown durations and ceilings by cause.
+    #[serde(default)]
+    pub cooldowns: CooldownConfig,
     /// The policy chain and the plugin sandbox.
     #[serde(default)]
     pub policy: PolicyConfig,
@@ -128,20 +145,6 @@ pub struct StageConfig {
     pub config: Option<toml::Table>,
 }
 
-/// One `[[accounts]]` entry.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AccountConfig {
-    /// Stable id.
-    pub id: String,
-    /// Display alias; fill-first orders by it (default: the id).
-    #[serde(default)]
-    pub alias: Option<String>,
-    /// The primary account.
-    #[serde(default)]
-    pub primary: bool,
-}
-
 /// The chain used when the config names none: drop accounts known to be exhausted,
 /// then pick the most headroom. Skip-exhausted first means headroom never ranks a
 /// seat whose quota says it will refuse; headroom then spreads load as dario does.
@@ -156,11 +159,18 @@ impl Config {
         Ok(config)
     }
 
-    /// Makes plugin paths relative to the config file's directory.
+    /// Makes plugin and token-file paths relative to the config file's directory.
     pub fn resolve_paths(&mut self, base: &Path) {
         for stage in &mut self.policy.chain {
             if !stage.plugin.starts_with("builtin:") && Path::new(&stage.plugin).is_relative() {
                 stage.plugin = base.join(&stage.plugin).to_string_lossy().into_owned();
+            }
+        }
+        for account in &mut self.accounts {
+            if let Some(f) = &account.token_file {
+                if f.is_relative() {
+                    account.token_file = Some(base.join(f));
+                }
             }
         }
     }

@@ -1,0 +1,96 @@
+//! `[server]` and `[gateway]`: where poolgate listens, who may call it, and how it
+//! treats requests (body limit, failover bound, admission queue, timeouts).
+
+use serde::{Deserialize, Serialize};
+
+/// `[server]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    pub listen: String,
+    /// Largest request body accepted, MiB (Claude Code sends ~90 KB per turn and
+    /// several MB with images); larger bodies get 413.
+    pub max_body_mb: usize,
+    /// How long a shutdown waits for in-flight requests and streams, ms.
+    pub shutdown_grace_ms: u64,
+    /// Decision records kept for `GET /admin/decisions`.
+    pub decisions_kept: usize,
+    /// `text` or `json` log lines.
+    pub log_format: LogFormat,
+    /// Environment variable holding the admin token (for `/status`, `/admin/*`).
+    pub admin_token_env: Option<String>,
+    /// SHA-256 (hex) of the admin token, as an alternative to the env variable.
+    pub admin_token_sha256: Option<String>,
+    /// Keys clients present (`x-api-key` or `Authorization: Bearer`).
+    pub client_keys: Vec<ClientKey>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:8787".into(),
+            max_body_mb: 32,
+            shutdown_grace_ms: 30_000,
+            decisions_kept: 200,
+            log_format: LogFormat::Text,
+            admin_token_env: None,
+            admin_token_sha256: None,
+            client_keys: Vec::new(),
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// One `[[server.client_keys]]` entry. The key itself is never in the file: give
+/// its SHA-256, or the environment variable that holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientKey {
+    /// A name for logs and metrics (never the key).
+    pub name: String,
+    /// SHA-256 of the key, hex.
+    #[serde(default)]
+    pub sha256: Option<String>,
+    /// Environment variable holding the key.
+    #[serde(default)]
+    pub key_env: Option<String>,
+}
+
+/// `[gateway]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewayConfig {
+    /// Most accounts one request may try (0 = every account in the pool).
+    pub max_attempts: usize,
+    /// Requests allowed to wait for an in-flight slot.
+    pub queue_max: usize,
+    /// How long a request waits for a slot before 429 `queue_timeout`, ms.
+    pub queue_timeout_ms: u64,
+    /// Upstream connect timeout, ms.
+    pub connect_timeout_ms: u64,
+    /// Time allowed until the upstream's response headers, ms.
+    pub response_timeout_ms: u64,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            max_attempts: 0,
+            queue_max: 256,
+            queue_timeout_ms: 60_000,
+            connect_timeout_ms: 10_000,
+            response_timeout_ms: 600_000,
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! What the gateway has learned about each account: its quota readings, cooldowns,
+//! failure streaks, counters and in-flight count.
+//!
+//! This state is keyed by account id and outlives configuration generations: a
+//! reload that keeps an account keeps what was learned about it, and a request
+//! that started on an old generation releases its lease on the same counter.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use super::cooldown::{self, Answer, CooldownConfig, Plan, Streaks};
+use super::quota::QuotaReading;
+use crate::config::AccountConfig;
+use crate::snapshot::{AccountSnapshot, Cooldown, CooldownReason, ModelGate, Status, WindowReading};
+
+/// Learned state of one account.
+#[derive(Debug)]
+pub struct AccountState {
+    /// The account's id.
+    pub id: String,
+    learned: Mutex<Learned>,
+    in_flight: AtomicU32,
+    /// Requests sent to this account (every attempt).
+    pub attempts: AtomicU64,
+    /// Attempts answered 2xx.
+    pub successes: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Learned {
+    windows: BTreeMap<String, WindowReading>,
+    status: Status,
+    reset_ms: Option<u64>,
+    representative_claim: Option<String>,
+    overage_status: Option<Status>,
+    overage_disabled_reason: Option<String>,
+    organization_id: Option<String>,
+    last_reading_ms: Option<u64>,
+    cooldown: Option<Cooldown>,
+    model_gates: Vec<ModelGate>,
+    streaks: Streaks,
+    last_status: Option<u16>,
+}
+
+/// What recording an answer changed, for metrics and logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing worth reporting.
+    None,
+    /// A new cooldown started.
+    Cooled(CooldownReason),
+    /// A model family was gated.
+    Gated(String),
+    /// Cooldowns were lifted.
+    Cleared,
+}
+
+impl AccountState {
+    /// Fresh state for account `id`.
+    pub fn new(id: &str) -> Self {
+        AccountState {
+            id: id.to_string(),
+            learned: Mutex::new(Learned::default()),
+            in_flight: AtomicU32::new(0),
+            attempts: AtomicU64::new(0),
+            successes: AtomicU64::new(0),
+        }
+    }
+
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Takes an in-flight slot if fewer than `max` are taken.
+    pub fn try_take(&self, max: Option<u32>) -> bool {
+        let max = max.unwrap_or(u32::MAX);
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .is_ok()
+    }
+
+    /// Gives a slot back.
+    pub fn give_back(&self) {
+        let _ = self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
+    }
+
+    /// The chain's view of the account.
+    pub fn snapshot(&self, config: &AccountConfig) -> AccountSnapshot {
+        let l = self.learned.lock();
+        AccountSnapshot {
+            id: self.id.clone(),
+            alias: config.alias.clone(),
+            primary: config.primary,
+            usable: None,
+            disabled: !config.enabled,
+            cooldown: l.cooldown,
+            model_gates: l.model_gates.clone(),
+            in_flight: self.in_flight(),
+            max_in_flight: config.max_in_flight,
+            status: l.status,
+            resets_at_ms: l.reset_ms,
+            windows: l.windows.values().cloned().collect(),
+        }
+    }
+
+    /// The cooldown in force at `now`, if any.
+    pub fn cooldown(&self, now: u64) -> Option<Cooldown> {
+        self.learned.lock().cooldown.filter(|c| c.until_ms > now)
+    }
+
+    /// Merges a quota reading (windows are replaced by name; a reading never
+    /// overwrites a newer one).
+    fn merge(l: &mut Learned, r: &QuotaReading, now: u64) {
+        if r.is_empty() && r.organization_id.is_none() {
+            return;
+        }
+        if let Some(org) = &r.organization_id {
+            l.organization_id = Some(org.clone());
+        }
+        if r.is_empty() {
+            return;
+        }
+        if l.last_reading_ms.is_some_and(|t| t > now) {
+            return;
+        }
+        for w in &r.windows {
+            l.windows.insert(w.name.clone(), w.clone());
+        }
+        if let Some(s) = r.status {
+            l.status = s;
+            l.reset_ms = r.reset_ms;
+        }
+        if r.representative_claim.is_some() {
+            l.representative_claim = r.representative_claim.clone();
+        }
+        if r.overage_status.is_some() {
+            l.overage_status = r.overage_status;
+            l.overage_disabled_reason = r.overage_disabled_reason.clone();
+        }
+        l.last_reading_ms = Some(now);
+    }
+
+    /// Records how an attempt ended: merges its quota reading, updates streaks and
+    /// applies the cooldown plan.
+    pub fn record(&self, answer: Answer, reading: &QuotaReading, family: Option<&str>, cfg: &CooldownConfig, now: u64) -> Change {
+        let mut l = self.learned.lock();
+        Self::merge(&mut l, reading, now);
+        let auth_cooling = l.cooldown.is_some_and(|c| c.reason == CooldownReason::Auth && c.until_ms > now);
+        match answer {
+            Answer::Status(s) => {
+                l.last_status = Some(s);
+                if (200..300).contains(&s) {
+                    self.successes.fetch_add(1, Ordering::Relaxed);
+                    l.streaks = Streaks::default();
+                }
+                match s {
+                    401 | 403 if !auth_cooling => l.streaks.auth += 1,
+                    529 => l.streaks.overloaded += 1,
+                    500..=599 => l.streaks.upstream_error += 1,
+                    _ => {}
+                }
+            }
+            Answer::ConnectFailed => {
+                l.last_status = None;
+                l.streaks.upstream_error += 1;
+            }
+        }
+        // A burst of 401s while already cooling does not escalate (dario: burst-safe).
+        if matches!(answer, Answer::Status(401 | 403)) && auth_cooling {
+            return Change::None;
+        }
+        match cooldown::plan(answer, reading, family, l.streaks, cfg, now) {
+            Plan::Keep => Change::None,
+            Plan::Cool { until_ms, reason } => {
+                // A cooldown never shortens one already in force for a longer cause.
+                if l.cooldown.is_some_and(|c| c.until_ms > until_ms) {
+                    return Change::None;
+                }
+                l.cooldown = Some(Cooldown { until_ms, reason });
+                Change::Cooled(reason)
+            }
+            Plan::GateModel { family, until_ms } => {
+                l.model_gates.retain(|g| g.family != family && g.until_ms > now);
+                l.model_gates.push(ModelGate { family: family.clone(), until_ms });
+                Change::Gated(family)
+            }
+            Plan::Clear => {
+                let had = l.cooldown.is_some_and(|c| c.until_ms > now && cooldown::lifted_by_success(c.reason));
+                if had {
+                    l.cooldown = None;
+                }
+                // A success for a gated family proves the gate stale.
+                if let Some(f) = family {
+                    l.model_gates.retain(|g| g.family != f);
+                }
+                if had { Change::Cleared } else { Change::None }
+            }
+        }
+    }
+
+    /// The account's state for `/status`.
+    pub fn status(&self, config: &AccountConfig, now: u64) -> AccountStatus {
+        let l = self.learned.lock();
+        AccountStatus {
+            id: self.id.clone(),
+            alias: config.alias().to_string(),
+            primary: config.primary,
+            enabled: config.enabled,
+            kind: format!("{:?}", config.kind).to_lowercase(),
+            base_url: config.base_url().to_string(),
+            in_flight: self.in_flight(),
+            max_in_flight: config.max_in_flight,
+            cooldown: l.cooldown.filter(|c| c.until_ms > now).map(|c| CooldownStatus {
+                reason: c.reason.as_str(),
+                until_ms: c.until_ms,
+                remaining_ms: c.until_ms - now,
+            }),
+            model_gates: l.model_gates.iter().filter(|g| g.until_ms > now).cloned().collect(),
+            unified_status: l.status,
+            unified_reset_ms: l.reset_ms,
+            representative_claim: l.representative_claim.clone(),
+            overage_status: l.overage_status,
+            overage_disabled_reason: l.overage_disabled_reason.clone(),
+            organization_id: l.organization_id.clone(),
+            reading_age_ms: l.last_reading_ms.map(|t| now.saturating_sub(t)),
+            windows: l.windows.values().cloned().collect(),
+            streaks: l.streaks,
+            last_status: l.last_status,
+            attempts: self.attempts.load(Ordering::Relaxed),
+            successes: self.successes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// One account in `GET /status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct AccountStatus {
+    /// Id.
+    pub id: String,
+    /// Alias.
+    pub alias: String,
+    /// Primary?
+    pub primary: bool,
+    /// Enabled?
+    pub enabled: bool,
+    /// `apikey` or `oauth`.
+    pub kind: String,
+    /// Upstream.
+    pub base_url: String,
+    /// Requests in flight.
+    pub in_flight: u32,
+    /// In-flight limit.
+    pub max_in_flight: Option<u32>,
+    /// The cooldown in force.
+    pub cooldown: Option<CooldownStatus>,
+    /// Per-family gates in force.
+    pub model_gates: Vec<ModelGate>,
+    /// Top-level unified status.
+    pub unified_status: Status,
+    /// Unified reset.
+    pub unified_reset_ms: Option<u64>,
+    /// The binding window.
+    pub representative_claim: Option<String>,
+    /// Overage status.
+    pub overage_status: Option<Status>,
+    /// Why overage is disabled.
+    pub overage_disabled_reason: Option<String>,
+    /// The upstream organization.
+    pub organization_id: Option<String>,
+    /// Age of the newest quota reading.
+    pub reading_age_ms: Option<u64>,
+    /// Quota windows.
+    pub windows: Vec<WindowReading>,
+    /// Failure streaks.
+    pub streaks: Streaks,
+    /// Status of the last answer.
+    pub last_status: Option<u16>,
+    /// Attempts sent.
+    pub attempts: u64,
+    /// Attempts answered 2xx.
+    pub successes: u64,
+}
+
+/// A cooldown in `/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CooldownStatus {
+    /// Cause.
+    pub reason: &'static str,
+    /// End.
+    pub until_ms: u64,
+    /// Time left.
+    pub remaining_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::WindowReading;
+
+    const NOW: u64 = 1_760_000_000_000;
+
+    #[test]
+    fn auth_failures_escalate_only_when_not_already_cooling_and_a_success_clears_them() {
+        let a = AccountState::new("a");
+        let cfg = CooldownConfig::default();
+        let r = QuotaReading::default();
+        assert_eq!(a.record(Answer::Status(401), &r, None, &cfg, NOW), Change::Cooled(CooldownReason::Auth));
+        // A burst while cooling does not escalate.
+        assert_eq!(a.record(Answer::Status(401), &r, None, &cfg, NOW + 1), Change::None);
+        assert_eq!(a.cooldown(NOW).unwrap().until_ms, NOW + 60_000);
+        // After it ends, the next failure doubles.
+        a.record(Answer::Status(401), &r, None, &cfg, NOW + 60_001);
+        assert_eq!(a.cooldown(NOW + 60_001).unwrap().until_ms, NOW + 60_001 + 120_000);
+        assert_eq!(a.record(Answer::Status(200), &r, None, &cfg, NOW + 60_002), Change::Cleared);
+        assert!(a.cooldown(NOW + 60_002).is_none());
+    }
+
+    #[test]
+    fn a_shorter_cooldown_never_replaces_a_longer_one() {
+        let a = AccountState::new("a");
+        let cfg = CooldownConfig::default();
+        let weekly = QuotaReading {
+            windows: vec![WindowReading { name: "7d".into(), utilization: 1.0, resets_at_ms: Some(NOW + 3_600_000), status: Status::Rejected, observed_at_ms: Some(NOW) }],
+            ..Default::default()
+        };
+        a.record(Answer::Status(429), &weekly, None, &cfg, NOW);
+        a.record(Answer::Status(529), &QuotaReading::default(), None, &cfg, NOW + 10);
+        assert_eq!(a.cooldown(NOW + 10).unwrap().reason, CooldownReason::WeeklyExhausted);
+    }
+
+    #[test]
+    fn slots_are_bounded_by_max_in_flight() {
+        let a = AccountState::new("a");
+        assert!(a.try_take(Some(2)));
+        assert!(a.try_take(Some(2)));
+        assert!(!a.try_take(Some(2)));
+        a.give_back();
+        assert!(a.try_take(Some(2)));
+        assert_eq!(a.in_flight(), 2);
+    }
+
+    #[test]
+    fn readings_merge_by_window_name() {
+        let a = AccountState::new("a");
+        let cfg = CooldownConfig::default();
+        let w = |name: &str, u| WindowReading { name: name.into(), utilization: u, resets_at_ms: None, status: Status::Allowed, observed_at_ms: Some(NOW) };
+        a.record(Answer::Status(200), &QuotaReading { windows: vec![w("5h", 0.1), w("7d", 0.2)], status: Some(Status::Allowed), ..Default::default() }, None, &cfg, NOW);
+        a.record(Answer::Status(200), &QuotaReading { windows: vec![w("5h", 0.3)], status: Some(Status::Allowed), ..Default::default() }, None, &cfg, NOW + 1);
+        let s = a.snapshot(&AccountConfig { id: "a".into(), enabled: true, ..Default::default() });
+        let by = |n: &str| s.windows.iter().find(|x| x.name == n).unwrap().utilization;
+        assert_eq!((by("5h"), by("7d")), (0.3, 0.2));
+    }
+}

@@ -1,0 +1,356 @@
+//! What an upstream answer means for its account: a cooldown by cause, each with
+//! its own expiry — a pure function of the answer, the quota it carried and the
+//! account's recent streaks.
+//!
+//! The causes and their ladder follow neurolink's `planCooldownFor429` and dario
+//! #1264/#1385, which all three reference systems converged on after production
+//! incidents:
+//! - a window that says exhausted parks the account until that window's reset
+//!   (bounded by a per-cause ceiling, so a bogus reset cannot strand a seat);
+//! - a per-model bucket that says exhausted gates only that model family;
+//! - a unified `rejected` without an exhausted window cools for `retry-after`, or
+//!   a default;
+//! - a bare 429 (no unified headers) is a burst limit: a short cooldown;
+//! - 529 and 5xx back off briefly and exponentially; 401/403 back off
+//!   exponentially, escalating only when not already cooling (burst-safe), and any
+//!   2xx clears them.
+
+use serde::{Deserialize, Serialize};
+
+use super::quota::QuotaReading;
+use crate::snapshot::{CooldownReason, Status};
+
+/// Cooldown durations and ceilings. Every value is in ms.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CooldownConfig {
+    /// A bare 429 without quota headers, when it has no `retry-after`.
+    pub transient_ms: u64,
+    /// Longest `retry-after` honoured for a transient 429.
+    pub transient_max_ms: u64,
+    /// A unified `rejected` without `retry-after`.
+    pub unified_ms: u64,
+    /// A window that says exhausted but names no reset.
+    pub window_without_reset_ms: u64,
+    /// Ceiling of a weekly (7d) exhaustion.
+    pub weekly_ceiling_ms: u64,
+    /// Ceiling of a session (5h) exhaustion.
+    pub session_ceiling_ms: u64,
+    /// Ceiling of a per-model exhaustion.
+    pub model_ceiling_ms: u64,
+    /// Ceiling of a unified rejection.
+    pub unified_ceiling_ms: u64,
+    /// First backoff after a 529; doubles per consecutive 529.
+    pub overloaded_ms: u64,
+    /// Longest 529 backoff.
+    pub overloaded_max_ms: u64,
+    /// First backoff after a 5xx or a connection failure; doubles per consecutive one.
+    pub upstream_error_ms: u64,
+    /// Longest 5xx backoff.
+    pub upstream_error_max_ms: u64,
+    /// First auth cooldown after a 401/403; doubles per consecutive one.
+    pub auth_ms: u64,
+    /// Longest auth cooldown.
+    pub auth_max_ms: u64,
+}
+
+const MINUTE: u64 = 60_000;
+const HOUR: u64 = 60 * MINUTE;
+
+impl Default for CooldownConfig {
+    fn default() -> Self {
+        CooldownConfig {
+            transient_ms: 10_000,
+            transient_max_ms: 15 * MINUTE,
+            unified_ms: 15 * MINUTE,
+            window_without_reset_ms: MINUTE,
+            weekly_ceiling_ms: 7 * 24 * HOUR + 12 * HOUR,
+            session_ceiling_ms: 5 * HOUR + 15 * MINUTE,
+            model_ceiling_ms: 7 * 24 * HOUR + 12 * HOUR,
+            unified_ceiling_ms: 12 * HOUR,
+            overloaded_ms: 1_000,
+            overloaded_max_ms: 30_000,
+            upstream_error_ms: 2_000,
+            upstream_error_max_ms: 60_000,
+            auth_ms: MINUTE,
+            auth_max_ms: 30 * MINUTE,
+        }
+    }
+}
+
+/// How an attempt on an account ended, as far as cooldowns care.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// An HTTP status from the upstream.
+    Status(u16),
+    /// The connection failed before any response.
+    ConnectFailed,
+}
+
+/// The account's recent failure streaks (consecutive counts).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Streaks {
+    /// Consecutive 401/403 answers.
+    pub auth: u32,
+    /// Consecutive 529 answers.
+    pub overloaded: u32,
+    /// Consecutive 5xx answers or connection failures.
+    pub upstream_error: u32,
+}
+
+/// What to do to the account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// Nothing changes.
+    Keep,
+    /// Cool the whole account until `until_ms`.
+    Cool {
+        /// End of the cooldown.
+        until_ms: u64,
+        /// Its cause.
+        reason: CooldownReason,
+    },
+    /// Gate one model family until `until_ms`; the account serves other families.
+    GateModel {
+        /// The family.
+        family: String,
+        /// End of the gate.
+        until_ms: u64,
+    },
+    /// A healthy answer proved quota-based cooldowns stale: lift them.
+    Clear,
+}
+
+fn exhausted(w: Option<&crate::snapshot::WindowReading>, now: u64) -> Option<Option<u64>> {
+    let w = w?;
+    let live = w.resets_at_ms.is_none_or(|r| r > now);
+    (live && (w.status == Status::Rejected || w.utilization >= 1.0)).then_some(w.resets_at_ms)
+}
+
+fn until(now: u64, reset: Option<u64>, fallback_ms: u64, ceiling_ms: u64) -> u64 {
+    let target = reset.filter(|r| *r > now).unwrap_or(now + fallback_ms);
+    target.min(now + ceiling_ms)
+}
+
+fn backoff(base: u64, max: u64, streak: u32) -> u64 {
+    base.saturating_mul(1u64 << streak.saturating_sub(1).min(20)).min(max)
+}
+
+/// Plans the cooldown for one answer. `streaks` are the account's streaks
+/// *including* this answer; `already_auth_cooling` tells whether an auth cooldown
+/// was in force when the answer arrived.
+pub fn plan(
+    answer: Answer,
+    reading: &QuotaReading,
+    family: Option<&str>,
+    streaks: Streaks,
+    cfg: &CooldownConfig,
+    now: u64,
+) -> Plan {
+    let overage_usable = reading.overage_status == Some(Status::Allowed);
+    match answer {
+        Answer::Status(429) => {
+            if let Some(reset) = exhausted(reading.window("7d"), now) {
+                let fallback = reading.retry_after_ms.unwrap_or(cfg.window_without_reset_ms);
+                return Plan::Cool {
+                    until_ms: until(now, reset, fallback, cfg.weekly_ceiling_ms),
+                    reason: CooldownReason::WeeklyExhausted,
+                };
+            }
+            if !overage_usable {
+                if let Some(reset) = exhausted(reading.window("5h"), now) {
+                    let fallback = reading.retry_after_ms.unwrap_or(cfg.window_without_reset_ms);
+                    return Plan::Cool {
+                        until_ms: until(now, reset, fallback, cfg.session_ceiling_ms),
+                        reason: CooldownReason::SessionExhausted,
+                    };
+                }
+            }
+            // A per-model bucket exhausted while the account-wide windows admit:
+            // gate only the family this request belongs to (dario #1385).
+            if let Some(family) = family {
+                let bucket_reset = reading
+                    .windows
+                    .iter()
+                    .filter(|w| w.name.starts_with("7d_"))
+                    .find_map(|w| exhausted(Some(w), now));
+                if let Some(reset) = bucket_reset {
+                    let fallback = reading.retry_after_ms.unwrap_or(cfg.window_without_reset_ms);
+                    return Plan::GateModel {
+                        family: family.to_string(),
+                        until_ms: until(now, reset, fallback, cfg.model_ceiling_ms),
+                    };
+                }
+            }
+            if reading.status == Some(Status::Rejected) && !overage_usable {
+                let fallback = reading.retry_after_ms.unwrap_or(cfg.unified_ms);
+                let reset = reading.retry_after_ms.is_none().then_some(reading.reset_ms).flatten();
+                return Plan::Cool {
+                    until_ms: until(now, reset, fallback, cfg.unified_ceiling_ms),
+                    reason: CooldownReason::UnifiedRejected,
+                };
+            }
+            let ms = reading.retry_after_ms.map_or(cfg.transient_ms, |r| r.clamp(1_000, cfg.transient_max_ms));
+            Plan::Cool { until_ms: now + ms, reason: CooldownReason::Transient }
+        }
+        Answer::Status(529) => Plan::Cool {
+            until_ms: now + backoff(cfg.overloaded_ms, cfg.overloaded_max_ms, streaks.overloaded),
+            reason: CooldownReason::Overloaded,
+        },
+        Answer::Status(401 | 403) => Plan::Cool {
+            until_ms: now + backoff(cfg.auth_ms, cfg.auth_max_ms, streaks.auth),
+            reason: CooldownReason::Auth,
+        },
+        Answer::Status(s) if s >= 500 => Plan::Cool {
+            until_ms: now + backoff(cfg.upstream_error_ms, cfg.upstream_error_max_ms, streaks.upstream_error),
+            reason: CooldownReason::UpstreamError,
+        },
+        Answer::ConnectFailed => Plan::Cool {
+            until_ms: now + backoff(cfg.upstream_error_ms, cfg.upstream_error_max_ms, streaks.upstream_error),
+            reason: CooldownReason::UpstreamError,
+        },
+        Answer::Status(s) if (200..300).contains(&s) => {
+            // A success that still reports an exhausted window: cool proactively,
+            // so the next request does not spend a round trip to learn it.
+            if let Some(reset) = exhausted(reading.window("7d"), now).filter(|r| r.is_some()) {
+                return Plan::Cool {
+                    until_ms: until(now, reset, cfg.window_without_reset_ms, cfg.weekly_ceiling_ms),
+                    reason: CooldownReason::WeeklyExhausted,
+                };
+            }
+            if !overage_usable {
+                if let Some(reset) = exhausted(reading.window("5h"), now).filter(|r| r.is_some()) {
+                    return Plan::Cool {
+                        until_ms: until(now, reset, cfg.window_without_reset_ms, cfg.session_ceiling_ms),
+                        reason: CooldownReason::SessionExhausted,
+                    };
+                }
+            }
+            Plan::Clear
+        }
+        Answer::Status(_) => Plan::Keep,
+    }
+}
+
+/// Whether a status makes the gateway try the next account (before the first
+/// byte reached the client): rate limits, overload, server errors, and refused
+/// credentials (another account's credential may well work).
+pub fn fails_over(status: u16) -> bool {
+    matches!(status, 401 | 403 | 429 | 529) || status >= 500
+}
+
+/// Whether a cooldown of `reason` is quota-based, and so lifted by a success
+/// that reports quota again.
+pub fn lifted_by_success(reason: CooldownReason) -> bool {
+    matches!(
+        reason,
+        CooldownReason::WeeklyExhausted
+            | CooldownReason::SessionExhausted
+            | CooldownReason::UnifiedRejected
+            | CooldownReason::Transient
+            | CooldownReason::Overloaded
+            | CooldownReason::UpstreamError
+            | CooldownReason::Auth
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::WindowReading;
+
+    const NOW: u64 = 1_760_000_000_000;
+
+    fn window(name: &str, u: f64, status: Status, reset: Option<u64>) -> WindowReading {
+        WindowReading { name: name.into(), utilization: u, resets_at_ms: reset, status, observed_at_ms: Some(NOW) }
+    }
+
+    fn reading(windows: Vec<WindowReading>, status: Option<Status>) -> QuotaReading {
+        QuotaReading { windows, status, ..Default::default() }
+    }
+
+    fn plan429(r: &QuotaReading, family: Option<&str>) -> Plan {
+        plan(Answer::Status(429), r, family, Streaks::default(), &CooldownConfig::default(), NOW)
+    }
+
+    #[test]
+    fn weekly_exhaustion_parks_until_the_7d_reset() {
+        let r = reading(vec![window("7d", 1.0, Status::Rejected, Some(NOW + 3 * HOUR))], Some(Status::Rejected));
+        assert_eq!(plan429(&r, None), Plan::Cool { until_ms: NOW + 3 * HOUR, reason: CooldownReason::WeeklyExhausted });
+    }
+
+    #[test]
+    fn a_reset_beyond_the_ceiling_is_clamped() {
+        let r = reading(vec![window("5h", 1.0, Status::Rejected, Some(NOW + 100 * HOUR))], Some(Status::Rejected));
+        let Plan::Cool { until_ms, reason } = plan429(&r, None) else { panic!() };
+        assert_eq!(reason, CooldownReason::SessionExhausted);
+        assert_eq!(until_ms, NOW + 5 * HOUR + 15 * MINUTE);
+    }
+
+    #[test]
+    fn a_scoped_bucket_gates_only_the_requests_family() {
+        let r = reading(
+            vec![
+                window("5h", 0.1, Status::Allowed, Some(NOW + HOUR)),
+                window("7d", 0.2, Status::Allowed, Some(NOW + 24 * HOUR)),
+                window("7d_oi", 1.0, Status::Rejected, Some(NOW + 48 * HOUR)),
+            ],
+            Some(Status::Rejected),
+        );
+        assert_eq!(plan429(&r, Some("fable")), Plan::GateModel { family: "fable".into(), until_ms: NOW + 48 * HOUR });
+    }
+
+    #[test]
+    fn unified_rejected_without_windows_uses_retry_after_or_the_default() {
+        let mut r = reading(vec![window("5h", 0.5, Status::Allowed, None)], Some(Status::Rejected));
+        assert_eq!(plan429(&r, None), Plan::Cool { until_ms: NOW + 15 * MINUTE, reason: CooldownReason::UnifiedRejected });
+        r.retry_after_ms = Some(120_000);
+        assert_eq!(plan429(&r, None), Plan::Cool { until_ms: NOW + 120_000, reason: CooldownReason::UnifiedRejected });
+    }
+
+    #[test]
+    fn a_bare_429_is_a_short_transient_cooldown() {
+        let r = QuotaReading::default();
+        assert_eq!(plan429(&r, None), Plan::Cool { until_ms: NOW + 10_000, reason: CooldownReason::Transient });
+        let r = QuotaReading { retry_after_ms: Some(3_600_000), ..Default::default() };
+        assert_eq!(plan429(&r, None), Plan::Cool { until_ms: NOW + 15 * MINUTE, reason: CooldownReason::Transient });
+    }
+
+    #[test]
+    fn overload_and_auth_back_off_exponentially_with_a_cap() {
+        let cfg = CooldownConfig::default();
+        let r = QuotaReading::default();
+        let at = |answer, streaks| match plan(answer, &r, None, streaks, &cfg, NOW) {
+            Plan::Cool { until_ms, .. } => until_ms - NOW,
+            p => panic!("{p:?}"),
+        };
+        assert_eq!(at(Answer::Status(529), Streaks { overloaded: 1, ..Default::default() }), 1_000);
+        assert_eq!(at(Answer::Status(529), Streaks { overloaded: 3, ..Default::default() }), 4_000);
+        assert_eq!(at(Answer::Status(529), Streaks { overloaded: 30, ..Default::default() }), 30_000);
+        assert_eq!(at(Answer::Status(401), Streaks { auth: 1, ..Default::default() }), MINUTE);
+        assert_eq!(at(Answer::Status(403), Streaks { auth: 2, ..Default::default() }), 2 * MINUTE);
+        assert_eq!(at(Answer::Status(401), Streaks { auth: 9, ..Default::default() }), 30 * MINUTE);
+        assert_eq!(at(Answer::ConnectFailed, Streaks { upstream_error: 1, ..Default::default() }), 2_000);
+    }
+
+    #[test]
+    fn a_success_lifts_quota_cooldowns_unless_it_reports_exhaustion() {
+        let cfg = CooldownConfig::default();
+        let ok = reading(vec![window("5h", 0.2, Status::Allowed, Some(NOW + HOUR))], Some(Status::Allowed));
+        assert_eq!(plan(Answer::Status(200), &ok, None, Streaks::default(), &cfg, NOW), Plan::Clear);
+        let spent = reading(vec![window("5h", 1.0, Status::Rejected, Some(NOW + HOUR))], Some(Status::Allowed));
+        assert_eq!(
+            plan(Answer::Status(200), &spent, None, Streaks::default(), &cfg, NOW),
+            Plan::Cool { until_ms: NOW + HOUR, reason: CooldownReason::SessionExhausted }
+        );
+    }
+
+    #[test]
+    fn client_errors_change_nothing_and_do_not_fail_over() {
+        let cfg = CooldownConfig::default();
+        assert_eq!(plan(Answer::Status(400), &QuotaReading::default(), None, Streaks::default(), &cfg, NOW), Plan::Keep);
+        assert!(!fails_over(400));
+        assert!(!fails_over(404));
+        assert!(fails_over(429) && fails_over(529) && fails_over(503) && fails_over(401));
+    }
+}

@@ -1,0 +1,112 @@
+//! The request record — what was decided for one client request and how it went
+//! — and the ring of the last N records behind `GET /admin/decisions`.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::policy::Decision;
+
+/// One upstream attempt of a request.
+#[derive(Debug, Clone, Serialize)]
+pub struct Attempt {
+    /// 0 for the first try.
+    pub attempt: u32,
+    /// The chain's decision for this attempt.
+    pub decision: Decision,
+    /// The account sent to (none when the request was answered locally).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// The upstream status; none on a connection failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// What happened, in a word: `served`, `failover`, `connect_error`, ...
+    pub outcome: String,
+    /// Time spent waiting for an in-flight slot, ms.
+    pub queued_ms: u64,
+    /// Time to the upstream's response headers, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_ms: Option<u64>,
+}
+
+/// Everything about one client request.
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestRecord {
+    /// Request number.
+    pub id: u64,
+    /// When it arrived.
+    pub at_ms: u64,
+    /// Configuration generation it ran on.
+    pub generation: u64,
+    /// `messages`, `count_tokens`, `models`.
+    pub api: &'static str,
+    /// Model asked for.
+    pub model: String,
+    /// Session id, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Whether the client asked for a stream.
+    pub stream: bool,
+    /// The client key's name, if keys are configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
+    /// Each attempt.
+    pub attempts: Vec<Attempt>,
+    /// The account that served (or failed last).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// The reason that put it first.
+    pub reason: String,
+    /// The status the client got.
+    pub status: u16,
+    /// How the response ended: `complete`, `stream_error`, `client_gone`, or a
+    /// local answer (`parked`, `queue_timeout`, ...).
+    pub outcome: String,
+    /// Total time, ms.
+    pub duration_ms: u64,
+}
+
+/// The last N request records.
+pub struct DecisionLog {
+    kept: Mutex<(usize, VecDeque<Arc<RequestRecord>>)>,
+}
+
+impl DecisionLog {
+    /// Keeps `n` records.
+    pub fn new(n: usize) -> Self {
+        DecisionLog { kept: Mutex::new((n, VecDeque::with_capacity(n.min(1024)))) }
+    }
+
+    /// Changes how many are kept.
+    pub fn resize(&self, n: usize) {
+        let mut k = self.kept.lock();
+        k.0 = n;
+        while k.1.len() > n {
+            k.1.pop_front();
+        }
+    }
+
+    /// Adds a record, logging it.
+    pub fn push(&self, record: RequestRecord) {
+        if tracing::enabled!(tracing::Level::INFO) {
+            if let Ok(json) = serde_json::to_string(&record) {
+                tracing::info!(target: "poolgate::decision", request = record.id, account = record.account.as_deref().unwrap_or("-"), status = record.status, reason = %record.reason, "{json}");
+            }
+        }
+        let mut k = self.kept.lock();
+        if k.0 == 0 {
+            return;
+        }
+        if k.1.len() >= k.0 {
+            k.1.pop_front();
+        }
+        k.1.push_back(Arc::new(record));
+    }
+
+    /// The newest `limit` records, newest first.
+    pub fn latest(&self, limit: usize) -> Vec<Arc<RequestRecord>> {
+        self.kept.lock().1.iter().rev().take(limit).cloned().collect()
+    }
+}

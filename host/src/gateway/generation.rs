@@ -1,0 +1,144 @@
+//! One generation: a configuration fully loaded — credentials read, chain compiled
+//! and configured, account state attached — and never changed afterwards. A
+//! reload builds the next generation beside it and swaps the pointer; requests in
+//! flight finish on the generation they started with.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use parking_lot::Mutex;
+
+use super::accounts::AccountState;
+use super::auth::{AdminToken, ClientKeys};
+use super::now_ms;
+use crate::config::{AccountConfig, Config, Secret};
+use crate::policy::bindings::{self as wit, AccountInfo};
+use crate::policy::{Candidates, Chain, PolicyEngine, StateStore};
+
+/// An account of this generation's pool.
+pub struct PoolAccount {
+    /// Its index in the chain's pool table.
+    pub index: u32,
+    /// Its configuration.
+    pub config: AccountConfig,
+    /// Its credential.
+    pub credential: Secret,
+    /// What the gateway has learned about it (shared across generations).
+    pub state: Arc<AccountState>,
+}
+
+/// A loaded configuration.
+pub struct Generation {
+    /// Counts up from 1 with every successful load.
+    pub number: u64,
+    /// The configuration it was built from.
+    pub config: Config,
+    /// The policy chain.
+    pub chain: Chain,
+    /// Enabled accounts, in pool order.
+    pub accounts: Vec<PoolAccount>,
+    /// Disabled accounts (shown in `/status`, never routed to).
+    pub disabled: Vec<(AccountConfig, Arc<AccountState>)>,
+    /// Accepted client keys.
+    pub client_keys: ClientKeys,
+    /// The admin token.
+    pub admin: AdminToken,
+    /// When it was loaded.
+    pub loaded_ms: u64,
+}
+
+impl Generation {
+    /// Loads `config`. Every problem with credentials is reported at once; the
+    /// chain is compiled, instantiated, configured and smoke-ranked.
+    pub fn build(
+        number: u64,
+        config: Config,
+        engine: &PolicyEngine,
+        plugin_state: &Arc<dyn StateStore>,
+        states: &Mutex<HashMap<String, Arc<AccountState>>>,
+    ) -> Result<Generation> {
+        let mut problems = Vec::new();
+        let mut enabled = Vec::new();
+        let mut disabled = Vec::new();
+        for (i, account) in config.accounts.iter().enumerate() {
+            let state = states.lock().entry(account.id.clone()).or_insert_with(|| Arc::new(AccountState::new(&account.id))).clone();
+            if !account.enabled {
+                disabled.push((account.clone(), state));
+                continue;
+            }
+            match account.credential() {
+                Ok(credential) => enabled.push((account.clone(), credential, state)),
+                Err(e) => problems.push(format!("accounts[{i}] (`{}`): {e:#}", account.id)),
+            }
+        }
+        let client_keys = ClientKeys::from_config(&config.server.client_keys).unwrap_or_else(|e| {
+            problems.push(format!("server.client_keys: {e:#}"));
+            ClientKeys::default()
+        });
+        let admin = AdminToken::from_config(&config.server).unwrap_or_else(|e| {
+            problems.push(format!("server.admin_token: {e:#}"));
+            AdminToken::default()
+        });
+        if !problems.is_empty() {
+            bail!("{}", problems.join("\n"));
+        }
+        let pool: Vec<AccountInfo> = enabled
+            .iter()
+            .map(|(c, _, _)| AccountInfo { id: c.id.clone(), alias: c.alias().to_string(), primary: c.primary })
+            .collect();
+        let chain = Chain::load(engine, config.stage_specs()?, pool, plugin_state.clone(), config.breaker())
+            .context("policy.chain")?;
+        let accounts: Vec<PoolAccount> = enabled
+            .into_iter()
+            .enumerate()
+            .map(|(i, (config, credential, state))| PoolAccount { index: i as u32, config, credential, state })
+            .collect();
+        let generation = Generation { number, config, chain, accounts, disabled, client_keys, admin, loaded_ms: now_ms() };
+        generation.smoke_rank()?;
+        Ok(generation)
+    }
+
+    /// Ranks a synthetic request over the real pool once: a chain that cannot
+    /// answer it is refused before it takes traffic.
+    fn smoke_rank(&self) -> Result<()> {
+        if self.accounts.is_empty() || self.chain.is_empty() {
+            return Ok(());
+        }
+        let now = now_ms();
+        let req = wit::Request {
+            id: 0,
+            now_ms: now,
+            model: "claude-sonnet-4-5".into(),
+            session: None,
+            api: wit::ApiShape::Messages,
+            attempt: 0,
+            replayable: true,
+            decided_by: None,
+        };
+        let decision = self.chain.rank(req, self.candidates(None, now, &[]));
+        if let Some(e) = decision.policy_errors.first() {
+            bail!("policy.chain: stage `{}` failed its smoke test ({}): {}", e.stage, e.cause.as_str(), e.message);
+        }
+        Ok(())
+    }
+
+    /// The candidates for a request of model `family` at `now`, leaving out the
+    /// pool indices in `exclude` (accounts already tried).
+    pub fn candidates(&self, family: Option<&str>, now: u64, exclude: &[u32]) -> Candidates {
+        let freshness = self.config.policy.freshness_ms;
+        let mut windows = Vec::new();
+        let accounts = self
+            .accounts
+            .iter()
+            .filter(|a| !exclude.contains(&a.index))
+            .map(|a| a.state.snapshot(&a.config).to_wit(a.index, family, now, freshness, &mut windows))
+            .collect();
+        Candidates { accounts, windows }
+    }
+
+    /// The account at pool index `index`.
+    pub fn account(&self, index: u32) -> Option<&PoolAccount> {
+        self.accounts.get(index as usize)
+    }
+}

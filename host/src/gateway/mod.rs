@@ -1,0 +1,161 @@
+//! The gateway: an Anthropic Messages proxy that sends each request to the account
+//! the policy chain ranks first, learns quota from every answer, cools accounts
+//! down by cause, fails over before the first byte, and explains every decision.
+//!
+//! - [`generation`]: one loaded configuration (accounts, credentials, chain),
+//!   swapped atomically on reload.
+//! - [`proxy`]: one client request end to end — rank, admit, send, fail over,
+//!   stream back. [`relay`] is the response body that releases the lease and
+//!   reports the outcome when the stream ends.
+//! - [`accounts`], [`quota`], [`cooldown`], [`admission`]: learned state, the quota
+//!   signal, the cooldown plan, the in-flight limits and queue.
+//! - [`routes`], [`server`]: the HTTP surface and the listener.
+
+pub mod accounts;
+pub mod admission;
+pub mod auth;
+pub mod cooldown;
+pub mod decisions;
+pub mod errors;
+pub mod generation;
+pub mod metrics;
+pub mod proxy;
+pub mod quota;
+pub mod relay;
+pub mod request;
+pub mod routes;
+pub mod server;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Result;
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+use crate::config::Config;
+use crate::policy::{MemoryState, PolicyEngine, StateStore};
+pub use generation::Generation;
+
+/// Installs the TLS crypto provider (ring) for the process, once; later calls
+/// are no-ops.
+pub fn install_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The outcome of the last reload, for `/status`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ReloadStatus {
+    /// When it finished.
+    pub at_ms: u64,
+    /// Whether it was applied.
+    pub ok: bool,
+    /// What triggered it.
+    pub trigger: String,
+    /// Why it was refused, one line per problem.
+    pub errors: Vec<String>,
+    /// Reloads refused in a row.
+    pub consecutive_failures: u32,
+}
+
+/// Everything the gateway shares across requests.
+pub struct Gateway {
+    current: ArcSwap<Generation>,
+    /// Learned account state, by account id; outlives generations.
+    states: Mutex<HashMap<String, Arc<accounts::AccountState>>>,
+    /// Plugin state, shared by every generation (affinity survives a swap).
+    pub plugin_state: Arc<dyn StateStore>,
+    /// The plugin engine.
+    pub engine: Arc<PolicyEngine>,
+    /// The admission queue.
+    pub admission: Arc<admission::Admission>,
+    /// Metrics.
+    pub metrics: metrics::Metrics,
+    /// The last decision records.
+    pub decisions: decisions::DecisionLog,
+    /// The upstream HTTP client (pooled connections, TCP_NODELAY).
+    pub http: reqwest::Client,
+    next_request: AtomicU64,
+    /// The last reload's outcome.
+    pub last_reload: Mutex<Option<ReloadStatus>>,
+    /// When the gateway started.
+    pub started_ms: u64,
+}
+
+impl Gateway {
+    /// Builds the gateway and its first generation from `config`.
+    pub fn new(config: Config, engine: Arc<PolicyEngine>) -> Result<Arc<Gateway>> {
+        Self::with_state(config, engine, Arc::new(MemoryState::default()))
+    }
+
+    /// As [`Gateway::new`], with a given plugin state store.
+    pub fn with_state(config: Config, engine: Arc<PolicyEngine>, plugin_state: Arc<dyn StateStore>) -> Result<Arc<Gateway>> {
+        install_crypto();
+        let states = Mutex::new(HashMap::new());
+        let first = Generation::build(1, config, &engine, &plugin_state, &states)?;
+        let http = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_millis(first.config.gateway.connect_timeout_ms))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        let decisions = decisions::DecisionLog::new(first.config.server.decisions_kept);
+        Ok(Arc::new(Gateway {
+            current: ArcSwap::from_pointee(first),
+            states,
+            plugin_state,
+            engine,
+            admission: admission::Admission::new(),
+            metrics: metrics::Metrics::default(),
+            decisions,
+            http,
+            next_request: AtomicU64::new(1),
+            last_reload: Mutex::new(None),
+            started_ms: now_ms(),
+        }))
+    }
+
+    /// The generation in force (requests hold on to the one they started with).
+    pub fn generation(&self) -> Arc<Generation> {
+        self.current.load_full()
+    }
+
+    /// Builds a new generation from `config` off the request path and swaps it in
+    /// only if every part of it loads; otherwise the running one stays.
+    pub fn reload(&self, config: Config, trigger: &str) -> Result<u64> {
+        let number = self.generation().number + 1;
+        let built = Generation::build(number, config, &self.engine, &self.plugin_state, &self.states);
+        let now = now_ms();
+        let mut last = self.last_reload.lock();
+        let failures = last.as_ref().map_or(0, |l| l.consecutive_failures);
+        match built {
+            Ok(generation) => {
+                self.decisions.resize(generation.config.server.decisions_kept);
+                self.current.store(Arc::new(generation));
+                self.metrics.reload(true);
+                *last = Some(ReloadStatus { at_ms: now, ok: true, trigger: trigger.into(), errors: Vec::new(), consecutive_failures: 0 });
+                tracing::info!(generation = number, trigger, "configuration reloaded");
+                Ok(number)
+            }
+            Err(e) => {
+                self.metrics.reload(false);
+                let errors: Vec<String> = format!("{e:#}").lines().map(str::to_string).collect();
+                tracing::error!(trigger, error = %format!("{e:#}"), "reload refused; the running configuration stays");
+                *last = Some(ReloadStatus { at_ms: now, ok: false, trigger: trigger.into(), errors, consecutive_failures: failures + 1 });
+                Err(e)
+            }
+        }
+    }
+
+    /// A new request number.
+    pub fn next_request_id(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,246 @@
+//! Reading the quota signal from upstream response headers.
+//!
+//! Anthropic reports subscription quota in the `anthropic-ratelimit-unified-*`
+//! family (see `shared/references/seed-systems.md` §0) and API-key limits in
+//! `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-*`. This
+//! module turns whatever a response carried into one [`QuotaReading`] — a pure
+//! function of the headers and the clock — which the account state then merges.
+//!
+//! Rules every reference system converged on, encoded here:
+//! - utilizations are fractions and may exceed 1.0 (`1.02`);
+//! - per-model buckets are discovered by pattern (`7d_<bucket>-utilization`), not
+//!   from a fixed list, so a new bucket (`7d_oi` for Fable) is seen on day one;
+//! - resets are epoch seconds, but a value above 4,102,444,800 is already in
+//!   milliseconds (neurolink's guard);
+//! - the top-level `status` is authoritative and kept separately from the windows.
+
+use http::HeaderMap;
+
+use crate::snapshot::{Status, WindowReading};
+
+const UNIFIED: &str = "anthropic-ratelimit-unified-";
+
+/// Everything one response said about its account's quota.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QuotaReading {
+    /// Top-level unified status.
+    pub status: Option<Status>,
+    /// Unified reset (ms since the epoch).
+    pub reset_ms: Option<u64>,
+    /// The binding window (`five_hour`, `seven_day`, ...).
+    pub representative_claim: Option<String>,
+    /// Windows by name ("5h", "7d", "7d_oi", "overage", "requests", "tokens", ...).
+    pub windows: Vec<WindowReading>,
+    /// `overage-status`.
+    pub overage_status: Option<Status>,
+    /// `overage-disabled-reason`.
+    pub overage_disabled_reason: Option<String>,
+    /// `fallback-percentage`.
+    pub fallback_percentage: Option<f64>,
+    /// `anthropic-organization-id`.
+    pub organization_id: Option<String>,
+    /// `retry-after`, in ms from now.
+    pub retry_after_ms: Option<u64>,
+}
+
+impl QuotaReading {
+    /// Whether the response carried any unified quota header.
+    pub fn has_unified(&self) -> bool {
+        self.status.is_some() || self.windows.iter().any(|w| w.name == "5h" || w.name == "7d" || w.name.starts_with("7d_"))
+    }
+
+    /// Whether the response carried any quota information worth storing.
+    pub fn is_empty(&self) -> bool {
+        self.status.is_none() && self.windows.is_empty() && self.overage_status.is_none()
+    }
+
+    /// The window named `name`.
+    pub fn window(&self, name: &str) -> Option<&WindowReading> {
+        self.windows.iter().find(|w| w.name == name)
+    }
+}
+
+/// Epoch seconds (or, above year 2100 in seconds, already milliseconds) to ms.
+pub fn epoch_to_ms(v: u64) -> u64 {
+    if v > 4_102_444_800 { v } else { v.saturating_mul(1000) }
+}
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty())
+}
+
+fn number(s: &str) -> Option<f64> {
+    s.parse::<f64>().ok().filter(|v| v.is_finite())
+}
+
+/// Parses `retry-after`: delta seconds or an HTTP date.
+pub fn parse_retry_after(value: &str, now_ms: u64) -> Option<u64> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| (secs * 1000.0) as u64);
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    let at_ms = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64;
+    Some(at_ms.saturating_sub(now_ms))
+}
+
+/// Parses an RFC 3339 timestamp (API-key `*-reset` headers) to epoch ms.
+fn parse_rfc3339_ms(value: &str) -> Option<u64> {
+    let t = humantime::parse_rfc3339_weak(value.trim()).ok()?;
+    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64)
+}
+
+/// Reads every quota header of a response observed at `now_ms`.
+pub fn parse(headers: &HeaderMap, now_ms: u64) -> QuotaReading {
+    let mut r = QuotaReading {
+        organization_id: header(headers, "anthropic-organization-id").map(str::to_string),
+        retry_after_ms: header(headers, "retry-after").and_then(|v| parse_retry_after(v, now_ms)),
+        ..Default::default()
+    };
+    let u = |suffix: &str| header(headers, &format!("{UNIFIED}{suffix}"));
+    r.status = u("status").map(Status::parse);
+    r.reset_ms = u("reset").and_then(|v| v.parse::<u64>().ok()).map(epoch_to_ms);
+    r.representative_claim = u("representative-claim").map(str::to_string);
+    r.overage_status = u("overage-status").map(Status::parse);
+    r.overage_disabled_reason = u("overage-disabled-reason").map(str::to_string);
+    r.fallback_percentage = u("fallback-percentage").and_then(number);
+
+    // Every `<window>-utilization` under the unified prefix is a window: 5h, 7d,
+    // overage and any 7d_<bucket>.
+    for (name, value) in headers {
+        let Some(rest) = name.as_str().strip_prefix(UNIFIED) else { continue };
+        let Some(window) = rest.strip_suffix("-utilization") else { continue };
+        let Some(utilization) = value.to_str().ok().and_then(number) else { continue };
+        if window.is_empty() || !window.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+            continue;
+        }
+        r.windows.push(WindowReading {
+            name: window.to_string(),
+            utilization,
+            resets_at_ms: u(&format!("{window}-reset")).and_then(|v| v.parse::<u64>().ok()).map(epoch_to_ms),
+            status: u(&format!("{window}-status")).map_or(Status::Unknown, Status::parse),
+            observed_at_ms: Some(now_ms),
+        });
+    }
+
+    // API-key accounts: limit/remaining/reset per family; utilization = 1 − remaining/limit.
+    for family in ["requests", "tokens", "input-tokens", "output-tokens"] {
+        let get = |what: &str| header(headers, &format!("anthropic-ratelimit-{family}-{what}"));
+        let (Some(limit), Some(remaining)) = (get("limit").and_then(number), get("remaining").and_then(number)) else {
+            continue;
+        };
+        if limit <= 0.0 {
+            continue;
+        }
+        let utilization = (1.0 - remaining / limit).max(0.0);
+        r.windows.push(WindowReading {
+            name: family.replace('-', "_"),
+            utilization,
+            resets_at_ms: get("reset").and_then(parse_rfc3339_ms),
+            status: if remaining <= 0.0 { Status::Rejected } else { Status::Allowed },
+            observed_at_ms: Some(now_ms),
+        });
+    }
+    r.windows.sort_by(|a, b| a.name.cmp(&b.name));
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    const NOW: u64 = 1_760_000_000_000;
+
+    #[test]
+    fn reads_the_unified_family_with_fractions_and_second_resets() {
+        let h = headers(&[
+            ("anthropic-ratelimit-unified-status", "allowed_warning"),
+            ("anthropic-ratelimit-unified-reset", "1760003600"),
+            ("anthropic-ratelimit-unified-representative-claim", "five_hour"),
+            ("anthropic-ratelimit-unified-5h-utilization", "1.02"),
+            ("anthropic-ratelimit-unified-5h-status", "rejected"),
+            ("anthropic-ratelimit-unified-5h-reset", "1760003600"),
+            ("anthropic-ratelimit-unified-7d-utilization", "0.03"),
+            ("anthropic-ratelimit-unified-7d-status", "allowed"),
+            ("anthropic-ratelimit-unified-7d_oi-utilization", "0.9"),
+            ("anthropic-ratelimit-unified-7d_oi-status", "allowed"),
+            ("anthropic-ratelimit-unified-7d_oi-reset", "1760500000"),
+            ("anthropic-ratelimit-unified-overage-status", "rejected"),
+            ("anthropic-ratelimit-unified-overage-disabled-reason", "org_level_disabled"),
+            ("anthropic-organization-id", "org-123"),
+        ]);
+        let r = parse(&h, NOW);
+        assert_eq!(r.status, Some(Status::AllowedWarning));
+        assert_eq!(r.reset_ms, Some(1_760_003_600_000));
+        assert_eq!(r.representative_claim.as_deref(), Some("five_hour"));
+        let five = r.window("5h").unwrap();
+        assert_eq!(five.utilization, 1.02);
+        assert_eq!(five.status, Status::Rejected);
+        assert_eq!(r.window("7d").unwrap().utilization, 0.03);
+        let oi = r.window("7d_oi").unwrap();
+        assert_eq!((oi.utilization, oi.resets_at_ms), (0.9, Some(1_760_500_000_000)));
+        assert_eq!(r.overage_status, Some(Status::Rejected));
+        assert_eq!(r.organization_id.as_deref(), Some("org-123"));
+        assert!(r.has_unified());
+    }
+
+    #[test]
+    fn a_bare_429_carries_no_unified_signal() {
+        let r = parse(&headers(&[("request-id", "req_1")]), NOW);
+        assert!(!r.has_unified());
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn retry_after_in_seconds_or_http_date() {
+        assert_eq!(parse_retry_after("30", NOW), Some(30_000));
+        assert_eq!(parse_retry_after("0.5", NOW), Some(500));
+        let date = httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_millis(NOW + 90_000));
+        assert_eq!(parse_retry_after(&date, NOW), Some(90_000));
+        assert_eq!(parse_retry_after("soon", NOW), None);
+    }
+
+    #[test]
+    fn resets_already_in_milliseconds_are_kept() {
+        assert_eq!(epoch_to_ms(1_760_000_000), 1_760_000_000_000);
+        assert_eq!(epoch_to_ms(1_760_000_000_123), 1_760_000_000_123);
+    }
+
+    #[test]
+    fn api_key_limits_become_windows() {
+        let h = headers(&[
+            ("anthropic-ratelimit-requests-limit", "50"),
+            ("anthropic-ratelimit-requests-remaining", "10"),
+            ("anthropic-ratelimit-requests-reset", "2025-10-09T08:53:20Z"),
+            ("anthropic-ratelimit-input-tokens-limit", "1000"),
+            ("anthropic-ratelimit-input-tokens-remaining", "0"),
+        ]);
+        let r = parse(&h, NOW);
+        let req = r.window("requests").unwrap();
+        assert!((req.utilization - 0.8).abs() < 1e-9);
+        assert_eq!(req.resets_at_ms, Some(1_760_000_000_000));
+        assert_eq!(r.window("input_tokens").unwrap().status, Status::Rejected);
+        assert!(!r.has_unified());
+    }
+
+    #[test]
+    fn garbage_values_are_ignored() {
+        let h = headers(&[
+            ("anthropic-ratelimit-unified-5h-utilization", "lots"),
+            ("anthropic-ratelimit-unified-7d-utilization", "NaN"),
+            ("anthropic-ratelimit-unified-status", "weird"),
+        ]);
+        let r = parse(&h, NOW);
+        assert!(r.windows.is_empty());
+        assert_eq!(r.status, Some(Status::Unknown));
+    }
+}

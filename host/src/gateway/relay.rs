@@ -1,0 +1,237 @@
+//! The response body the client reads: the upstream's bytes, passed on as they
+//! arrive, plus what must happen when the response ends — however it ends.
+//!
+//! When the stream completes, breaks, or the client goes away (the body is
+//! dropped), the in-flight lease is released, the chain's `observe` is told how
+//! the request ended, and the request record is kept. For SSE, a stream the
+//! upstream cuts mid-way ends cleanly with an `error` event instead of a torn
+//! connection; to make that possible the relay holds back the tail of a chunk
+//! that ends inside an event until the event is complete (chunks normally end on
+//! event boundaries, and then nothing is held or copied).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::Stream;
+
+use super::Gateway;
+use super::admission::Lease;
+use super::decisions::RequestRecord;
+use super::generation::Generation;
+use crate::policy::bindings as wit;
+
+/// The SSE event sent when the upstream stream breaks after the first byte.
+pub const STREAM_ERROR_EVENT: &[u8] =
+    b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"upstream stream interrupted (poolgate)\"}}\n\n";
+
+/// What to do once the response is over.
+pub struct Finish {
+    /// The gateway.
+    pub gateway: Arc<Gateway>,
+    /// The generation the request ran on (its chain gets `observe`).
+    pub generation: Arc<Generation>,
+    /// The in-flight slot, released on finish.
+    pub lease: Lease,
+    /// Pool index of the serving account.
+    pub account: u32,
+    /// The request as the chain saw it.
+    pub request: wit::Request,
+    /// The record to complete and keep.
+    pub record: RequestRecord,
+    /// When the client request arrived.
+    pub started: Instant,
+}
+
+impl Finish {
+    /// Completes the request with `outcome` (`complete`, `stream_error`, `client_gone`).
+    pub fn complete(self, outcome: &str) {
+        let Finish { gateway, generation, lease, account, request, mut record, started } = self;
+        drop(lease);
+        let ended = if outcome == "complete" {
+            match record.status {
+                200..=299 => wit::Outcome::Success,
+                429 => wit::Outcome::RateLimited(None),
+                529 => wit::Outcome::Overloaded,
+                s => wit::Outcome::UpstreamError(s),
+            }
+        } else {
+            wit::Outcome::Failed
+        };
+        generation.chain.observe(&request, account, &ended);
+        record.outcome = outcome.to_string();
+        record.duration_ms = started.elapsed().as_millis() as u64;
+        gateway.metrics.request(record.account.as_deref().unwrap_or("-"), record.status);
+        gateway.decisions.push(record);
+    }
+}
+
+type Upstream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// Passes SSE chunks on at event boundaries: a chunk that ends inside an event
+/// is held until the event completes. Chunks that end on a boundary (the normal
+/// case) pass through untouched, without a copy.
+#[derive(Default)]
+pub struct SseFramer {
+    pending: BytesMut,
+}
+
+impl SseFramer {
+    /// Takes a chunk; returns what can go out now.
+    pub fn push(&mut self, chunk: Bytes) -> Option<Bytes> {
+        if self.pending.is_empty() && chunk.ends_with(b"\n\n") {
+            return Some(chunk);
+        }
+        self.pending.extend_from_slice(&chunk);
+        let boundary = self.pending.windows(2).rposition(|w| w == b"\n\n")?;
+        Some(self.pending.split_to(boundary + 2).freeze())
+    }
+
+    /// What is held back (at the end of a stream).
+    pub fn rest(&mut self) -> Option<Bytes> {
+        let rest = std::mem::take(&mut self.pending);
+        (!rest.is_empty()).then(|| rest.freeze())
+    }
+
+    /// Drops a torn event.
+    pub fn clear(&mut self) {
+        self.pending.clear();
+    }
+}
+
+/// The relayed body.
+pub struct Relay {
+    first: Option<Bytes>,
+    upstream: Upstream,
+    sse: bool,
+    framer: SseFramer,
+    finish: Option<Finish>,
+    ended: bool,
+    /// The upstream's `content-length`: hyper stops reading the body once that
+    /// many bytes went out, so reaching it is the end.
+    expected: Option<u64>,
+    sent: u64,
+}
+
+impl Relay {
+    /// A body that starts with `first` (already read, to be sure the upstream
+    /// answered before committing to it) and continues with `upstream`.
+    pub fn new(first: Bytes, upstream: Upstream, sse: bool, content_length: Option<u64>, finish: Finish) -> Self {
+        Relay {
+            first: Some(first),
+            upstream,
+            sse,
+            framer: SseFramer::default(),
+            finish: Some(finish),
+            ended: false,
+            expected: content_length,
+            sent: 0,
+        }
+    }
+
+    /// Counts bytes going out; the declared length reached means complete.
+    fn out(&mut self, chunk: Bytes) -> Poll<Option<Result<Bytes, std::io::Error>>> {
+        self.sent += chunk.len() as u64;
+        if self.expected == Some(self.sent) {
+            self.ended = true;
+            self.finish("complete");
+        }
+        Poll::Ready(Some(Ok(chunk)))
+    }
+
+    fn finish(&mut self, outcome: &str) {
+        if let Some(f) = self.finish.take() {
+            f.complete(outcome);
+        }
+    }
+
+    /// Passes `chunk` on, holding back an SSE event that is not yet complete.
+    fn pass(&mut self, chunk: Bytes) -> Option<Bytes> {
+        if !self.sse {
+            return Some(chunk);
+        }
+        self.framer.push(chunk)
+    }
+}
+
+impl Stream for Relay {
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Some(first) = self.first.take() {
+            if let Some(out) = self.pass(first) {
+                return self.out(out);
+            }
+        }
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        loop {
+            match self.upstream.as_mut().poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(chunk))) => {
+                    if let Some(out) = self.pass(chunk) {
+                        return self.out(out);
+                    }
+                }
+                Poll::Ready(None) => {
+                    self.ended = true;
+                    self.finish("complete");
+                    return Poll::Ready(self.framer.rest().map(Ok));
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.ended = true;
+                    self.finish("stream_error");
+                    tracing::warn!(error = %e, "upstream stream broke after the first byte");
+                    if self.sse {
+                        // Drop the torn event; end with a well-formed error event.
+                        self.framer.clear();
+                        return Poll::Ready(Some(Ok(Bytes::from_static(STREAM_ERROR_EVENT))));
+                    }
+                    return Poll::Ready(Some(Err(std::io::Error::other("upstream body interrupted"))));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        // Dropped before the end: the client went away.
+        self.finish("client_gone");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framing_never_changes_the_bytes_however_the_stream_is_cut() {
+        let stream = b"event: message_start\ndata: {\"a\":1}\n\nevent: ping\ndata: {}\n\nevent: content_block_delta\ndata: {\"b\":\"x\\n\"}\n\nevent: message_stop\ndata: {}\n\n";
+        for cut_every in 1..stream.len() {
+            let mut f = SseFramer::default();
+            let mut out = Vec::new();
+            for piece in stream.chunks(cut_every) {
+                if let Some(b) = f.push(Bytes::copy_from_slice(piece)) {
+                    assert!(b.ends_with(b"\n\n"), "only whole events go out");
+                    out.extend_from_slice(&b);
+                }
+            }
+            if let Some(b) = f.rest() {
+                out.extend_from_slice(&b);
+            }
+            assert_eq!(out, stream, "cut every {cut_every}");
+        }
+    }
+
+    #[test]
+    fn a_chunk_ending_on_a_boundary_passes_untouched() {
+        let mut f = SseFramer::default();
+        let chunk = Bytes::from_static(b"event: ping\ndata: {}\n\n");
+        let out = f.push(chunk.clone()).unwrap();
+        assert_eq!(out.as_ptr(), chunk.as_ptr(), "no copy");
+    }
+}

@@ -1,0 +1,125 @@
+//! The request facts the chain needs, read once from the client's body and headers:
+//! model, streaming, and the session id that affinity binds on.
+//!
+//! Claude Code's session id lives in `metadata.user_id`, now a JSON-encoded string
+//! (`{"device_id":…,"account_uuid":…,"session_id":…}`), formerly
+//! `user_<hex>_account_<uuid>_session_<uuid>`; it equals the
+//! `x-claude-code-session-id` header (see `shared/references/claude-code-wire.md`).
+//! Both body forms are parsed; the headers are the fallback.
+
+use http::HeaderMap;
+use serde::Deserialize;
+
+/// What the gateway reads from a request body.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BodyFacts {
+    /// `model`, if present.
+    pub model: Option<String>,
+    /// `stream: true`.
+    pub stream: bool,
+    /// The session id from `metadata.user_id`, if any.
+    pub session: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Peek {
+    model: Option<String>,
+    #[serde(default)]
+    stream: Option<bool>,
+    metadata: Option<Metadata>,
+}
+
+#[derive(Deserialize)]
+struct Metadata {
+    user_id: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct UserIdJson {
+    session_id: Option<String>,
+}
+
+/// Why a body was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadBody(pub String);
+
+/// Reads the facts of a JSON request body. An empty body has none; a body that is
+/// not a JSON object is refused (the client gets a 400 in Anthropic's shape).
+pub fn body_facts(body: &[u8]) -> Result<BodyFacts, BadBody> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(BodyFacts::default());
+    }
+    let peek: Peek = serde_json::from_slice(body).map_err(|e| BadBody(format!("request body is not valid JSON: {e}")))?;
+    let session = peek
+        .metadata
+        .and_then(|m| m.user_id)
+        .and_then(|v| match v {
+            serde_json::Value::String(s) => session_from_user_id(&s),
+            _ => None,
+        });
+    Ok(BodyFacts { model: peek.model, stream: peek.stream.unwrap_or(false), session })
+}
+
+/// The session part of a Claude Code `metadata.user_id`, in either form.
+pub fn session_from_user_id(user_id: &str) -> Option<String> {
+    let trimmed = user_id.trim();
+    if trimmed.starts_with('{') {
+        let parsed: UserIdJson = serde_json::from_str(trimmed).ok()?;
+        return parsed.session_id.filter(|s| !s.is_empty());
+    }
+    let (_, session) = trimmed.rsplit_once("_session_")?;
+    (!session.is_empty()).then(|| session.to_string())
+}
+
+/// The session id: from the body when present, else from the
+/// `x-claude-code-session-id` or `x-session-id` header.
+pub fn session_id(facts: &BodyFacts, headers: &HeaderMap) -> Option<String> {
+    facts.session.clone().or_else(|| {
+        ["x-claude-code-session-id", "x-session-id"].iter().find_map(|h| {
+            headers
+                .get(*h)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty() && v.len() <= 256)
+                .map(str::to_string)
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_json_string_form_of_user_id() {
+        let body = br#"{"model":"claude-sonnet-4-5","stream":true,"metadata":{"user_id":"{\"device_id\":\"abc\",\"account_uuid\":\"\",\"session_id\":\"5f0c-uuid\"}"}}"#;
+        let f = body_facts(body).unwrap();
+        assert_eq!(f.session.as_deref(), Some("5f0c-uuid"));
+        assert_eq!(f.model.as_deref(), Some("claude-sonnet-4-5"));
+        assert!(f.stream);
+    }
+
+    #[test]
+    fn reads_the_older_underscore_form() {
+        let id = "user_0123abcd_account_11111111-2222-3333-4444-555555555555_session_66666666-7777-8888-9999-000000000000";
+        assert_eq!(session_from_user_id(id).as_deref(), Some("66666666-7777-8888-9999-000000000000"));
+        assert_eq!(session_from_user_id("plain-user"), None);
+    }
+
+    #[test]
+    fn falls_back_to_the_session_headers() {
+        let mut h = HeaderMap::new();
+        h.insert("x-session-id", "from-generic".parse().unwrap());
+        assert_eq!(session_id(&BodyFacts::default(), &h).as_deref(), Some("from-generic"));
+        h.insert("x-claude-code-session-id", "from-cc".parse().unwrap());
+        assert_eq!(session_id(&BodyFacts::default(), &h).as_deref(), Some("from-cc"));
+        let body = BodyFacts { session: Some("from-body".into()), ..Default::default() };
+        assert_eq!(session_id(&body, &h).as_deref(), Some("from-body"));
+    }
+
+    #[test]
+    fn refuses_a_body_that_is_not_json_and_accepts_an_empty_one() {
+        assert!(body_facts(b"{not json").is_err());
+        assert_eq!(body_facts(b"").unwrap(), BodyFacts::default());
+    }
+}

@@ -1,0 +1,238 @@
+//! The HTTP surface: the Anthropic API routes, health, status, metrics and admin.
+//!
+//! API routes need a client key when keys are configured; `/status` and
+//! `/admin/*` need the admin token; `/healthz`, `/readyz`, `/metrics` and the
+//! cheap probes Claude Code sends without a credential (`HEAD /`,
+//! `HEAD /api/hello`) stay open. No route ever shows a secret.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+
+use super::errors::{error, final_error};
+use super::metrics::labels;
+use super::proxy::{Api, Incoming, forward};
+use super::{Gateway, now_ms};
+
+/// A hook the server installs to reload the configuration from its source.
+pub type Reloader = Arc<dyn Fn(&str) -> Result<u64, String> + Send + Sync>;
+
+/// Shared route state.
+#[derive(Clone)]
+pub struct AppState {
+    /// The gateway.
+    pub gateway: Arc<Gateway>,
+    /// Reloads the configuration (absent when poolgate runs without a file).
+    pub reloader: Option<Reloader>,
+}
+
+/// Builds the router.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(models))
+        .route("/", get(probe).head(probe))
+        .route("/api/hello", get(probe).head(probe))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/status", get(status))
+        .route("/admin/decisions", get(decisions))
+        .route("/admin/reload", post(reload))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
+    let gw = state.gateway;
+    let generation = gw.generation();
+    let client = if generation.client_keys.is_empty() {
+        None
+    } else {
+        match generation.client_keys.check(&headers) {
+            Some(name) => Some(name.to_string()),
+            None => {
+                return final_error(
+                    StatusCode::UNAUTHORIZED,
+                    "authentication_error",
+                    "poolgate: invalid or missing client key (send it as x-api-key or Authorization: Bearer)",
+                );
+            }
+        }
+    };
+    let limit = generation.config.server.max_body_mb << 20;
+    let declared = headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            &format!("poolgate: request body exceeds the {} MiB limit (server.max_body_mb)", limit >> 20),
+        )
+    };
+    if let Some(n) = declared.filter(|n| *n > limit) {
+        // Read (and drop) a moderately oversized body first: answering while the
+        // client is still sending makes many clients see a reset instead of 413.
+        if n <= limit.saturating_mul(8) {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), axum::body::to_bytes(body, n)).await;
+        }
+        let mut r = too_large();
+        r.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+        return r;
+    }
+    let body = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(_) => return too_large(),
+    };
+    drop(generation);
+    forward(gw, api, Incoming { method, uri, headers, body, client }).await
+}
+
+async fn messages(State(s): State<AppState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
+    api(s, Api::Messages, method, uri, headers, body).await
+}
+
+async fn count_tokens(State(s): State<AppState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
+    api(s, Api::CountTokens, method, uri, headers, body).await
+}
+
+async fn models(State(s): State<AppState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
+    api(s, Api::Models, method, uri, headers, body).await
+}
+
+/// Claude Code's reachability probes: answered at once, never with an auth error
+/// (which would make it retry).
+async fn probe() -> &'static str {
+    "poolgate"
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(s): State<AppState>) -> Response {
+    let g = s.gateway.generation();
+    if g.accounts.is_empty() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "no accounts configured").into_response();
+    }
+    (StatusCode::OK, "ready").into_response()
+}
+
+async fn not_found(uri: Uri) -> Response {
+    error(StatusCode::NOT_FOUND, "not_found_error", &format!("poolgate: no route for {}", uri.path()))
+}
+
+fn admin_refused(s: &AppState, headers: &HeaderMap) -> Option<Response> {
+    let g = s.gateway.generation();
+    if !g.admin.configured() {
+        return Some(final_error(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "poolgate: admin routes are disabled; set server.admin_token_env (or admin_token_sha256) to enable them",
+        ));
+    }
+    if !g.admin.check(headers) {
+        return Some(final_error(StatusCode::UNAUTHORIZED, "authentication_error", "poolgate: admin token required"));
+    }
+    None
+}
+
+fn json(value: &impl serde::Serialize) -> Response {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => ([(http::header::CONTENT_TYPE, "application/json")], text).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "api_error", &e.to_string()),
+    }
+}
+
+async fn status(State(s): State<AppState>, headers: HeaderMap) -> Response {
+    if let Some(r) = admin_refused(&s, &headers) {
+        return r;
+    }
+    let gw = &s.gateway;
+    let g = gw.generation();
+    let now = now_ms();
+    let accounts: Vec<_> = g
+        .accounts
+        .iter()
+        .map(|a| a.state.status(&a.config, now))
+        .chain(g.disabled.iter().map(|(c, st)| st.status(c, now)))
+        .collect();
+    json(&serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "now_ms": now,
+        "uptime_ms": now.saturating_sub(gw.started_ms),
+        "config": {
+            "generation": g.number,
+            "loaded_ms": g.loaded_ms,
+            "last_reload": *gw.last_reload.lock(),
+        },
+        "chain": g.chain.status(now),
+        "queue_depth": gw.admission.depth(),
+        "accounts": accounts,
+    }))
+}
+
+#[derive(Deserialize)]
+struct Limit {
+    limit: Option<usize>,
+}
+
+async fn decisions(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<Limit>) -> Response {
+    if let Some(r) = admin_refused(&s, &headers) {
+        return r;
+    }
+    let latest = s.gateway.decisions.latest(q.limit.unwrap_or(50));
+    json(&latest.iter().map(|r| &**r).collect::<Vec<_>>())
+}
+
+async fn reload(State(s): State<AppState>, headers: HeaderMap) -> Response {
+    if let Some(r) = admin_refused(&s, &headers) {
+        return r;
+    }
+    let Some(reloader) = s.reloader.clone() else {
+        return error(StatusCode::CONFLICT, "invalid_request_error", "poolgate: this gateway was not started from a config file");
+    };
+    // Compiling plugins can take seconds: keep it off the async workers.
+    match tokio::task::spawn_blocking(move || reloader("admin")).await {
+        Ok(Ok(generation)) => json(&serde_json::json!({ "ok": true, "generation": generation })),
+        Ok(Err(e)) => {
+            let mut r = json(&serde_json::json!({ "ok": false, "errors": e.lines().collect::<Vec<_>>() }));
+            *r.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
+            r
+        }
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "api_error", &e.to_string()),
+    }
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    let gw = &s.gateway;
+    let g = gw.generation();
+    let now = now_ms();
+    let in_flight = g.accounts.iter().map(|a| (labels(&[("account", &a.config.id)]), a.state.in_flight() as f64)).collect();
+    let cooling = g
+        .accounts
+        .iter()
+        .map(|a| (labels(&[("account", &a.config.id)]), if a.state.cooldown(now).is_some() { 1.0 } else { 0.0 }))
+        .collect();
+    let breakers = g
+        .chain
+        .status(now)
+        .into_iter()
+        .map(|st| (labels(&[("stage", &st.name)]), if st.breaker.state == "closed" { 0.0 } else { 1.0 }))
+        .collect();
+    let text = gw.metrics.render(&[
+        ("poolgate_in_flight", "Requests in flight, by account.", in_flight),
+        ("poolgate_account_cooling", "1 while the account is cooling down.", cooling),
+        ("poolgate_stage_breaker_open", "1 while a chain stage is bypassed by its breaker.", breakers),
+        ("poolgate_queue_depth", "Requests waiting for an in-flight slot.", vec![(Vec::new(), gw.admission.depth() as f64)]),
+        ("poolgate_config_generation", "The configuration generation in force.", vec![(Vec::new(), g.number as f64)]),
+    ]);
+    ([(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}

@@ -1,0 +1,395 @@
+//! The gateway end to end: the real `poolgate` binary in front of the mock
+//! Anthropic upstream, driven over HTTP.
+
+mod support;
+
+use std::time::Duration;
+
+use poolgate_mock_upstream::{MockUpstream, Quota, Step, Window};
+use serde_json::{Value, json};
+use support::{Gateway, config, message};
+
+const ADMIN: &str = "admin-token-for-tests";
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+}
+
+fn env3() -> Vec<(&'static str, &'static str)> {
+    vec![("KEY_A", "key-a"), ("KEY_B", "key-b"), ("KEY_C", "key-c"), ("PG_ADMIN", ADMIN)]
+}
+
+async fn post(gw: &Gateway, body: &Value) -> reqwest::Response {
+    Gateway::client()
+        .post(format!("{}/v1/messages", gw.url))
+        .header("anthropic-version", "2023-06-01")
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn status(gw: &Gateway) -> Value {
+    Gateway::client().get(format!("{}/status", gw.url)).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap()
+}
+
+fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
+    r.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+}
+
+fn exhausted(window: &str) -> Quota {
+    let reset = now_s() + 3600;
+    let w = Window { utilization: 1.0, status: "rejected".into(), reset_s: reset };
+    let ok = Window { utilization: 0.2, status: "allowed".into(), reset_s: reset };
+    Quota {
+        status: Some("rejected".into()),
+        reset_s: Some(reset),
+        five_hour: Some(if window == "5h" { w.clone() } else { ok.clone() }),
+        seven_day: Some(if window == "7d" { w } else { ok }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_fails_over_across_three_accounts_before_the_first_byte() {
+    let mock = MockUpstream::start().await;
+    let (a, b, c) = (mock.account("key-a"), mock.account("key-b"), mock.account("key-c"));
+    a.set_quota(exhausted("5h"));
+    a.push(Step::RateLimited { unified: true, retry_after: None });
+    b.push(Step::Overloaded);
+    c.set_default(Step::Text("from c".into()));
+    let cfg = config(&mock.base_url(), &[("a", "KEY_A"), ("b", "KEY_B"), ("c", "KEY_C")], "");
+    let gw = Gateway::start(&cfg, &env3());
+
+    let r = post(&gw, &message("claude-sonnet-4-5", false)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-poolgate-account"), "c");
+    assert_eq!(header(&r, "x-poolgate-attempts"), "3");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["content"][0]["text"], "from c");
+    assert_eq!(mock.served_by(), ["key-a", "key-b", "key-c"]);
+
+    // a (session exhausted) and b (overloaded) are cooling: the next request goes
+    // straight to c.
+    mock.clear_requests();
+    let r = post(&gw, &message("claude-sonnet-4-5", false)).await;
+    assert_eq!(header(&r, "x-poolgate-account"), "c");
+    assert_eq!(mock.served_by(), ["key-c"]);
+
+    let st = status(&gw).await;
+    let acct = |id: &str| st["accounts"].as_array().unwrap().iter().find(|x| x["id"] == id).unwrap().clone();
+    assert_eq!(acct("a")["cooldown"]["reason"], "session_exhausted");
+    assert_eq!(acct("b")["cooldown"]["reason"], "overloaded", "{}", gw.log());
+    assert!(acct("c")["cooldown"].is_null());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_where_every_account_cools_is_parked_and_never_reprobed() {
+    let mock = MockUpstream::start().await;
+    for k in ["key-a", "key-b"] {
+        let acct = mock.account(k);
+        acct.set_quota(exhausted("7d"));
+        acct.set_default(Step::RateLimited { unified: true, retry_after: None });
+    }
+    let cfg = config(&mock.base_url(), &[("a", "KEY_A"), ("b", "KEY_B")], "");
+    let gw = Gateway::start(&cfg, &env3());
+
+    let r = post(&gw, &message("claude-sonnet-4-5", false)).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(header(&r, "x-poolgate-pool"), "parked");
+    let retry: u64 = header(&r, "retry-after").parse().unwrap();
+    assert!((3000..=3601).contains(&retry), "retry-after {retry} ≈ the 7d reset an hour away");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "rate_limit_error");
+    assert_eq!(mock.requests().len(), 2, "each account was tried once");
+
+    // Parked accounts are not probed again before their reset.
+    for _ in 0..3 {
+        let r = post(&gw, &message("claude-sonnet-4-5", true)).await;
+        assert_eq!(r.status(), 429);
+        assert_eq!(header(&r, "x-poolgate-pool"), "parked");
+    }
+    assert_eq!(mock.requests().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_reply_arrives_in_order_with_tool_use() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a");
+    let gw = Gateway::start(&config(&mock.base_url(), &[("a", "KEY_A")], ""), &env3());
+    let mut body = message("claude-sonnet-4-5", true);
+    body["tools"] = json!([{ "name": "get_weather", "description": "w", "input_schema": { "type": "object" } }]);
+    let r = post(&gw, &body).await;
+    assert_eq!(r.status(), 200);
+    assert!(header(&r, "content-type").starts_with("text/event-stream"));
+    assert_eq!(header(&r, "x-poolgate-account"), "a");
+    let text = r.text().await.unwrap();
+    let events: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    assert_eq!(events.first(), Some(&"message_start"));
+    assert_eq!(events.last(), Some(&"message_stop"));
+    let partial: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v["delta"]["type"] == "input_json_delta")
+        .map(|v| v["delta"]["partial_json"].as_str().unwrap().to_string())
+        .collect();
+    serde_json::from_str::<Value>(&partial).expect("tool input pieces form JSON");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_mid_way_ends_with_an_error_event_and_is_not_retried() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a").push(Step::ResetMidStream { after_events: 3 });
+    mock.account("key-b");
+    let gw = Gateway::start(&config(&mock.base_url(), &[("a", "KEY_A"), ("b", "KEY_B")], ""), &env3());
+    let r = post(&gw, &message("claude-sonnet-4-5", true)).await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(text.starts_with("event: message_start"), "{text}");
+    assert!(text.ends_with("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"upstream stream interrupted (poolgate)\"}}\n\n"), "{text}");
+    assert_eq!(mock.served_by(), ["key-a"], "no retry after the first byte");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_reset_before_the_response_fails_over() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a").push(Step::ResetBeforeResponse);
+    mock.account("key-b");
+    let gw = Gateway::start(&config(&mock.base_url(), &[("a", "KEY_A"), ("b", "KEY_B")], ""), &env3());
+    let r = post(&gw, &message("claude-sonnet-4-5", true)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-poolgate-account"), "b");
+    assert!(r.text().await.unwrap().contains("message_stop"));
+    assert_eq!(mock.served_by(), ["key-a", "key-b"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrecoverable_client_error_is_passed_through_without_failover() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a").push(Step::Status {
+        status: 400,
+        body: json!({ "type": "error", "error": { "type": "invalid_request_error", "message": "max_tokens: required" } }),
+        headers: vec![],
+    });
+    mock.account("key-b");
+    let gw = Gateway::start(&config(&mock.base_url(), &[("a", "KEY_A"), ("b", "KEY_B")], ""), &env3());
+    let r = post(&gw, &message("claude-sonnet-4-5", false)).await;
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["message"], "max_tokens: required");
+    assert_eq!(mock.served_by(), ["key-a"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_queue_for_a_full_account_and_time_out_with_queue_timeout() {
+    let mock = MockUpstream::start().await;
+    let a = mock.account("key-a");
+    a.set_default(Step::Delay { ms: 400, then: Box::new(Step::Ok) });
+    let extra = "[gateway]\nqueue_timeout_ms = 1500\n";
+    let cfg = config(&mock.base_url(), &[("a", "KEY_A")], extra).replace("base_url", "max_in_flight = 1\nbase_url");
+    let gw = Gateway::start(&cfg, &env3());
+    // Two at once on a one-slot account: the second waits for the first.
+    let started = std::time::Instant::now();
+    let m = message("m", false);
+    let (r1, r2) = tokio::join!(post(&gw, &m), post(&gw, &m));
+    assert_eq!((r1.status().as_u16(), r2.status().as_u16()), (200, 200));
+    assert!(started.elapsed() >= Duration::from_millis(800), "served one after the other");
+
+    // A wait longer than the queue timeout ends in 429 queue_timeout.
+    a.set_default(Step::Delay { ms: 2500, then: Box::new(Step::Ok) });
+    let slow = tokio::spawn({
+        let url = gw.url.clone();
+        async move { Gateway::client().post(format!("{url}/v1/messages")).json(&message("m", false)).send().await.unwrap().status() }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = post(&gw, &message("m", false)).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(header(&r, "x-poolgate-queue"), "queue_timeout");
+    assert!(!header(&r, "retry-after").is_empty());
+    assert_eq!(slow.await.unwrap(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_stream_releases_its_slot() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a").push(Step::SlowStream { chunk_delay_ms: 300 });
+    let cfg = config(&mock.base_url(), &[("a", "KEY_A")], "[gateway]\nqueue_timeout_ms = 3000\n")
+        .replace("base_url", "max_in_flight = 1\nbase_url");
+    let gw = Gateway::start(&cfg, &env3());
+    let mut r = post(&gw, &message("m", true)).await;
+    assert_eq!(r.status(), 200);
+    let _first = r.chunk().await.unwrap();
+    let st = status(&gw).await;
+    assert_eq!(st["accounts"][0]["in_flight"], 1, "{}", gw.log());
+    drop(r);
+    // The lease is released when the gateway notices the client went away.
+    let mut released = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if status(&gw).await["accounts"][0]["in_flight"] == 0 {
+            released = true;
+            break;
+        }
+    }
+    assert!(released, "in_flight back to 0 after the client left");
+    let r = post(&gw, &message("m", false)).await;
+    assert_eq!(r.status(), 200, "the slot is free for the next request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_headers_pass_through_and_credentials_are_replaced() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a");
+    let mut cfg = config(&mock.base_url(), &[("a", "KEY_A")], "");
+    cfg.push_str("[[server.client_keys]]\nname = \"team\"\nkey_env = \"PG_CLIENT\"\n");
+    let mut env = env3();
+    env.push(("PG_CLIENT", "client-secret-123"));
+    let gw = Gateway::start(&cfg, &env);
+    let r = Gateway::client()
+        .post(format!("{}/v1/messages?beta=true", gw.url))
+        .header("x-api-key", "client-secret-123")
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", "claude-code-20250219,oauth-2025-04-20")
+        .header("x-claude-code-session-id", "sess-1")
+        .header("connection", "keep-alive")
+        .json(&message("claude-sonnet-4-5", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let rec = mock.requests().pop().unwrap();
+    assert_eq!(rec.path, "/v1/messages?beta=true");
+    assert_eq!(rec.credential, "key-a");
+    let h = |n: &str| rec.headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+    assert_eq!(h("anthropic-version").as_deref(), Some("2023-06-01"));
+    assert_eq!(h("anthropic-beta").as_deref(), Some("claude-code-20250219"), "the OAuth flag is dropped for an API key");
+    assert_eq!(h("x-api-key").as_deref(), Some("key-a"));
+    assert_eq!(h("x-claude-code-session-id").as_deref(), Some("sess-1"));
+    assert!(h("authorization").is_none());
+
+    // Unknown client key: 401 in Anthropic's shape, and Claude Code is told not to retry.
+    let r = Gateway::client().post(format!("{}/v1/messages", gw.url)).header("x-api-key", "nope").json(&message("m", false)).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(header(&r, "x-should-retry"), "false");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "authentication_error");
+    // The health route stays open.
+    let r = Gateway::client().get(format!("{}/healthz", gw.url)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    // No secret ever reaches the log or the status page.
+    let st = Gateway::client().get(format!("{}/status", gw.url)).bearer_auth(ADMIN).send().await.unwrap().text().await.unwrap();
+    for secret in ["key-a", "client-secret-123", ADMIN] {
+        assert!(!gw.log().contains(secret), "{secret} leaked into the log");
+        assert!(!st.contains(secret), "{secret} leaked into /status");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oauth_accounts_send_a_bearer_token_with_the_oauth_beta() {
+    let mock = MockUpstream::start().await;
+    mock.account("oauth-token-x");
+    let cfg = format!("[[accounts]]\nid = \"seat\"\nkind = \"oauth\"\napi_key_env = \"TOKEN\"\nbase_url = \"{}\"\n", mock.base_url());
+    let gw = Gateway::start(&cfg, &[("TOKEN", "oauth-token-x")]);
+    let r = post(&gw, &message("claude-opus-4-1", false)).await;
+    assert_eq!(r.status(), 200);
+    let rec = mock.requests().pop().unwrap();
+    let h = |n: &str| rec.headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+    assert_eq!(h("authorization").as_deref(), Some("Bearer oauth-token-x"));
+    assert_eq!(h("anthropic-beta").as_deref(), Some("oauth-2025-04-20"));
+    assert!(h("x-api-key").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_and_setup_mistakes_answer_in_anthropics_shape() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a");
+    let cfg = config(&mock.base_url(), &[("a", "KEY_A")], "").replace("[server]\n", "[server]\nmax_body_mb = 1\n");
+    let gw = Gateway::start(&cfg, &env3());
+    let big = json!({ "model": "m", "max_tokens": 1, "messages": [{ "role": "user", "content": "x".repeat(2 << 20) }] });
+    let r = post(&gw, &big).await;
+    assert_eq!(r.status(), 413);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "request_too_large");
+    let r = Gateway::client().post(format!("{}/v1/messages", gw.url)).body("{not json").send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "invalid_request_error");
+    // Claude Code's unauthenticated probes are answered cheaply.
+    let r = Gateway::client().head(format!("{}/api/hello", gw.url)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(mock.requests().is_empty());
+
+    // Zero accounts: 503 naming the mistake.
+    let gw = Gateway::start("[policy]\n", &[]);
+    let r = post(&gw, &message("m", false)).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(header(&r, "x-should-retry"), "false");
+    let body: Value = r.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("[[accounts]]"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_headers_feed_the_chain_and_the_status_page() {
+    let mock = MockUpstream::start().await;
+    let reset = now_s() + 7200;
+    mock.account("key-a").set_quota(Quota {
+        status: Some("allowed".into()),
+        five_hour: Some(Window { utilization: 0.9, status: "allowed".into(), reset_s: reset }),
+        seven_day: Some(Window { utilization: 0.5, status: "allowed".into(), reset_s: reset }),
+        ..Default::default()
+    });
+    mock.account("key-b").set_quota(Quota {
+        status: Some("allowed".into()),
+        five_hour: Some(Window { utilization: 0.1, status: "allowed".into(), reset_s: reset }),
+        seven_day: Some(Window { utilization: 0.2, status: "allowed".into(), reset_s: reset }),
+        buckets: vec![("oi".into(), Window { utilization: 0.97, status: "allowed".into(), reset_s: reset })],
+        ..Default::default()
+    });
+    let gw = Gateway::start(&config(&mock.base_url(), &[("a", "KEY_A"), ("b", "KEY_B")], ""), &env3());
+    // Learn both accounts' quota (unknown quota ranks first, so each gets one request).
+    post(&gw, &message("claude-sonnet-4-5", false)).await;
+    post(&gw, &message("claude-sonnet-4-5", false)).await;
+    // Sonnet: b has far more headroom.
+    let r = post(&gw, &message("claude-sonnet-4-5", false)).await;
+    assert_eq!(header(&r, "x-poolgate-account"), "b");
+    assert_eq!(header(&r, "x-poolgate-reason"), "headroom");
+    // Fable: b's 7d_oi bucket (0.97) binds fable, so a leads.
+    let r = post(&gw, &message("claude-fable-5", false)).await;
+    assert_eq!(header(&r, "x-poolgate-account"), "a");
+    let st = status(&gw).await;
+    let b = st["accounts"].as_array().unwrap().iter().find(|x| x["id"] == "b").unwrap();
+    let windows: Vec<&str> = b["windows"].as_array().unwrap().iter().map(|w| w["name"].as_str().unwrap()).collect();
+    assert_eq!(windows, ["5h", "7d", "7d_oi"]);
+    assert!(b["reading_age_ms"].as_u64().unwrap() < 60_000);
+    assert_eq!(st["chain"].as_array().unwrap().len(), 2, "the default chain: skip-exhausted → headroom");
+
+    let decisions: Value = Gateway::client().get(format!("{}/admin/decisions?limit=1", gw.url)).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    assert_eq!(decisions[0]["model"], "claude-fable-5");
+    assert_eq!(decisions[0]["account"], "a");
+    assert_eq!(decisions[0]["attempts"][0]["decision"]["order"][0], "a");
+
+    let metrics = Gateway::client().get(format!("{}/metrics", gw.url)).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("poolgate_requests_total{account=\"b\",status=\"200\"}"), "{metrics}");
+    assert!(metrics.contains("poolgate_chain_duration_seconds_count"));
+    // Admin routes need the token.
+    let r = Gateway::client().get(format!("{}/status", gw.url)).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_an_open_stream_finish() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a").push(Step::SlowStream { chunk_delay_ms: 150 });
+    let mut gw = Gateway::start(&config(&mock.base_url(), &[("a", "KEY_A")], ""), &env3());
+    let url = gw.url.clone();
+    let stream = tokio::spawn(async move {
+        let r = Gateway::client().post(format!("{url}/v1/messages")).json(&message("m", true)).send().await.unwrap();
+        r.text().await.unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gw.terminate();
+    let text = stream.await.unwrap();
+    assert!(text.trim_end().ends_with("data: {\"type\":\"message_stop\"}"), "{text}");
+    let exit = tokio::task::spawn_blocking(move || gw.wait(Duration::from_secs(10))).await.unwrap();
+    assert!(exit.is_some_and(|s| s.success()), "exited cleanly after the stream");
+}

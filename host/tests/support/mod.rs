@@ -1,0 +1,143 @@
+//! Running the real `poolgate` binary against the mock upstream, for end-to-end
+//! tests.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A running `poolgate serve`.
+pub struct Gateway {
+    child: Child,
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    /// Everything the process wrote to stderr so far.
+    pub log: Arc<Mutex<String>>,
+    _dir: tempdir::Dir,
+}
+
+/// A throwaway directory.
+pub mod tempdir {
+    /// Removed on drop.
+    pub struct Dir(pub std::path::PathBuf);
+    impl Dir {
+        pub fn new(tag: &str) -> Dir {
+            let p = std::env::temp_dir().join(format!("poolgate-{tag}-{}-{}", std::process::id(), rand_suffix()));
+            std::fs::create_dir_all(&p).unwrap();
+            Dir(p)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    fn rand_suffix() -> u64 {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        N.fetch_add(1, Ordering::Relaxed) ^ (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64)
+    }
+}
+
+impl Gateway {
+    /// Starts the binary with `config` (TOML; `listen` is forced to an ephemeral
+    /// loopback port) and `env`, and waits until it listens.
+    pub fn start(config: &str, env: &[(&str, &str)]) -> Gateway {
+        let dir = tempdir::Dir::new("gw");
+        let path = dir.0.join("poolgate.toml");
+        std::fs::write(&path, config).unwrap();
+        Self::start_file(&path, env, dir)
+    }
+
+    /// Starts the binary on an existing config file.
+    pub fn start_file(path: &std::path::Path, env: &[(&str, &str)], dir: tempdir::Dir) -> Gateway {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_poolgate"));
+        cmd.arg("serve").arg("--config").arg(path).arg("--listen").arg("127.0.0.1:0");
+        cmd.env("POOLGATE_LOG", "info,poolgate=debug").env_remove("POOLGATE_CONFIG");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn poolgate");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if let Some(rest) = line.split("poolgate listening on ").nth(1) {
+                        let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
+                    }
+                    let mut l = log.lock().unwrap();
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+            });
+        }
+        let url = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(u) => u,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("poolgate did not start:\n{}", log.lock().unwrap());
+            }
+        };
+        Gateway { child, url, log, _dir: dir }
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// An HTTP client for the gateway.
+    pub fn client() -> reqwest::Client {
+        poolgate::gateway::install_crypto();
+        reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let start = std::time::Instant::now();
+        while start.elapsed() < timeout {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A config with one `[[accounts]]` per `(id, env var)` pointing at `base_url`,
+/// plus `extra` TOML appended.
+pub fn config(base_url: &str, accounts: &[(&str, &str)], extra: &str) -> String {
+    let mut s = String::from("[server]\nadmin_token_env = \"PG_ADMIN\"\n\n");
+    for (id, var) in accounts {
+        s.push_str(&format!("[[accounts]]\nid = \"{id}\"\napi_key_env = \"{var}\"\nbase_url = \"{base_url}\"\n\n"));
+    }
+    s.push_str(extra);
+    s
+}
+
+/// A minimal Messages request body.
+pub fn message(model: &str, stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": model,
+        "max_tokens": 64,
+        "stream": stream,
+        "messages": [{ "role": "user", "content": "hello" }],
+    })
+}

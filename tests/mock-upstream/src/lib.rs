@@ -1,0 +1,204 @@
+//! A mock of Anthropic's Messages API, scripted per account credential.
+//!
+//! poolgate's end-to-end tests and benchmarks need an upstream that speaks Anthropic's
+//! wire format faithfully (JSON and SSE bodies, `request-id`, organization and quota
+//! headers, error envelopes) and that fails on cue, per account: a 429 with or without the
+//! unified rate-limit headers, a 529, a connection reset before or during a stream, a hang.
+//! Reaching the real API is neither possible nor wanted, so this crate is that upstream: a
+//! real HTTP server on loopback that the gateway under test forwards to.
+//!
+//! Each credential (`x-api-key` or `authorization: Bearer`) is an [`Account`] with a FIFO
+//! of one-shot [`Step`]s, a default step and a [`Quota`]. Every request is recorded on
+//! arrival, so a test can assert which accounts the gateway tried, in which order.
+//!
+//! # Examples
+//!
+//! 1. Start the server and register two accounts.
+//! 2. Script the first to be rate limited once; give the second a quota.
+//! 3. Point the gateway at [`MockUpstream::base_url`], send requests through it.
+//! 4. Assert on [`MockUpstream::served_by`].
+//!
+//! ```no_run
+//! # async fn example() {
+//! use poolgate_mock_upstream::{MockUpstream, Quota, Step};
+//!
+//! let upstream = MockUpstream::start().await;
+//! let a = upstream.account("sk-ant-test-a");
+//! let b = upstream.account("sk-ant-test-b");
+//! a.push(Step::RateLimited { unified: true, retry_after: Some("30".into()) });
+//! b.set_quota(Quota::unified(0.2, 0.1));
+//! // … a gateway configured with both keys and `upstream.base_url()` serves a request …
+//! assert_eq!(upstream.served_by(), ["sk-ant-test-a", "sk-ant-test-b"]);
+//! # }
+//! ```
+#![deny(missing_docs)]
+
+mod conn;
+mod quota;
+mod script;
+mod server;
+mod sse;
+mod wire;
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+pub use quota::{Quota, Window, now_s, rfc3339};
+pub use script::{Account, Step};
+pub use wire::{DEFAULT_TEXT, MODELS};
+
+/// Server-wide settings; [`MockUpstream::start`] uses [`Config::default`].
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Every credential is a valid account, created on first use (for benchmarks that
+    /// point many gateway accounts at one mock). A missing credential is still a 401.
+    pub accept_any: bool,
+    /// Wait this long before answering every authenticated request (time to first byte).
+    pub latency_ms: u64,
+    /// Wait this long between SSE events of normal replies.
+    pub chunk_delay_ms: u64,
+    /// The quota every new account starts with.
+    pub default_quota: Option<Quota>,
+    /// Record requests for [`MockUpstream::requests`]. On by default; a long benchmark run
+    /// turns it off so memory stays flat.
+    pub record: bool,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            accept_any: false,
+            latency_ms: 0,
+            chunk_delay_ms: 0,
+            default_quota: None,
+            record: true,
+        }
+    }
+}
+
+/// One request as the mock received it.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    /// `GET`, `POST`, `HEAD`, …
+    pub method: String,
+    /// The path with its query string, e.g. `/v1/messages?beta=true`.
+    pub path: String,
+    /// The credential of the account that answered, or `""` if there was none or it was
+    /// unknown.
+    pub credential: String,
+    /// Headers as received (lowercase names), in order; non-UTF-8 bytes are replaced.
+    pub headers: Vec<(String, String)>,
+    /// The request body.
+    pub body: bytes::Bytes,
+}
+
+impl Recorded {
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body parsed as JSON (`Value::Null` if it is not JSON).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_default()
+    }
+}
+
+/// A running mock upstream. Serves until dropped.
+pub struct MockUpstream {
+    shared: Arc<server::Shared>,
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl MockUpstream {
+    /// Binds 127.0.0.1:0 and serves until dropped (the server task is aborted on drop).
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime, or if loopback cannot be bound.
+    pub async fn start() -> MockUpstream {
+        MockUpstream::start_with(Config::default()).await
+    }
+
+    /// Like [`MockUpstream::start`], with settings.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime, or if loopback cannot be bound.
+    pub async fn start_with(config: Config) -> MockUpstream {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        MockUpstream::bind(addr, config)
+            .await
+            .unwrap_or_else(|e| panic!("failed to bind the mock upstream on `{addr}`: {e}"))
+    }
+
+    /// Binds `addr` and serves until dropped.
+    pub async fn bind(addr: SocketAddr, config: Config) -> io::Result<MockUpstream> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(server::Shared::new(config));
+        let task = tokio::spawn(conn::serve(listener, server::router(shared.clone())));
+        Ok(MockUpstream { shared, addr, task })
+    }
+
+    /// The base URL to point a client at, e.g. `"http://127.0.0.1:41234"`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Registers (or returns) the account answering to `credential` (an API key or a
+    /// bearer token).
+    pub fn account(&self, credential: &str) -> Account {
+        self.shared.account(credential)
+    }
+
+    /// Every request received, in arrival order.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.shared.records().clone()
+    }
+
+    /// The credentials that served each request, in arrival order (unknown credentials
+    /// appear as `""`).
+    pub fn served_by(&self) -> Vec<String> {
+        self.shared
+            .records()
+            .iter()
+            .map(|r| r.credential.clone())
+            .collect()
+    }
+
+    /// Forgets the requests received so far (accounts and their scripts stay).
+    pub fn clear_requests(&self) {
+        self.shared.records().clear();
+    }
+
+    /// The settings this server runs with.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+}
+
+impl Drop for MockUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl std::fmt::Debug for MockUpstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockUpstream")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,414 @@
+//! Routing and answering: one request in, the account's next step out.
+//!
+//! Every request goes through [`handle`]: read the body, resolve the credential, record the
+//! request (before any delay or failure, so tests can see which account was tried), pop
+//! the account's step and play it. Normal replies depend on the endpoint; failures look
+//! the same on every endpoint, as they do at Anthropic.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
+use axum::routing::{get, head, post};
+use bytes::Bytes;
+
+use crate::conn::ConnControl;
+use crate::script::{Account, Step, Taken};
+use crate::sse::{self, Chunks};
+use crate::wire::{self, Reply};
+use crate::{Config, Recorded};
+
+/// Bodies above this are refused; Claude Code sends ~90 KB, long contexts a few MB.
+const BODY_LIMIT: usize = 64 << 20;
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
+const ORG_ID: HeaderName = HeaderName::from_static("anthropic-organization-id");
+const JSON: HeaderValue = HeaderValue::from_static("application/json");
+const EVENT_STREAM: HeaderValue = HeaderValue::from_static("text/event-stream; charset=utf-8");
+
+/// State shared by the server task and the [`crate::MockUpstream`] handle.
+pub(crate) struct Shared {
+    pub config: Config,
+    accounts: Mutex<HashMap<String, Account>>,
+    records: Mutex<Vec<Recorded>>,
+    ids: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(config: Config) -> Shared {
+        Shared {
+            config,
+            accounts: Mutex::new(HashMap::new()),
+            records: Mutex::new(Vec::new()),
+            ids: AtomicU64::new(1),
+        }
+    }
+
+    /// The account for `credential`, creating it.
+    pub fn account(&self, credential: &str) -> Account {
+        let mut accounts = lock(&self.accounts);
+        if let Some(account) = accounts.get(credential) {
+            return account.clone();
+        }
+        let account = Account::new(credential, self.config.default_quota.as_ref());
+        accounts.insert(credential.to_owned(), account.clone());
+        account
+    }
+
+    /// The account for `credential` if it is registered (or any credential is accepted).
+    fn lookup(&self, credential: &str) -> Option<Account> {
+        if self.config.accept_any {
+            return Some(self.account(credential));
+        }
+        lock(&self.accounts).get(credential).cloned()
+    }
+
+    pub fn records(&self) -> MutexGuard<'_, Vec<Recorded>> {
+        lock(&self.records)
+    }
+
+    /// A unique id with an Anthropic-looking prefix (`req_`, `msg_`, `toolu_`).
+    fn id(&self, prefix: &str) -> String {
+        format!(
+            "{prefix}01mock{:018}",
+            self.ids.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+/// A poisoned lock only means a test thread panicked while holding it; keep serving.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Messages,
+    CountTokens,
+    Models,
+    Probe,
+    NotFound,
+}
+
+/// The routes Anthropic's API (and Claude Code's probes) use.
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/models", get(models))
+        .route("/", head(probe))
+        .route("/api/hello", head(probe))
+        .fallback(not_found)
+        .method_not_allowed_fallback(not_found)
+        .with_state(shared)
+}
+
+async fn messages(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    handle(s, Endpoint::Messages, req).await
+}
+async fn count_tokens(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    handle(s, Endpoint::CountTokens, req).await
+}
+async fn models(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    handle(s, Endpoint::Models, req).await
+}
+async fn probe(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    handle(s, Endpoint::Probe, req).await
+}
+async fn not_found(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    handle(s, Endpoint::NotFound, req).await
+}
+
+/// `x-api-key` first, then `authorization: Bearer`.
+fn credential(headers: &HeaderMap) -> Option<&str> {
+    if let Some(key) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return Some(key);
+    }
+    let auth = headers.get("authorization")?.to_str().ok()?;
+    let (scheme, token) = auth.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Everything one request's answer depends on.
+struct Ctx {
+    shared: Arc<Shared>,
+    endpoint: Endpoint,
+    body: Bytes,
+    control: Option<Arc<ConnControl>>,
+    account: Account,
+    taken: Taken,
+    request_id: HeaderValue,
+}
+
+async fn handle(shared: Arc<Shared>, endpoint: Endpoint, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let request_id = HeaderValue::try_from(shared.id("req_")).expect("ids are ASCII");
+    let Ok(body) = axum::body::to_bytes(body, BODY_LIMIT).await else {
+        let msg = "Request exceeds the maximum allowed number of bytes.";
+        return error(&request_id, 413, "request_too_large", msg);
+    };
+    let account = credential(&parts.headers).and_then(|c| shared.lookup(c));
+    if shared.config.record {
+        let recorded = Recorded {
+            method: parts.method.to_string(),
+            path: parts
+                .uri
+                .path_and_query()
+                .map_or_else(|| parts.uri.path().to_owned(), |p| p.to_string()),
+            credential: account
+                .as_ref()
+                .map_or_else(String::new, |a| a.credential().to_owned()),
+            headers: parts
+                .headers
+                .iter()
+                .map(|(n, v)| {
+                    (
+                        n.as_str().to_owned(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
+                .collect(),
+            body: body.clone(),
+        };
+        shared.records().push(recorded);
+    }
+    match endpoint {
+        // Probes are answered cheaply and without a credential: an auth error here makes
+        // Claude Code retry for minutes.
+        Endpoint::Probe => return respond_empty(&request_id),
+        Endpoint::NotFound => return error(&request_id, 404, "not_found_error", "Not found"),
+        _ => {}
+    }
+    let Some(account) = account else {
+        return error(
+            &request_id,
+            401,
+            "authentication_error",
+            "invalid x-api-key",
+        );
+    };
+    let taken = account.take();
+    let step = taken.step.clone();
+    let ctx = Ctx {
+        control: parts.extensions.get::<Arc<ConnControl>>().cloned(),
+        shared,
+        endpoint,
+        body,
+        account,
+        taken,
+        request_id,
+    };
+    if ctx.shared.config.latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(ctx.shared.config.latency_ms)).await;
+    }
+    play(&ctx, step).await
+}
+
+/// Plays one step. Boxed because [`Step::Delay`] nests steps.
+fn play<'a>(
+    ctx: &'a Ctx,
+    step: Step,
+) -> std::pin::Pin<Box<dyn Future<Output = Response> + Send + 'a>> {
+    Box::pin(async move {
+        let default_gap = Duration::from_millis(ctx.shared.config.chunk_delay_ms);
+        match step {
+            Step::Ok => reply(ctx, None, default_gap, None),
+            Step::Text(text) => reply(ctx, Some(&text), default_gap, None),
+            Step::SlowStream { chunk_delay_ms } => {
+                let gap = Duration::from_millis(chunk_delay_ms);
+                if !wants_stream(ctx) {
+                    tokio::time::sleep(gap).await;
+                }
+                reply(ctx, None, gap, None)
+            }
+            Step::ResetMidStream { after_events } => {
+                reply(ctx, None, default_gap, Some(after_events))
+            }
+            Step::RateLimited {
+                unified,
+                retry_after,
+            } => rate_limited(ctx, unified, retry_after),
+            Step::Overloaded => account_error(ctx, 529, "overloaded_error", "Overloaded"),
+            Step::ServerError(status) => {
+                account_error(ctx, status, "api_error", "Internal server error")
+            }
+            Step::Status {
+                status,
+                body,
+                headers,
+            } => custom(ctx, status, body, headers),
+            Step::Delay { ms, then } => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                play(ctx, *then).await
+            }
+            Step::ResetBeforeResponse => {
+                match &ctx.control {
+                    Some(control) => control.abort(),
+                    None => {
+                        eprintln!("poolgate-mock-upstream: no connection to reset; hanging instead")
+                    }
+                }
+                std::future::pending().await
+            }
+            Step::Hang => std::future::pending().await,
+        }
+    })
+}
+
+/// Whether a normal reply would be SSE: only a well-formed streaming Messages request.
+fn wants_stream(ctx: &Ctx) -> bool {
+    ctx.endpoint == Endpoint::Messages
+        && wire::parse_messages(&ctx.body).is_ok_and(|ask| ask.stream)
+}
+
+/// The endpoint's normal reply, optionally spaced out by `gap` (SSE only) or cut after
+/// `cut` events (or half the body, for JSON).
+fn reply(ctx: &Ctx, text: Option<&str>, gap: Duration, cut: Option<usize>) -> Response {
+    let (body, stream) = match ctx.endpoint {
+        Endpoint::Messages => match wire::parse_messages(&ctx.body) {
+            Ok(ask) => {
+                let stream = ask.stream;
+                let reply = Reply::new(ask, text, &|prefix| ctx.shared.id(prefix));
+                if stream {
+                    (Err(sse::events(&reply)), true)
+                } else {
+                    (Ok(reply.to_json()), false)
+                }
+            }
+            Err(msg) => return account_error(ctx, 400, "invalid_request_error", &msg),
+        },
+        Endpoint::CountTokens => (Ok(wire::count_tokens_body(&ctx.body)), false),
+        _ => (Ok(wire::models_body()), false),
+    };
+    let cut = cut.and_then(|after| Some((after, ctx.control.clone()?)));
+    let mut response = match (body, cut) {
+        (Ok(json), None) => Response::new(Body::from(json)),
+        (Ok(json), Some((_, control))) => {
+            // Promise the whole body, send half: the client sees a truncated message.
+            let len = json.len();
+            let half = json.slice(..len / 2);
+            let mut r = Response::new(Body::from_stream(Chunks::new(
+                vec![half],
+                gap,
+                Some((1, control)),
+            )));
+            r.headers_mut()
+                .insert(CONTENT_LENGTH, HeaderValue::from(len));
+            r
+        }
+        (Err(events), cut) => Response::new(Body::from_stream(Chunks::new(events, gap, cut))),
+    };
+    let headers = response.headers_mut();
+    if stream {
+        headers.insert(CONTENT_TYPE, EVENT_STREAM);
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    } else {
+        headers.insert(CONTENT_TYPE, JSON);
+    }
+    account_headers(ctx, headers, &ctx.taken.quota_headers);
+    response
+}
+
+/// `request-id`, the organization and the quota headers, on every account response.
+fn account_headers(ctx: &Ctx, headers: &mut HeaderMap, quota: &[(HeaderName, HeaderValue)]) {
+    headers.insert(REQUEST_ID, ctx.request_id.clone());
+    headers.insert(ORG_ID, ctx.taken.org.clone());
+    for (name, value) in quota {
+        headers.append(name.clone(), value.clone());
+    }
+}
+
+fn rate_limited(ctx: &Ctx, unified: bool, retry_after: Option<String>) -> Response {
+    let mut response;
+    if unified {
+        let rejected = ctx.account.quota().rejected().render();
+        let msg = "This request would exceed your account's rate limit. Please try again later.";
+        response = json_response(429, wire::error_body("rate_limit_error", msg));
+        account_headers(ctx, response.headers_mut(), &rejected);
+    } else {
+        // The bare burst limit: no rate-limit headers at all, and Anthropic's bare message.
+        response = json_response(429, wire::error_body("rate_limit_error", "Error"));
+        response
+            .headers_mut()
+            .insert(REQUEST_ID, ctx.request_id.clone());
+        response.headers_mut().insert(ORG_ID, ctx.taken.org.clone());
+    }
+    if let Some(value) = retry_after {
+        let value = HeaderValue::try_from(value).expect("retry-after must be a valid header value");
+        response.headers_mut().insert(RETRY_AFTER, value);
+    }
+    response
+}
+
+fn account_error(ctx: &Ctx, status: u16, kind: &str, message: &str) -> Response {
+    let mut response = json_response(status, wire::error_body(kind, message));
+    account_headers(ctx, response.headers_mut(), &ctx.taken.quota_headers);
+    response
+}
+
+fn custom(
+    ctx: &Ctx,
+    status: u16,
+    body: serde_json::Value,
+    extra: Vec<(String, String)>,
+) -> Response {
+    let (body, content_type) = match body {
+        serde_json::Value::Null => (Bytes::new(), None),
+        serde_json::Value::String(raw) => (
+            Bytes::from(raw),
+            Some(HeaderValue::from_static("text/plain")),
+        ),
+        json => (Bytes::from(json.to_string()), Some(JSON)),
+    };
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status_code(status);
+    let headers = response.headers_mut();
+    if let Some(content_type) = content_type {
+        headers.insert(CONTENT_TYPE, content_type);
+    }
+    account_headers(ctx, headers, &ctx.taken.quota_headers);
+    for (name, value) in extra {
+        let n = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+            .unwrap_or_else(|e| panic!("invalid header name `{name}` in Step::Status: {e}"));
+        let v = HeaderValue::try_from(value.as_str())
+            .unwrap_or_else(|e| panic!("invalid value for header `{name}` in Step::Status: {e}"));
+        headers.insert(n, v);
+    }
+    response
+}
+
+fn json_response(status: u16, body: Bytes) -> Response {
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status_code(status);
+    response.headers_mut().insert(CONTENT_TYPE, JSON);
+    response
+}
+
+/// An error that no account answered (no or unknown credential, unknown path).
+fn error(request_id: &HeaderValue, status: u16, kind: &str, message: &str) -> Response {
+    let mut response = json_response(status, wire::error_body(kind, message));
+    response
+        .headers_mut()
+        .insert(REQUEST_ID, request_id.clone());
+    response
+}
+
+fn respond_empty(request_id: &HeaderValue) -> Response {
+    let mut response = Response::new(Body::empty());
+    response
+        .headers_mut()
+        .insert(REQUEST_ID, request_id.clone());
+    response
+}
+
+fn status_code(status: u16) -> StatusCode {
+    StatusCode::from_u16(status)
+        .unwrap_or_else(|_| panic!("invalid HTTP status {status} in a step"))
+}
