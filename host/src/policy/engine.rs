@@ -167,6 +167,8 @@ fn spawn_ticker(engine: &Engine) {
 
 /// The WIT package this host implements, and the version track it accepts.
 pub const WIT_PACKAGE: &str = "poolgate:policy";
+/// The exact version of `wit/policy.wit` this host was built from.
+pub const WIT_VERSION: &str = "0.1.0";
 /// Accepted track: every `0.1.x`.
 pub const WIT_TRACK: (u64, u64) = (0, 1);
 
@@ -189,7 +191,10 @@ pub fn check_component(engine: &Engine, component: &Component) -> Result<()> {
     let version = ranker.split_once('@').map(|(_, v)| v).unwrap_or("");
     if !version_accepted(version) {
         bail!(
-            "it targets {WIT_PACKAGE}@{version}, but this host accepts {WIT_PACKAGE}@{}.{}.x",
+            "it targets {WIT_PACKAGE}@{version}, but this host speaks {WIT_PACKAGE}@{WIT_VERSION} and accepts \
+             only {}.{}.x; rebuild the plugin against a {}.{}.x WIT (poolgate's wit/policy.wit)",
+            WIT_TRACK.0,
+            WIT_TRACK.1,
             WIT_TRACK.0,
             WIT_TRACK.1
         );
@@ -202,7 +207,8 @@ pub fn check_component(engine: &Engine, component: &Component) -> Result<()> {
     Ok(())
 }
 
-fn version_accepted(version: &str) -> bool {
+/// Whether a `poolgate:policy` version (`0.1.3`) is on the accepted track.
+pub fn version_accepted(version: &str) -> bool {
     let mut parts = version.split('.').map(|p| p.parse::<u64>().ok());
     matches!(
         (parts.next(), parts.next()),
@@ -210,7 +216,10 @@ fn version_accepted(version: &str) -> bool {
     )
 }
 
-fn import_granted(name: &str) -> bool {
+/// Whether the host links an import of this name for plugins: its own
+/// interfaces on the accepted track, and the WASI 0.2 interfaces a language
+/// runtime imports (linked with nothing granted).
+pub fn import_granted(name: &str) -> bool {
     if let Some(rest) = name.strip_prefix("poolgate:policy/") {
         let version = rest.split_once('@').map(|(_, v)| v).unwrap_or("");
         return version_accepted(version);
@@ -232,6 +241,13 @@ mod tests {
         assert!(!version_accepted("0.2.0"));
         assert!(!version_accepted("1.1.0"));
         assert!(!version_accepted(""));
+    }
+
+    #[test]
+    fn the_version_constant_matches_the_wit_file() {
+        let wit = include_str!("../../../wit/policy.wit");
+        assert!(wit.contains(&format!("package {WIT_PACKAGE}@{WIT_VERSION};")), "update WIT_VERSION");
+        assert!(version_accepted(WIT_VERSION));
     }
 
     #[test]

@@ -1,0 +1,24 @@
+// Builds ranker.js into a component: `node build.mjs [out.wasm]`.
+//
+// componentize-js is called through its JavaScript API (the jco CLI's
+// `componentize` command fails here), with every optional runtime feature off:
+// the result is a "pure" component that imports only poolgate's host interface,
+// no WASI. Never enable AOT (weval): it downloads a binary at build time.
+import { componentize } from '@bytecodealliance/componentize-js';
+import { mkdir, writeFile } from 'node:fs/promises';
+import { dirname, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const out = resolve(process.argv[2] ?? resolve(here, '../../../target/examples/js/reset-soonest-js.wasm'));
+const witPath = resolve(process.env.POOLGATE_WIT ?? resolve(here, '../../../wit'));
+
+const { component } = await componentize({
+  sourcePath: resolve(here, 'ranker.js'),
+  witPath,
+  worldName: 'policy',
+  disableFeatures: ['stdio', 'random', 'clocks', 'http', 'fetch-event'],
+});
+await mkdir(dirname(out), { recursive: true });
+await writeFile(out, component);
+console.log(out);

@@ -1,0 +1,192 @@
+//! The plugin-author CLI: `plugin inspect` on a good component, a wrong-version
+//! one and one with a forbidden import; loading a wrong-version component fails
+//! naming both versions; `plugin new` writes skeletons that `plugin build` and
+//! `plugin test` take from nothing to passing fixtures.
+
+mod common;
+mod example_plugins;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use example_plugins::{Lang, built};
+
+fn poolgate(args: &[&str], dir: &Path) -> Output {
+    poolgate_with(args, dir, &[])
+}
+
+fn poolgate_with(args: &[&str], dir: &Path, env: &[(&str, PathBuf)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_poolgate"));
+    cmd.args(args)
+        .current_dir(dir)
+        // Compiled components land in a cache under target/, not the user's.
+        .env("XDG_CACHE_HOME", example_plugins::examples_target().join("xdg-cache"))
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("RUSTFLAGS")
+        .env_remove("RUSTC_WRAPPER");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("poolgate runs")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn inspect(path: &str) -> (bool, String) {
+    let o = poolgate(&["plugin", "inspect", path], &example_plugins::repo_root());
+    (o.status.success(), text(&o))
+}
+
+#[test]
+fn inspect_describes_a_compatible_component() {
+    let c = built(Lang::C);
+    let (ok, out) = inspect(&c.wasm.display().to_string());
+    assert!(ok, "{out}");
+    assert!(out.contains("world      poolgate:policy@0.1.0"), "{out}");
+    assert!(out.contains("rank: func(req: request, candidates: list<account>, windows: list<quota-window>) -> result<ranking, string>"), "{out}");
+    assert!(out.contains("import poolgate:policy/host@0.1.0"), "{out}");
+    assert!(out.contains(&format!("({} bytes)", c.size)), "{out}");
+    assert!(out.contains("verdict    compatible"), "{out}");
+}
+
+#[test]
+fn inspect_names_both_versions_of_a_wrong_version_component() {
+    let (ok, out) = inspect(&common::guest("wit-v2"));
+    assert!(!ok, "exit status says incompatible: {out}");
+    assert!(out.contains("INCOMPATIBLE"), "{out}");
+    assert!(out.contains("targets poolgate:policy@0.2.0") && out.contains("speaks poolgate:policy@0.1.0"), "{out}");
+}
+
+#[test]
+fn inspect_names_a_forbidden_import() {
+    let (ok, out) = inspect(&common::guest("forbidden-import"));
+    assert!(!ok, "{out}");
+    assert!(out.contains("forbidden import: `wasi:http/client@0.3.0`"), "{out}");
+    // Everything else about it is fine, so that is the only problem listed.
+    assert_eq!(out.matches("\n  - ").count(), 1, "{out}");
+}
+
+#[test]
+fn inspect_refuses_a_core_module_and_a_non_wasm_file() {
+    let dir = scratch("inspect");
+    std::fs::write(dir.join("core.wasm"), b"\0asm\x01\0\0\0").unwrap();
+    std::fs::write(dir.join("notes.wasm"), b"hello").unwrap();
+    let (ok, out) = inspect(&dir.join("core.wasm").display().to_string());
+    assert!(!ok && out.contains("core WebAssembly module, not a component"), "{out}");
+    let (ok, out) = inspect(&dir.join("notes.wasm").display().to_string());
+    assert!(!ok && out.contains("not a WebAssembly file"), "{out}");
+}
+
+/// The host refuses a wrong-version component at load, naming both versions.
+#[test]
+fn loading_a_wrong_version_component_fails_naming_both_versions() {
+    let case = common::pool_case(2);
+    let err = poolgate::policy::Chain::load(
+        &common::ENGINE,
+        vec![common::stage(&common::guest("wit-v2"), serde_json::json!({}), 25)],
+        case.pool(),
+        std::sync::Arc::new(poolgate::policy::MemoryState::default()),
+        poolgate::policy::BreakerConfig::default(),
+    )
+    .err()
+    .expect("a 0.2.0 plugin is refused");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("poolgate:policy@0.2.0"), "{msg}");
+    assert!(msg.contains("poolgate:policy@0.1.0") && msg.contains("0.1.x"), "{msg}");
+}
+
+#[test]
+fn loading_a_component_with_a_forbidden_import_fails_naming_it() {
+    let case = common::pool_case(2);
+    let err = poolgate::policy::Chain::load(
+        &common::ENGINE,
+        vec![common::stage(&common::guest("forbidden-import"), serde_json::json!({}), 25)],
+        case.pool(),
+        std::sync::Arc::new(poolgate::policy::MemoryState::default()),
+        poolgate::policy::BreakerConfig::default(),
+    )
+    .err()
+    .expect("a plugin importing wasi:http is refused");
+    assert!(format!("{err:#}").contains("wasi:http/client@0.3.0"), "{err:#}");
+}
+
+/// A fresh directory under target/ (inside the checkout, so a Rust skeleton
+/// finds poolgate-sdk by path, as it would for a contributor).
+fn scratch(name: &str) -> PathBuf {
+    let dir = example_plugins::examples_target().join("scratch").join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `plugin new` → `plugin build` → `plugin test`, from nothing to passing
+/// fixtures, in `lang`.
+fn skeleton_builds_and_passes(lang: &str) {
+    let dir = scratch(&format!("new-{lang}"));
+    let o = poolgate(&["plugin", "new", "least-busy", "--lang", lang], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let plugin = dir.join("least-busy");
+    for f in ["build.sh", "README.md", "fixtures/basic.json"] {
+        assert!(plugin.join(f).is_file(), "{lang}: {f} missing");
+    }
+    if lang == "js" {
+        // The skeleton pins the same packages as the example; reuse its install.
+        let modules = example_plugins::repo_root().join("examples/plugins/js/node_modules");
+        assert!(modules.is_dir(), "componentize-js is not installed: run .ci/setup (npm ci --prefix examples/plugins/js)");
+        std::os::unix::fs::symlink(modules, plugin.join("node_modules")).unwrap();
+    }
+    // A Rust skeleton's dependencies build once per machine, not once per run.
+    let env = match lang {
+        "rust" => vec![("CARGO_TARGET_DIR", example_plugins::examples_target().join("skeleton-cargo"))],
+        _ => vec![],
+    };
+    let o = poolgate_with(&["plugin", "build", "least-busy"], &dir, &env);
+    assert!(o.status.success(), "{lang}: plugin build failed:\n{}", text(&o));
+    assert!(text(&o).contains("verdict    compatible"), "{}", text(&o));
+    let o = poolgate(&["plugin", "test", "least-busy/target/least-busy.wasm", "least-busy/fixtures"], &dir);
+    assert!(o.status.success(), "{lang}: fixtures failed:\n{}", text(&o));
+    assert!(text(&o).contains("2 passed, 0 failed"), "{}", text(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_new_rust_plugin_builds_and_passes_its_fixtures() {
+    skeleton_builds_and_passes("rust");
+}
+
+#[test]
+fn a_new_c_plugin_builds_and_passes_its_fixtures() {
+    skeleton_builds_and_passes("c");
+}
+
+#[test]
+fn a_new_python_plugin_builds_and_passes_its_fixtures() {
+    skeleton_builds_and_passes("python");
+}
+
+#[test]
+fn a_new_javascript_plugin_builds_and_passes_its_fixtures() {
+    skeleton_builds_and_passes("js");
+}
+
+#[test]
+fn plugin_new_refuses_a_bad_name_and_an_existing_directory() {
+    let dir = scratch("new-refusals");
+    let o = poolgate(&["plugin", "new", "Bad_Name", "--lang", "c"], &dir);
+    assert!(!o.status.success() && text(&o).contains("not a plugin name"), "{}", text(&o));
+    assert!(poolgate(&["plugin", "new", "twice", "--lang", "c"], &dir).status.success());
+    let o = poolgate(&["plugin", "new", "twice", "--lang", "c"], &dir);
+    assert!(!o.status.success() && text(&o).contains("already exists"), "{}", text(&o));
+}
+
+#[test]
+fn every_plugin_subcommand_explains_itself_with_an_example() {
+    for sub in ["new", "build", "test", "inspect"] {
+        let o = poolgate(&["plugin", sub, "--help"], Path::new("."));
+        let help = text(&o);
+        assert!(o.status.success(), "{sub}: {help}");
+        assert!(help.contains(&format!("poolgate plugin {sub}")), "`plugin {sub} --help` shows an example:\n{help}");
+    }
+}
