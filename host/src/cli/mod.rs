@@ -5,6 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod check;
+mod demo;
 mod plugin;
 mod rank;
 mod serve;
@@ -38,6 +40,29 @@ enum Command {
     /// Example:
     ///   poolgate serve --config poolgate.toml
     Serve(serve::Args),
+    /// Validate a config file exactly as `serve` would, without starting.
+    ///
+    /// Reports every problem at once — unknown keys, wrong types, out-of-range
+    /// values, duplicate account ids, unreadable credentials, unknown built-ins,
+    /// missing or invalid .wasm files, plugins whose configure rejects their
+    /// options — each with its key path and line. Exits non-zero on any problem.
+    ///
+    /// Example:
+    ///   poolgate check --config poolgate.toml
+    Check(check::Args),
+    /// Try poolgate with no credentials and no network: the gateway in front of
+    /// a simulated Anthropic upstream.
+    ///
+    /// The simulated upstream holds four accounts whose 5h and 7d windows fill
+    /// as they serve and reset on a compressed clock (a "5h" window lasts 60 s):
+    /// one starts cooling, one has its Fable bucket near its limit. The demo
+    /// prints the ANTHROPIC_BASE_URL and key to point Claude Code or an SDK at;
+    /// with --traffic it drives its own sessions and shows a live table of
+    /// accounts, headroom, in-flight requests and the gateway's decisions.
+    ///
+    /// Example:
+    ///   poolgate demo --traffic
+    Demo(demo::Args),
     /// Tools for plugin authors: run fixtures against a plugin.
     #[command(subcommand)]
     Plugin(plugin::Command),
@@ -52,6 +77,8 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Rank(args) => rank::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Check(args) => check::run(args),
+        Command::Demo(args) => demo::run(args),
         Command::Plugin(cmd) => plugin::run(cmd),
     };
     match result {
@@ -79,7 +106,7 @@ pub(crate) fn init_tracing(format: crate::config::LogFormat) {
 /// A config path argument shared by several subcommands.
 pub(crate) fn load_config(path: Option<&PathBuf>) -> anyhow::Result<crate::config::Config> {
     match path {
-        Some(p) => crate::config::Config::load(p),
+        Some(p) => crate::config::Config::read(p).map(|(c, _)| c),
         None => Ok(crate::config::Config::default()),
     }
 }

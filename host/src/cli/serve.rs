@@ -3,13 +3,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::config::Config;
-use crate::gateway::routes::{AppState, Reloader};
-use crate::gateway::{Gateway, server};
+use crate::config::{Config, validate};
+use crate::gateway::routes::Reloader;
+use crate::gateway::{Gateway, server, watch};
 use crate::policy::PolicyEngine;
 
 /// Arguments of `poolgate serve`.
@@ -27,7 +26,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let mut config = Config::load(&args.config)?;
+    let (mut config, index) = Config::load_indexed(&args.config)?;
     if let Some(l) = &args.listen {
         config.server.listen = l.clone();
     }
@@ -36,7 +35,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     super::init_tracing(config.server.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(serve(config, Some(args.config)))?;
+    let file = args.config.display().to_string();
+    runtime
+        .block_on(serve(config, Some(args.config)))
+        .map_err(|e| anyhow::anyhow!(validate::locate(&format!("{e:#}"), &index, &file)))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -44,23 +46,35 @@ pub fn run(args: Args) -> Result<ExitCode> {
 /// SIGINT/SIGTERM.
 pub async fn serve(config: Config, path: Option<PathBuf>) -> Result<()> {
     let engine = PolicyEngine::new(config.cache_dir())?;
-    let listen = config.server.listen.clone();
-    let grace = Duration::from_millis(config.server.shutdown_grace_ms);
-    let gateway = tokio::task::block_in_place(|| Gateway::new(config, engine))?;
-    let listener = server::bind(&listen).await?;
-    let addr = listener.local_addr()?;
-    server::check_exposure(&addr, !gateway.generation().client_keys.is_empty())?;
-    let reloader: Option<Reloader> = path.map(|p| {
-        let gw = gateway.clone();
-        let r: Reloader = Arc::new(move |trigger: &str| {
-            let config = Config::load(&p).map_err(|e| format!("{e:#}"))?;
-            gw.reload(config, trigger).map_err(|e| format!("{e:#}"))
-        });
-        r
+    let reloader = path.clone().map(|p| {
+        Box::new(move |gw: &Arc<Gateway>| {
+            // Weak: the hook lives in the gateway's own routes.
+            let gw = Arc::downgrade(gw);
+            let r: Reloader = Arc::new(move |trigger: &str| {
+                let gw = gw.upgrade().ok_or("the gateway is shutting down")?;
+                let file = p.display().to_string();
+                match Config::load_indexed(&p) {
+                    Ok((config, index)) => gw.reload(config, trigger, &|m| validate::locate(m, &index, &file)),
+                    Err(e) => {
+                        let message = format!("{e:#}");
+                        gw.refuse_reload(trigger, &message);
+                        Err(message)
+                    }
+                }
+            });
+            r
+        }) as server::MakeReloader
     });
-    let g = gateway.generation();
-    tracing::info!(%addr, accounts = g.accounts.len(), stages = g.chain.len(), "poolgate listening");
-    eprintln!("poolgate listening on http://{addr} ({} accounts, {} chain stages)", g.accounts.len(), g.chain.len());
+    let running = server::Running::start(config, engine, reloader).await?;
+    if let (Some(path), Some(reload)) = (path, running.reloader.clone()) {
+        watch::watch_files(&running.gateway, path, reload.clone());
+        watch::reload_on_sighup(&running.gateway, reload);
+    }
+    let g = running.gateway.generation();
+    tracing::info!(addr = %running.addr, accounts = g.accounts.len(), stages = g.chain.len(), "poolgate listening");
+    eprintln!("poolgate listening on http://{} ({} accounts, {} chain stages)", running.addr, g.accounts.len(), g.chain.len());
     drop(g);
-    server::serve(listener, AppState { gateway, reloader }, grace, server::termination()).await
+    server::termination().await;
+    running.stop();
+    running.wait().await
 }

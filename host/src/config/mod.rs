@@ -4,7 +4,9 @@
 //! Every key is documented in `docs/configuration.md`.
 
 mod accounts;
+pub mod schema;
 mod server;
+pub mod validate;
 
 use std::path::{Path, PathBuf};
 
@@ -151,12 +153,29 @@ pub struct StageConfig {
 pub const DEFAULT_CHAIN: &[&str] = &["builtin:skip-exhausted", "builtin:headroom"];
 
 impl Config {
-    /// Reads and parses a config file.
+    /// Reads a config file and checks it completely — syntax, shape and meaning
+    /// (credentials readable, ids unique, plugins present) — reporting every
+    /// problem at once with its key path and line. Plugins themselves are checked
+    /// when the chain loads.
     pub fn load(path: &Path) -> Result<Config> {
+        Self::load_indexed(path).map(|(c, _)| c)
+    }
+
+    /// As [`Config::load`], also returning the line of every key, to locate
+    /// problems found later (a plugin refusing its options).
+    pub fn load_indexed(path: &Path) -> Result<(Config, validate::LineIndex)> {
+        let (config, index) = Self::read(path)?;
+        validate::meaning(&config, &index, &path.display().to_string())?;
+        Ok((config, index))
+    }
+
+    /// Reads a config file checking syntax and shape only: for tools that use the
+    /// policy section without the pool's secrets (`poolgate rank`).
+    pub fn read(path: &Path) -> Result<(Config, validate::LineIndex)> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
-        let mut config: Config = toml::from_str(&text).with_context(|| format!("invalid config {}", path.display()))?;
+        let (mut config, index) = validate::parse(&text, &path.display().to_string())?;
         config.resolve_paths(path.parent().unwrap_or(Path::new(".")));
-        Ok(config)
+        Ok((config, index))
     }
 
     /// Makes plugin and token-file paths relative to the config file's directory.

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use parking_lot::Mutex;
 
 use super::accounts::AccountState;
@@ -24,6 +24,8 @@ pub struct PoolAccount {
     pub config: AccountConfig,
     /// Its credential.
     pub credential: Secret,
+    /// Its base URL, parsed once.
+    pub base: reqwest::Url,
     /// What the gateway has learned about it (shared across generations).
     pub state: Arc<AccountState>,
 }
@@ -67,8 +69,23 @@ impl Generation {
                 disabled.push((account.clone(), state));
                 continue;
             }
+            let base = match reqwest::Url::parse(account.base_url()) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Some(u),
+                Ok(u) => {
+                    problems.push(format!("accounts[{i}] (`{}`).base_url: `{u}` is not an http(s) URL with a host", account.id));
+                    None
+                }
+                Err(e) => {
+                    problems.push(format!("accounts[{i}] (`{}`).base_url: `{}` is not a URL ({e})", account.id, account.base_url()));
+                    None
+                }
+            };
             match account.credential() {
-                Ok(credential) => enabled.push((account.clone(), credential, state)),
+                Ok(credential) => {
+                    if let Some(base) = base {
+                        enabled.push((account.clone(), credential, state, base));
+                    }
+                }
                 Err(e) => problems.push(format!("accounts[{i}] (`{}`): {e:#}", account.id)),
             }
         }
@@ -85,14 +102,13 @@ impl Generation {
         }
         let pool: Vec<AccountInfo> = enabled
             .iter()
-            .map(|(c, _, _)| AccountInfo { id: c.id.clone(), alias: c.alias().to_string(), primary: c.primary })
+            .map(|(c, _, _, _)| AccountInfo { id: c.id.clone(), alias: c.alias().to_string(), primary: c.primary })
             .collect();
-        let chain = Chain::load(engine, config.stage_specs()?, pool, plugin_state.clone(), config.breaker())
-            .context("policy.chain")?;
+        let chain = Chain::load(engine, config.stage_specs()?, pool, plugin_state.clone(), config.breaker())?;
         let accounts: Vec<PoolAccount> = enabled
             .into_iter()
             .enumerate()
-            .map(|(i, (config, credential, state))| PoolAccount { index: i as u32, config, credential, state })
+            .map(|(i, (config, credential, state, base))| PoolAccount { index: i as u32, config, credential, state, base })
             .collect();
         let generation = Generation { number, config, chain, accounts, disabled, client_keys, admin, loaded_ms: now_ms() };
         generation.smoke_rank()?;

@@ -25,6 +25,7 @@ pub mod relay;
 pub mod request;
 pub mod routes;
 pub mod server;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -128,30 +129,42 @@ impl Gateway {
     }
 
     /// Builds a new generation from `config` off the request path and swaps it in
-    /// only if every part of it loads; otherwise the running one stays.
-    pub fn reload(&self, config: Config, trigger: &str) -> Result<u64> {
+    /// only if every part of it loads; otherwise the running one stays. `locate`
+    /// rewrites an error line to point into the file (identity when there is none).
+    pub fn reload(&self, config: Config, trigger: &str, locate: &dyn Fn(&str) -> String) -> Result<u64, String> {
         let number = self.generation().number + 1;
-        let built = Generation::build(number, config, &self.engine, &self.plugin_state, &self.states);
-        let now = now_ms();
-        let mut last = self.last_reload.lock();
-        let failures = last.as_ref().map_or(0, |l| l.consecutive_failures);
-        match built {
+        match Generation::build(number, config, &self.engine, &self.plugin_state, &self.states) {
             Ok(generation) => {
                 self.decisions.resize(generation.config.server.decisions_kept);
                 self.current.store(Arc::new(generation));
                 self.metrics.reload(true);
-                *last = Some(ReloadStatus { at_ms: now, ok: true, trigger: trigger.into(), errors: Vec::new(), consecutive_failures: 0 });
+                *self.last_reload.lock() =
+                    Some(ReloadStatus { at_ms: now_ms(), ok: true, trigger: trigger.into(), errors: Vec::new(), consecutive_failures: 0 });
                 tracing::info!(generation = number, trigger, "configuration reloaded");
                 Ok(number)
             }
             Err(e) => {
-                self.metrics.reload(false);
-                let errors: Vec<String> = format!("{e:#}").lines().map(str::to_string).collect();
-                tracing::error!(trigger, error = %format!("{e:#}"), "reload refused; the running configuration stays");
-                *last = Some(ReloadStatus { at_ms: now, ok: false, trigger: trigger.into(), errors, consecutive_failures: failures + 1 });
-                Err(e)
+                let message = locate(&format!("{e:#}"));
+                self.refuse_reload(trigger, &message);
+                Err(message)
             }
         }
+    }
+
+    /// Records a reload that was refused before a generation could be built (a
+    /// config file that does not parse or validate). The running one stays.
+    pub fn refuse_reload(&self, trigger: &str, message: &str) {
+        self.metrics.reload(false);
+        let mut last = self.last_reload.lock();
+        let failures = last.as_ref().map_or(0, |l| l.consecutive_failures);
+        tracing::error!(trigger, error = %message, "reload refused; the running configuration stays");
+        *last = Some(ReloadStatus {
+            at_ms: now_ms(),
+            ok: false,
+            trigger: trigger.into(),
+            errors: message.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect(),
+            consecutive_failures: failures + 1,
+        });
     }
 
     /// A new request number.

@@ -402,8 +402,16 @@ fn finish_local(
 
 /// Sends the request to `account`, resolving at the upstream's response headers.
 async fn send(gw: &Gateway, generation: &Generation, account: &PoolAccount, incoming: &Incoming) -> Result<reqwest::Response, String> {
-    let path = incoming.uri.path_and_query().map_or("/", |p| p.as_str());
-    let url = format!("{}{}", account.config.base_url(), path);
+    // The base URL was parsed at load; only the path and query change per request.
+    let mut url = account.base.clone();
+    let prefix = url.path().trim_end_matches('/');
+    if prefix.is_empty() {
+        url.set_path(incoming.uri.path());
+    } else {
+        let joined = format!("{prefix}{}", incoming.uri.path());
+        url.set_path(&joined);
+    }
+    url.set_query(incoming.uri.query());
     let mut headers = HeaderMap::with_capacity(incoming.headers.len() + 2);
     for (name, value) in &incoming.headers {
         let n = name.as_str();

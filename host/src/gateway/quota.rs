@@ -14,7 +14,7 @@
 //!   milliseconds (neurolink's guard);
 //! - the top-level `status` is authoritative and kept separately from the windows.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
 use crate::snapshot::{Status, WindowReading};
 
@@ -65,12 +65,46 @@ pub fn epoch_to_ms(v: u64) -> u64 {
     if v > 4_102_444_800 { v } else { v.saturating_mul(1000) }
 }
 
-fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+fn header<'a>(h: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty())
+}
+
+fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty())
 }
 
 fn number(s: &str) -> Option<f64> {
     s.parse::<f64>().ok().filter(|v| v.is_finite())
+}
+
+macro_rules! names {
+    ($($id:ident = $name:literal;)*) => {
+        $(static $id: HeaderName = HeaderName::from_static($name);)*
+    };
+}
+
+// Looked up on every upstream answer: parsed once, not per response.
+names! {
+    ORGANIZATION = "anthropic-organization-id";
+    RETRY_AFTER = "retry-after";
+    STATUS = "anthropic-ratelimit-unified-status";
+    RESET = "anthropic-ratelimit-unified-reset";
+    CLAIM = "anthropic-ratelimit-unified-representative-claim";
+    OVERAGE_STATUS = "anthropic-ratelimit-unified-overage-status";
+    OVERAGE_REASON = "anthropic-ratelimit-unified-overage-disabled-reason";
+    FALLBACK = "anthropic-ratelimit-unified-fallback-percentage";
+    REQUESTS_LIMIT = "anthropic-ratelimit-requests-limit";
+    REQUESTS_REMAINING = "anthropic-ratelimit-requests-remaining";
+    REQUESTS_RESET = "anthropic-ratelimit-requests-reset";
+    TOKENS_LIMIT = "anthropic-ratelimit-tokens-limit";
+    TOKENS_REMAINING = "anthropic-ratelimit-tokens-remaining";
+    TOKENS_RESET = "anthropic-ratelimit-tokens-reset";
+    INPUT_LIMIT = "anthropic-ratelimit-input-tokens-limit";
+    INPUT_REMAINING = "anthropic-ratelimit-input-tokens-remaining";
+    INPUT_RESET = "anthropic-ratelimit-input-tokens-reset";
+    OUTPUT_LIMIT = "anthropic-ratelimit-output-tokens-limit";
+    OUTPUT_REMAINING = "anthropic-ratelimit-output-tokens-remaining";
+    OUTPUT_RESET = "anthropic-ratelimit-output-tokens-reset";
 }
 
 /// Parses `retry-after`: delta seconds or an HTTP date.
@@ -93,17 +127,18 @@ fn parse_rfc3339_ms(value: &str) -> Option<u64> {
 /// Reads every quota header of a response observed at `now_ms`.
 pub fn parse(headers: &HeaderMap, now_ms: u64) -> QuotaReading {
     let mut r = QuotaReading {
-        organization_id: header(headers, "anthropic-organization-id").map(str::to_string),
-        retry_after_ms: header(headers, "retry-after").and_then(|v| parse_retry_after(v, now_ms)),
+        organization_id: header(headers, &ORGANIZATION).map(str::to_string),
+        retry_after_ms: header(headers, &RETRY_AFTER).and_then(|v| parse_retry_after(v, now_ms)),
         ..Default::default()
     };
-    let u = |suffix: &str| header(headers, &format!("{UNIFIED}{suffix}"));
-    r.status = u("status").map(Status::parse);
-    r.reset_ms = u("reset").and_then(|v| v.parse::<u64>().ok()).map(epoch_to_ms);
-    r.representative_claim = u("representative-claim").map(str::to_string);
-    r.overage_status = u("overage-status").map(Status::parse);
-    r.overage_disabled_reason = u("overage-disabled-reason").map(str::to_string);
-    r.fallback_percentage = u("fallback-percentage").and_then(number);
+    r.status = header(headers, &STATUS).map(Status::parse);
+    r.reset_ms = header(headers, &RESET).and_then(|v| v.parse::<u64>().ok()).map(epoch_to_ms);
+    r.representative_claim = header(headers, &CLAIM).map(str::to_string);
+    r.overage_status = header(headers, &OVERAGE_STATUS).map(Status::parse);
+    r.overage_disabled_reason = header(headers, &OVERAGE_REASON).map(str::to_string);
+    r.fallback_percentage = header(headers, &FALLBACK).and_then(number);
+    // Per-window companions are looked up only for windows the answer has.
+    let u = |suffix: &str| header_str(headers, &format!("{UNIFIED}{suffix}"));
 
     // Every `<window>-utilization` under the unified prefix is a window: 5h, 7d,
     // overage and any 7d_<bucket>.
@@ -124,9 +159,14 @@ pub fn parse(headers: &HeaderMap, now_ms: u64) -> QuotaReading {
     }
 
     // API-key accounts: limit/remaining/reset per family; utilization = 1 − remaining/limit.
-    for family in ["requests", "tokens", "input-tokens", "output-tokens"] {
-        let get = |what: &str| header(headers, &format!("anthropic-ratelimit-{family}-{what}"));
-        let (Some(limit), Some(remaining)) = (get("limit").and_then(number), get("remaining").and_then(number)) else {
+    let families: [(&str, &HeaderName, &HeaderName, &HeaderName); 4] = [
+        ("requests", &REQUESTS_LIMIT, &REQUESTS_REMAINING, &REQUESTS_RESET),
+        ("tokens", &TOKENS_LIMIT, &TOKENS_REMAINING, &TOKENS_RESET),
+        ("input_tokens", &INPUT_LIMIT, &INPUT_REMAINING, &INPUT_RESET),
+        ("output_tokens", &OUTPUT_LIMIT, &OUTPUT_REMAINING, &OUTPUT_RESET),
+    ];
+    for (family, limit, remaining, reset) in families {
+        let (Some(limit), Some(remaining)) = (header(headers, limit).and_then(number), header(headers, remaining).and_then(number)) else {
             continue;
         };
         if limit <= 0.0 {
@@ -134,9 +174,9 @@ pub fn parse(headers: &HeaderMap, now_ms: u64) -> QuotaReading {
         }
         let utilization = (1.0 - remaining / limit).max(0.0);
         r.windows.push(WindowReading {
-            name: family.replace('-', "_"),
+            name: family.to_string(),
             utilization,
-            resets_at_ms: get("reset").and_then(parse_rfc3339_ms),
+            resets_at_ms: header(headers, reset).and_then(parse_rfc3339_ms),
             status: if remaining <= 0.0 { Status::Rejected } else { Status::Allowed },
             observed_at_ms: Some(now_ms),
         });

@@ -3,13 +3,65 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
-use super::routes::{AppState, router};
+use super::Gateway;
+use super::routes::{AppState, Reloader, router};
+use crate::config::Config;
+use crate::policy::PolicyEngine;
+
+/// Builds the reload hook once the gateway exists.
+pub type MakeReloader = Box<dyn FnOnce(&Arc<Gateway>) -> Reloader + Send>;
+
+/// A gateway serving in the background of the current tokio runtime.
+pub struct Running {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// The gateway.
+    pub gateway: Arc<Gateway>,
+    /// The reload hook, when the gateway was started from a file.
+    pub reloader: Option<Reloader>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<()>>,
+}
+
+impl Running {
+    /// Loads `config` (compiling the chain off the async workers), binds
+    /// `server.listen` and starts serving. `reloader`, if given, backs
+    /// `POST /admin/reload`.
+    pub async fn start(config: Config, engine: Arc<PolicyEngine>, reloader: Option<MakeReloader>) -> Result<Running> {
+        let listen = config.server.listen.clone();
+        let grace = Duration::from_millis(config.server.shutdown_grace_ms);
+        let gateway = tokio::task::spawn_blocking(move || Gateway::new(config, engine)).await??;
+        let listener = bind(&listen).await?;
+        let addr = listener.local_addr()?;
+        check_exposure(&addr, !gateway.generation().client_keys.is_empty())?;
+        let reloader = reloader.map(|make| make(&gateway));
+        let (stop, mut stopped) = watch::channel(false);
+        let state = AppState { gateway: gateway.clone(), reloader: reloader.clone() };
+        let task = tokio::spawn(serve(listener, state, grace, async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }));
+        Ok(Running { addr, gateway, reloader, stop, task })
+    }
+
+    /// Starts a graceful shutdown.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Waits until the server has stopped.
+    pub async fn wait(self) -> Result<()> {
+        self.task.await?
+    }
+}
 
 /// Binds `addr`.
 pub async fn bind(addr: &str) -> Result<TcpListener> {

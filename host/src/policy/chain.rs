@@ -81,7 +81,7 @@ impl Chain {
         let mut stages = Vec::with_capacity(specs.len());
         for (i, spec) in specs.into_iter().enumerate() {
             let plugin = Plugin::load(engine, spec.plugin, pool.clone(), state.clone())
-                .with_context(|| format!("chain stage {} (`{}`)", i + 1, spec.name))?;
+                .with_context(|| format!("policy.chain[{i}] (`{}`)", spec.name))?;
             stages.push(Stage { name: spec.name, plugin, breaker: Breaker::new(breaker) });
         }
         let ids = pool.iter().map(|a| a.id.clone()).collect();

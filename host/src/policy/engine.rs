@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -150,7 +151,34 @@ fn store_cached(component: &Component, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Advances the epoch every tick for as long as the engine lives.
+/// Plugin calls running now; the ticker slows down when there are none.
+static ACTIVE_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// How often the epoch advances while no plugin call is running. A call that
+/// starts during an idle sleep gets its first tick up to this late, so a deadline
+/// never fires early and at most this much late; in exchange an idle gateway
+/// does not wake a thread a thousand times a second.
+pub const IDLE_TICK: Duration = Duration::from_millis(10);
+
+/// Marks a plugin call as running for as long as it lives.
+pub struct CallGuard(());
+
+impl CallGuard {
+    /// Counts a call in.
+    pub fn enter() -> CallGuard {
+        ACTIVE_CALLS.fetch_add(1, Ordering::AcqRel);
+        CallGuard(())
+    }
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        ACTIVE_CALLS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Advances the epoch for as long as the engine lives: every tick while a plugin
+/// call runs, every idle tick otherwise.
 fn spawn_ticker(engine: &Engine) {
     let weak = engine.weak();
     std::thread::Builder::new()
@@ -159,7 +187,8 @@ fn spawn_ticker(engine: &Engine) {
             while let Some(engine) = weak.upgrade() {
                 engine.increment_epoch();
                 drop(engine);
-                std::thread::sleep(EPOCH_TICK);
+                let busy = ACTIVE_CALLS.load(Ordering::Acquire) > 0;
+                std::thread::sleep(if busy { EPOCH_TICK } else { IDLE_TICK });
             }
         })
         .expect("spawning the epoch thread");

@@ -18,7 +18,7 @@ use wasmtime::Store;
 use wasmtime::component::{ComponentExportIndex, Func, TypedFunc};
 
 use super::bindings::{Account, AccountInfo, Outcome, Policy, PolicyPre, QuotaWindow, Ranking, Request};
-use super::engine::{EPOCH_TICK, PolicyEngine, check_component};
+use super::engine::{CallGuard, EPOCH_TICK, PolicyEngine, check_component};
 use super::lowering::{FastAccount, FastWindow, fast_accounts, fast_windows};
 use super::fault::{Cause, Fault};
 use super::sandbox::Sandbox;
@@ -214,6 +214,7 @@ impl Plugin {
         let sandbox = Sandbox::new(self.label.clone(), self.scope.clone(), self.state.clone(), self.spec.limits.memory_bytes);
         let mut store = Store::new(&self.engine, sandbox);
         store.limiter(|s| &mut s.limiter);
+        let _running = CallGuard::enter();
         store.set_epoch_deadline(ticks(self.spec.limits.configure_deadline));
         let instantiated = (|| {
             let instance = self.pre.instance_pre().instantiate(&mut store)?;
@@ -265,6 +266,7 @@ impl Plugin {
         f: impl FnOnce(&mut Instance) -> wasmtime::Result<T>,
     ) -> Result<T, Fault> {
         let mut inst = self.checkout()?;
+        let _running = CallGuard::enter();
         inst.store.data_mut().begin_call(req.id, req.now_ms);
         inst.store.set_epoch_deadline(ticks(self.spec.limits.deadline));
         let result = f(&mut inst);

@@ -85,6 +85,11 @@ impl Gateway {
         Gateway { child, url, log, _dir: dir }
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The log so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()

@@ -1,0 +1,191 @@
+//! The shape of the config file, key by key: what each key may hold and its
+//! allowed range. The validator walks the parsed file against this table so that
+//! it can report *every* unknown key, wrong type and out-of-range value at once,
+//! each with its path and line — serde alone stops at the first.
+//!
+//! A unit test (`schema_matches_the_config_types`) checks that every key of the
+//! serde types is here and nothing else, so the two cannot drift apart.
+
+/// What a key may hold.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    /// A string.
+    Str,
+    /// An integer in `min..=max`.
+    Int(i64, i64),
+    /// A number (integer or float) in `min..=max`.
+    Float(f64, f64),
+    /// `true` or `false`.
+    Bool,
+    /// One of these strings.
+    OneOf(&'static [&'static str]),
+    /// A table with these keys.
+    Table(&'static [Field]),
+    /// An array of tables with these keys (`[[x]]`), the second list naming the
+    /// keys every entry must have.
+    Tables(&'static [Field], &'static [&'static str]),
+    /// Any table (a plugin's own options: the plugin checks them).
+    AnyTable,
+}
+
+/// One key.
+#[derive(Debug, Clone, Copy)]
+pub struct Field {
+    /// The key.
+    pub name: &'static str,
+    /// What it may hold.
+    pub kind: Kind,
+}
+
+const fn f(name: &'static str, kind: Kind) -> Field {
+    Field { name, kind }
+}
+
+const MS_DAY: i64 = 86_400_000;
+
+/// `[[server.client_keys]]`.
+pub const CLIENT_KEY: &[Field] = &[f("name", Kind::Str), f("sha256", Kind::Str), f("key_env", Kind::Str)];
+
+/// `[server]`.
+pub const SERVER: &[Field] = &[
+    f("listen", Kind::Str),
+    f("max_body_mb", Kind::Int(1, 1024)),
+    f("shutdown_grace_ms", Kind::Int(0, 3_600_000)),
+    f("decisions_kept", Kind::Int(0, 100_000)),
+    f("log_format", Kind::OneOf(&["text", "json"])),
+    f("admin_token_env", Kind::Str),
+    f("admin_token_sha256", Kind::Str),
+    f("client_keys", Kind::Tables(CLIENT_KEY, &["name"])),
+];
+
+/// `[gateway]`.
+pub const GATEWAY: &[Field] = &[
+    f("max_attempts", Kind::Int(0, 1000)),
+    f("queue_max", Kind::Int(0, 1_000_000)),
+    f("queue_timeout_ms", Kind::Int(1, 3_600_000)),
+    f("connect_timeout_ms", Kind::Int(1, 600_000)),
+    f("response_timeout_ms", Kind::Int(1, 3_600_000)),
+];
+
+/// `[cooldowns]`.
+pub const COOLDOWNS: &[Field] = &[
+    f("transient_ms", Kind::Int(0, MS_DAY)),
+    f("transient_max_ms", Kind::Int(0, MS_DAY)),
+    f("unified_ms", Kind::Int(0, 30 * MS_DAY)),
+    f("window_without_reset_ms", Kind::Int(0, 30 * MS_DAY)),
+    f("weekly_ceiling_ms", Kind::Int(0, 30 * MS_DAY)),
+    f("session_ceiling_ms", Kind::Int(0, 30 * MS_DAY)),
+    f("model_ceiling_ms", Kind::Int(0, 30 * MS_DAY)),
+    f("unified_ceiling_ms", Kind::Int(0, 30 * MS_DAY)),
+    f("overloaded_ms", Kind::Int(0, MS_DAY)),
+    f("overloaded_max_ms", Kind::Int(0, MS_DAY)),
+    f("upstream_error_ms", Kind::Int(0, MS_DAY)),
+    f("upstream_error_max_ms", Kind::Int(0, MS_DAY)),
+    f("auth_ms", Kind::Int(0, MS_DAY)),
+    f("auth_max_ms", Kind::Int(0, 30 * MS_DAY)),
+];
+
+/// `[policy.breaker]`.
+pub const BREAKER: &[Field] = &[
+    f("failures", Kind::Int(0, 1_000_000)),
+    f("cooldown_ms", Kind::Int(0, MS_DAY)),
+    f("max_cooldown_ms", Kind::Int(0, MS_DAY)),
+];
+
+/// `[[policy.chain]]`.
+pub const STAGE: &[Field] = &[
+    f("plugin", Kind::Str),
+    f("name", Kind::Str),
+    f("scope", Kind::Str),
+    f("timeout_ms", Kind::Int(1, 60_000)),
+    f("memory_mb", Kind::Int(1, 4096)),
+    f("config", Kind::AnyTable),
+];
+
+/// `[policy]`.
+pub const POLICY: &[Field] = &[
+    f("timeout_ms", Kind::Int(1, 60_000)),
+    f("memory_mb", Kind::Int(1, 4096)),
+    f("cache_dir", Kind::Str),
+    f("freshness_ms", Kind::Int(1_000, 30 * MS_DAY)),
+    f("instances", Kind::Int(1, 1024)),
+    f("breaker", Kind::Table(BREAKER)),
+    f("chain", Kind::Tables(STAGE, &["plugin"])),
+];
+
+/// `[[accounts]]`.
+pub const ACCOUNT: &[Field] = &[
+    f("id", Kind::Str),
+    f("alias", Kind::Str),
+    f("primary", Kind::Bool),
+    f("kind", Kind::OneOf(&["api-key", "oauth"])),
+    f("api_key_env", Kind::Str),
+    f("token_file", Kind::Str),
+    f("base_url", Kind::Str),
+    f("max_in_flight", Kind::Int(1, 100_000)),
+    f("enabled", Kind::Bool),
+];
+
+/// The whole file.
+pub const ROOT: &[Field] = &[
+    f("server", Kind::Table(SERVER)),
+    f("gateway", Kind::Table(GATEWAY)),
+    f("cooldowns", Kind::Table(COOLDOWNS)),
+    f("policy", Kind::Table(POLICY)),
+    f("accounts", Kind::Tables(ACCOUNT, &["id"])),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    /// Every key the serde types write is in the schema, and every schema key is
+    /// one the serde types read.
+    #[test]
+    fn schema_matches_the_config_types() {
+        let mut config = Config::default();
+        config.server.admin_token_env = Some("X".into());
+        config.server.admin_token_sha256 = Some("X".into());
+        config.server.client_keys.push(crate::config::ClientKey { name: "n".into(), sha256: Some("s".into()), key_env: Some("e".into()) });
+        config.policy.cache_dir = Some("/tmp".into());
+        config.policy.instances = Some(1);
+        config.policy.chain.push(crate::config::StageConfig {
+            plugin: "p".into(),
+            name: Some("n".into()),
+            scope: Some("s".into()),
+            timeout_ms: Some(1),
+            memory_mb: Some(1),
+            config: Some(toml::Table::new()),
+        });
+        config.accounts.push(crate::config::AccountConfig {
+            id: "a".into(),
+            alias: Some("a".into()),
+            api_key_env: Some("E".into()),
+            token_file: Some("/f".into()),
+            base_url: Some("http://x".into()),
+            max_in_flight: Some(1),
+            ..Default::default()
+        });
+        let value = toml::Value::try_from(&config).unwrap();
+        fn walk(v: &toml::Value, fields: &[Field], path: &str) {
+            let t = v.as_table().unwrap();
+            for (k, v) in t {
+                let field = fields.iter().find(|f| f.name == k).unwrap_or_else(|| panic!("{path}.{k} is not in the schema"));
+                match field.kind {
+                    Kind::Table(sub) => walk(v, sub, &format!("{path}.{k}")),
+                    Kind::Tables(sub, _) => {
+                        for item in v.as_array().unwrap() {
+                            walk(item, sub, &format!("{path}.{k}[]"));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            for f in fields {
+                assert!(t.contains_key(f.name), "{path}.{} is in the schema but not written by the config types", f.name);
+            }
+        }
+        walk(&value, ROOT, "");
+    }
+}

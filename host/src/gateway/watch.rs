@@ -1,0 +1,113 @@
+//! Reload triggers: the config file and every `.wasm` it references are watched,
+//! and SIGHUP reloads too (`POST /admin/reload` is in `routes`).
+//!
+//! Watching polls file fingerprints (size, modification time, inode, and the
+//! config's content hash) every 250 ms instead of subscribing to filesystem
+//! events: editors save by rename, Kubernetes swaps a `..data` symlink, and
+//! network filesystems drop events; a poll sees all of them the same way, costs
+//! a few `stat` calls, and has no platform quirks. A change is acted on once the
+//! files have stayed put for 200 ms (a copy in progress is not a config).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use super::Gateway;
+use super::routes::Reloader;
+
+/// How often the files are looked at.
+pub const POLL: Duration = Duration::from_millis(250);
+/// How long files must stay unchanged before a reload.
+pub const SETTLE: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Print(Vec<(PathBuf, Option<(u64, i64, i64, u64)>, Option<[u8; 32]>)>);
+
+fn print(config: &Path, plugins: &[PathBuf]) -> Print {
+    let meta = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.len(), m.mtime(), m.mtime_nsec(), m.ino()));
+    let mut out = vec![(config.to_path_buf(), meta(config), std::fs::read(config).ok().map(|b| Sha256::digest(&b).into()))];
+    out.extend(plugins.iter().map(|p| (p.clone(), meta(p), None)));
+    Print(out)
+}
+
+/// The `.wasm` files the running generation loads.
+fn plugin_files(gw: &Gateway) -> Vec<PathBuf> {
+    gw.generation()
+        .config
+        .policy
+        .chain
+        .iter()
+        .filter(|s| !s.plugin.starts_with("builtin:"))
+        .map(|s| PathBuf::from(&s.plugin))
+        .collect()
+}
+
+/// Reloads whenever the config file or one of its plugins changes. Runs until
+/// the gateway is dropped.
+pub fn watch_files(gateway: &Arc<Gateway>, config: PathBuf, reload: Reloader) -> tokio::task::JoinHandle<()> {
+    let weak = Arc::downgrade(gateway);
+    tokio::spawn(async move {
+        let Some(gw) = weak.upgrade() else { return };
+        let mut last = print(&config, &plugin_files(&gw));
+        drop(gw);
+        loop {
+            tokio::time::sleep(POLL).await;
+            let Some(gw) = weak.upgrade() else { return };
+            let files = plugin_files(&gw);
+            drop(gw);
+            let mut now = print(&config, &files);
+            if now == last {
+                continue;
+            }
+            // Wait for the writer to finish.
+            loop {
+                tokio::time::sleep(SETTLE).await;
+                let again = print(&config, &files);
+                if again == now {
+                    break;
+                }
+                now = again;
+            }
+            last = now;
+            let reload = reload.clone();
+            match tokio::task::spawn_blocking(move || reload("file-watch")).await {
+                Ok(Ok(generation)) => tracing::info!(generation, "reloaded after a file change"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "file change not applied; the running configuration stays"),
+                Err(e) => tracing::error!(error = %e, "reload task failed"),
+            }
+            // A new generation may reference other plugin files; a change to the
+            // config during the reload is still seen on the next poll.
+            if let Some(gw) = weak.upgrade() {
+                let mut fresh = print(&config, &plugin_files(&gw));
+                fresh.0[0] = last.0[0].clone();
+                last = fresh;
+            }
+        }
+    })
+}
+
+/// Reloads on every SIGHUP. Runs until the gateway is dropped.
+#[cfg(unix)]
+pub fn reload_on_sighup(gateway: &Arc<Gateway>, reload: Reloader) -> tokio::task::JoinHandle<()> {
+    let weak = Arc::downgrade(gateway);
+    tokio::spawn(async move {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP; reload by file change or POST /admin/reload");
+            return;
+        };
+        while hup.recv().await.is_some() {
+            if weak.upgrade().is_none() {
+                return;
+            }
+            let reload = reload.clone();
+            match tokio::task::spawn_blocking(move || reload("sighup")).await {
+                Ok(Ok(generation)) => tracing::info!(generation, "reloaded on SIGHUP"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "SIGHUP reload refused; the running configuration stays"),
+                Err(e) => tracing::error!(error = %e, "reload task failed"),
+            }
+        }
+    })
+}

@@ -1,0 +1,85 @@
+//! `poolgate check` and `poolgate serve` refuse a bad config the same way: every
+//! problem at once, each with its key path and line, and a non-zero exit.
+
+use std::process::Command;
+
+fn run(args: &[&str], config: &str) -> (bool, String) {
+    let dir = std::env::temp_dir().join(format!("pg-check-{}-{}", std::process::id(), args[0]));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("poolgate.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(args)
+        .arg("--config")
+        .arg(&path)
+        .env_remove("POOLGATE_LISTEN")
+        .env("GOOD_KEY", "k")
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text.replace(&format!("{}", path.display()), "cfg"))
+}
+
+const BAD: &str = r#"[server]
+listen = "127.0.0.1:0"
+decisions_kept = -5
+colour = "blue"
+
+[[accounts]]
+id = "a"
+api_key_env = "POOLGATE_CHECK_UNSET"
+
+[[accounts]]
+id = "a"
+api_key_env = "GOOD_KEY"
+max_in_flight = 0
+
+[[policy.chain]]
+plugin = "builtin:does-not-exist"
+
+[[policy.chain]]
+plugin = "./missing.wasm"
+"#;
+
+#[test]
+fn check_reports_every_problem_with_its_line_and_fails() {
+    let (ok, out) = run(&["check"], BAD);
+    assert!(!ok);
+    for needle in [
+        "cfg:3: server.decisions_kept: -5 is out of range; allowed: 0 to 100000",
+        "cfg:4: server.colour: unknown key",
+        "cfg:8: accounts[0].api_key_env: environment variable POOLGATE_CHECK_UNSET is not set",
+        "cfg:11: accounts[1].id: duplicate account id `a` (also accounts[0])",
+        "cfg:13: accounts[1].max_in_flight: 0 is out of range",
+        "cfg:16: policy.chain[0].plugin: unknown built-in `builtin:does-not-exist`",
+        "policy.chain[1].plugin: no plugin file at",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
+    }
+    assert!(out.contains("has 7 problems"), "{out}");
+}
+
+#[test]
+fn serve_refuses_to_start_on_the_same_problems() {
+    let (ok, out) = run(&["serve"], BAD);
+    assert!(!ok);
+    assert!(out.contains("cfg:4: server.colour: unknown key"), "{out}");
+    assert!(!out.contains("listening"), "{out}");
+}
+
+#[test]
+fn a_plugin_that_rejects_its_options_is_located_in_the_file() {
+    let cfg = "[[accounts]]\nid = \"a\"\napi_key_env = \"GOOD_KEY\"\n\n[[policy.chain]]\nplugin = \"builtin:headroom\"\nconfig = { floor = 7.0 }\n";
+    let (ok, out) = run(&["check"], cfg);
+    assert!(!ok);
+    assert!(out.contains("cfg:5: policy.chain[0] (`builtin:headroom`)"), "{out}");
+    assert!(out.contains("option `floor` = 7 is out of range"), "{out}");
+}
+
+#[test]
+fn a_good_config_checks_out() {
+    let cfg = "[[accounts]]\nid = \"a\"\napi_key_env = \"GOOD_KEY\"\n";
+    let (ok, out) = run(&["check"], cfg);
+    assert!(ok, "{out}");
+    assert!(out.contains("chain:    builtin:skip-exhausted → builtin:headroom"), "{out}");
+}
