@@ -443,6 +443,14 @@ plugin = "/nonexistent/x.wasm"
     }
 
     #[test]
+    fn the_commented_example_has_a_valid_shape() {
+        let text = include_str!("../../../examples/poolgate.toml");
+        if let Err(p) = parse(text, "examples/poolgate.toml") {
+            panic!("{p}");
+        }
+    }
+
+    #[test]
     fn suggestions_are_close_matches_only() {
         assert_eq!(suggest("listn", schema::SERVER), Some("listen"));
         assert_eq!(suggest("zzzzzz", schema::SERVER), None);
