@@ -8,6 +8,7 @@
 //! - [`gateway`] — the HTTP proxy around the chain (`gateway::proxy` serves one request).
 //! - [`config`] — the TOML configuration.
 //! - [`case`] — the JSON case format of `poolgate rank` and `poolgate plugin test`.
+//! - [`sim`] — a simulated Anthropic upstream whose quota moves (`poolgate demo`).
 
 pub mod case;
 pub mod cli;
@@ -15,6 +16,7 @@ pub mod config;
 pub mod fixtures;
 pub mod gateway;
 pub mod policy;
+pub mod sim;
 pub mod snapshot;
 
 /// The components built from `plugins/*` and `tests/guests/*` by `build.rs`.

@@ -1,0 +1,368 @@
+//! The simulator's HTTP surface: `POST /v1/messages`, `POST
+//! /v1/messages/count_tokens`, `GET /v1/models[/{id}]`, answered per account
+//! (found by its key) from that account's ledger.
+//!
+//! A Messages request is admitted or refused by the ledger *before* any delay,
+//! and an admitted one is charged at once — input tokens from the request's
+//! size, output tokens from the reply it will get — so concurrent requests see
+//! each other's spending as they would upstream. The answer then takes the
+//! scenario's time to first byte and per-event gaps, during which the request
+//! counts as in flight.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::response::Response;
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use parking_lot::Mutex;
+
+use super::quota::Ledger;
+use super::scenario::Scenario;
+use super::splitmix;
+use super::wire::{self, Reply};
+use crate::config::Secret;
+use crate::gateway::{auth, now_ms};
+use crate::snapshot::model_family;
+
+/// Bodies above this are refused, as upstream does; Claude Code sends ~90 KB a
+/// turn and a few MB with images.
+const BODY_LIMIT: usize = 32 << 20;
+
+/// One simulated account's live state.
+pub(crate) struct Account {
+    /// Its scenario name.
+    pub name: String,
+    /// Its scenario note.
+    pub note: String,
+    /// The key it answers to.
+    pub key: Secret,
+    /// A stable fake organization id: real answers carry one on every response.
+    pub organization: String,
+    /// Its quota; locked only for the admit-and-charge step, never across a wait.
+    pub ledger: Mutex<Ledger>,
+    /// Messages requests admitted.
+    pub served: AtomicU64,
+    /// Messages requests refused with a 429.
+    pub refused: AtomicU64,
+    /// Replies being sent now.
+    pub in_flight: AtomicU32,
+}
+
+/// What the server task and the [`super::SimUpstream`] handle share.
+pub(crate) struct Shared {
+    pub scenario: Scenario,
+    /// Accounts in scenario order.
+    pub accounts: Vec<Arc<Account>>,
+    by_key: HashMap<String, Arc<Account>>,
+    next_id: AtomicU64,
+    seed: u64,
+}
+
+impl Shared {
+    pub fn new(scenario: Scenario, accounts: Vec<Arc<Account>>, seed: u64) -> Shared {
+        let by_key = accounts
+            .iter()
+            .map(|a| (a.key.expose().to_string(), a.clone()))
+            .collect();
+        Shared {
+            scenario,
+            accounts,
+            by_key,
+            next_id: AtomicU64::new(1),
+            seed,
+        }
+    }
+
+    /// The account whose key the request presents.
+    fn authenticate(&self, headers: &HeaderMap) -> Option<Arc<Account>> {
+        self.by_key.get(auth::presented(headers)?).cloned()
+    }
+
+    /// A fresh number, and a pseudo-random value derived from it: replies and
+    /// delays vary per request yet a run stays reproducible from its seed.
+    fn next(&self) -> (u64, u64) {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        (n, splitmix(self.seed ^ n))
+    }
+}
+
+/// The router.
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .fallback(not_found)
+        .with_state(shared)
+}
+
+/// Keeps the in-flight count of an account up for as long as it lives — until
+/// the reply's last byte, or until the client goes away.
+struct InFlight(Arc<Account>);
+
+impl InFlight {
+    fn enter(account: Arc<Account>) -> InFlight {
+        account.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(account)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn request_id(n: u64) -> String {
+    format!("req_sim{n:018}")
+}
+
+fn error(status: StatusCode, kind: &str, message: &str, rid: &str) -> Response {
+    let mut r = Response::new(Body::from(wire::error_body(kind, message, rid)));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = HeaderValue::from_str(rid) {
+        h.insert("request-id", v);
+    }
+    r
+}
+
+fn unauthorized(rid: &str) -> Response {
+    error(
+        StatusCode::UNAUTHORIZED,
+        "authentication_error",
+        "invalid x-api-key",
+        rid,
+    )
+}
+
+async fn read_body(body: Body, rid: &str) -> Result<Bytes, Response> {
+    axum::body::to_bytes(body, BODY_LIMIT).await.map_err(|_| {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            "Request exceeds the maximum allowed number of bytes.",
+            rid,
+        )
+    })
+}
+
+fn with_headers(
+    mut r: Response,
+    account: &Account,
+    rid: &str,
+    quota: Vec<(String, String)>,
+) -> Response {
+    let h = r.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(rid) {
+        h.insert("request-id", v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&account.organization) {
+        h.insert("anthropic-organization-id", v);
+    }
+    for (name, value) in quota {
+        if let (Ok(n), Ok(v)) = (
+            http::HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            h.insert(n, v);
+        }
+    }
+    r
+}
+
+async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
+    let (n, random) = s.next();
+    let rid = request_id(n);
+    let Some(account) = s.authenticate(&headers) else {
+        return unauthorized(&rid);
+    };
+    let body = match read_body(body, &rid).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let ask = match wire::parse_messages(&body) {
+        Ok(a) => a,
+        Err(m) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", &m, &rid),
+    };
+    let Some(family) = model_family(&ask.model) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            &format!("model: {}", ask.model),
+            &rid,
+        );
+    };
+    let latency = s.scenario.latency;
+    let (low, high) = (
+        *s.scenario.reply_words.start(),
+        *s.scenario.reply_words.end(),
+    );
+    let words = low + (random % u64::from(high.saturating_sub(low) + 1)) as u32;
+    let reply = Reply::new(
+        &ask,
+        format!("msg_sim{n:018}"),
+        format!("toolu_sim{n:018}"),
+        wire::input_tokens(&body),
+        words,
+        random >> 32,
+    );
+
+    let now = now_ms();
+    let admitted = {
+        let mut ledger = account.ledger.lock();
+        match ledger.admit(Some(family), now) {
+            Ok(()) => {
+                ledger.charge(Some(family), reply.tokens(), now);
+                Ok(ledger.headers(Some(family), None))
+            }
+            Err(refusal) => Err(ledger.headers(Some(family), Some(&refusal))),
+        }
+    };
+    let quota = match admitted {
+        Ok(q) => q,
+        Err(q) => {
+            account.refused.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(latency.rejection).await;
+            let msg =
+                "This request would exceed your account's rate limit. Please try again later.";
+            return with_headers(
+                error(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", msg, &rid),
+                &account,
+                &rid,
+                q,
+            );
+        }
+    };
+    account.served.fetch_add(1, Ordering::Relaxed);
+    let guard = InFlight::enter(account.clone());
+    let jitter = latency
+        .jitter
+        .mul_f64((random >> 11) as f64 / (1u64 << 53) as f64);
+    tokio::time::sleep(latency.first_byte + jitter).await;
+
+    let events = reply.events();
+    let response = if ask.stream {
+        let gap = latency.per_event;
+        let stream = futures_util::stream::unfold(
+            (events.into_iter(), true, guard),
+            move |(mut events, first, guard)| async move {
+                let event = events.next()?;
+                if !first && !gap.is_zero() {
+                    tokio::time::sleep(gap).await;
+                }
+                Some((Ok::<Bytes, Infallible>(event), (events, false, guard)))
+            },
+        );
+        let mut r = Response::new(Body::from_stream(stream));
+        let h = r.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream; charset=utf-8"),
+        );
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        r
+    } else {
+        // A JSON reply arrives once the whole message would have been generated.
+        tokio::time::sleep(latency.per_event * events.len().saturating_sub(1) as u32).await;
+        drop(guard);
+        let mut r = Response::new(Body::from(reply.to_json()));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r
+    };
+    with_headers(response, &account, &rid, quota)
+}
+
+async fn count_tokens(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
+    let rid = request_id(s.next().0);
+    if s.authenticate(&headers).is_none() {
+        return unauthorized(&rid);
+    }
+    let body = match read_body(body, &rid).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let parsed: Result<serde_json::Value, _> = serde_json::from_slice(&body);
+    let problem = match &parsed {
+        Err(e) => Some(format!("invalid JSON body: {e}")),
+        Ok(v) if v.get("model").and_then(|m| m.as_str()).is_none() => {
+            Some("model: Field required".to_string())
+        }
+        Ok(v) if !v.get("messages").is_some_and(|m| m.is_array()) => {
+            Some("messages: Field required".to_string())
+        }
+        Ok(_) => None,
+    };
+    if let Some(p) = problem {
+        return error(StatusCode::BAD_REQUEST, "invalid_request_error", &p, &rid);
+    }
+    json(
+        format!("{{\"input_tokens\":{}}}", wire::input_tokens(&body)).into(),
+        &rid,
+    )
+}
+
+async fn models(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    let rid = request_id(s.next().0);
+    if s.authenticate(&headers).is_none() {
+        return unauthorized(&rid);
+    }
+    json(wire::models_page(), &rid)
+}
+
+async fn model(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let rid = request_id(s.next().0);
+    if s.authenticate(&headers).is_none() {
+        return unauthorized(&rid);
+    }
+    match wire::model_object(&id) {
+        Some(body) => json(body, &rid),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            &format!("model: {id}"),
+            &rid,
+        ),
+    }
+}
+
+fn json(body: Bytes, rid: &str) -> Response {
+    let mut r = Response::new(Body::from(body));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = HeaderValue::from_str(rid) {
+        h.insert("request-id", v);
+    }
+    r
+}
+
+async fn not_found(State(s): State<Arc<Shared>>) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "not_found_error",
+        "Not Found",
+        &request_id(s.next().0),
+    )
+}
