@@ -113,8 +113,10 @@ impl AccountState {
     }
 
     /// Merges a quota reading (windows are replaced by name; a reading never
-    /// overwrites a newer one).
-    fn merge(l: &mut Learned, r: &QuotaReading, now: u64) {
+    /// overwrites a newer one). With `account_wide` false the top-level status is
+    /// not taken: a per-model 429 says `rejected` at the top, but only for that
+    /// model's family (dario #1385).
+    fn merge(l: &mut Learned, r: &QuotaReading, now: u64, account_wide: bool) {
         if r.is_empty() && r.organization_id.is_none() {
             return;
         }
@@ -130,7 +132,7 @@ impl AccountState {
         for w in &r.windows {
             l.windows.insert(w.name.clone(), w.clone());
         }
-        if let Some(s) = r.status {
+        if let Some(s) = r.status.filter(|_| account_wide) {
             l.status = s;
             l.reset_ms = r.reset_ms;
         }
@@ -148,7 +150,6 @@ impl AccountState {
     /// applies the cooldown plan.
     pub fn record(&self, answer: Answer, reading: &QuotaReading, family: Option<&str>, cfg: &CooldownConfig, now: u64) -> Change {
         let mut l = self.learned.lock();
-        Self::merge(&mut l, reading, now);
         let auth_cooling = l.cooldown.is_some_and(|c| c.reason == CooldownReason::Auth && c.until_ms > now);
         match answer {
             Answer::Status(s) => {
@@ -169,11 +170,13 @@ impl AccountState {
                 l.streaks.upstream_error += 1;
             }
         }
+        let plan = cooldown::plan(answer, reading, family, l.streaks, cfg, now);
+        Self::merge(&mut l, reading, now, !matches!(plan, Plan::GateModel { .. }));
         // A burst of 401s while already cooling does not escalate (dario: burst-safe).
         if matches!(answer, Answer::Status(401 | 403)) && auth_cooling {
             return Change::None;
         }
-        match cooldown::plan(answer, reading, family, l.streaks, cfg, now) {
+        match plan {
             Plan::Keep => Change::None,
             Plan::Cool { until_ms, reason } => {
                 // A cooldown never shortens one already in force for a longer cause.
@@ -330,6 +333,25 @@ mod tests {
         a.record(Answer::Status(429), &weekly, None, &cfg, NOW);
         a.record(Answer::Status(529), &QuotaReading::default(), None, &cfg, NOW + 10);
         assert_eq!(a.cooldown(NOW + 10).unwrap().reason, CooldownReason::WeeklyExhausted);
+    }
+
+    #[test]
+    fn a_per_model_429_gates_the_family_without_rejecting_the_account() {
+        let a = AccountState::new("a");
+        let cfg = CooldownConfig::default();
+        let w = |name: &str, u, status| WindowReading { name: name.into(), utilization: u, resets_at_ms: Some(NOW + 3_600_000), status, observed_at_ms: Some(NOW) };
+        let fable_429 = QuotaReading {
+            status: Some(Status::Rejected),
+            reset_ms: Some(NOW + 3_600_000),
+            windows: vec![w("5h", 0.2, Status::Allowed), w("7d", 0.3, Status::Allowed), w("7d_oi", 1.0, Status::Rejected)],
+            ..Default::default()
+        };
+        assert_eq!(a.record(Answer::Status(429), &fable_429, Some("fable"), &cfg, NOW), Change::Gated("fable".into()));
+        let s = a.snapshot(&AccountConfig { id: "a".into(), enabled: true, ..Default::default() });
+        assert_ne!(s.status, Status::Rejected, "the top-level rejection was about fable only");
+        assert!(s.usable(Some("sonnet"), NOW + 1));
+        assert!(!s.usable(Some("fable"), NOW + 1));
+        assert!(s.windows.iter().any(|w| w.name == "7d_oi" && w.status == Status::Rejected), "the bucket reading is kept");
     }
 
     #[test]
