@@ -82,10 +82,7 @@ fn crates_under(dir: &Path) -> Result<Vec<Crate>> {
                     .map(|v| v.trim().trim_matches('"').to_string())
             })
             .with_context(|| format!("no package name in {}", manifest.display()))?;
-        found.push(Crate {
-            dir_name: path.file_name().unwrap().to_string_lossy().into_owned(),
-            package,
-        });
+        found.push(Crate { dir_name: path.file_name().unwrap().to_string_lossy().into_owned(), package });
     }
     found.sort_by(|a, b| a.dir_name.cmp(&b.dir_name));
     Ok(found)

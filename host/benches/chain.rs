@@ -47,11 +47,7 @@ fn pool(n: usize) -> Case {
 fn three_stage_chain() -> Vec<&'static str> {
     let wanted = ["builtin:skip-exhausted", "builtin:headroom", "builtin:affinity"];
     let have = poolgate::policy::builtin_names();
-    if wanted.iter().all(|w| have.iter().any(|h| h == w)) {
-        wanted.to_vec()
-    } else {
-        vec!["builtin:headroom"; 3]
-    }
+    if wanted.iter().all(|w| have.iter().any(|h| h == w)) { wanted.to_vec() } else { vec!["builtin:headroom"; 3] }
 }
 
 fn chain(engine: &PolicyEngine, case: &Case, plugins: &[&str]) -> Chain {
@@ -92,7 +88,13 @@ fn native_headroom(req: &Request, accounts: &[Account], windows: &[QuotaWindow])
             }
         }
         let h = 1.0 - used;
-        let tier = if !a.usable { 2 } else if h <= 0.02 { 1 } else { 0 };
+        let tier = if !a.usable {
+            2
+        } else if h <= 0.02 {
+            1
+        } else {
+            0
+        };
         (tier, h)
     };
     let keys: Vec<(u8, f64)> = accounts.iter().map(key).collect();
@@ -110,7 +112,7 @@ fn native_chain(req: &Request, accounts: &[Account], windows: &[QuotaWindow], st
     let mut order = Vec::new();
     for _ in 0..stages {
         order = native_headroom(req, &current, windows);
-        current = order.iter().map(|&i| current[i as usize].clone()).collect();
+        current = order.iter().map(|&i| current[i as usize]).collect();
     }
     order
 }
@@ -158,16 +160,29 @@ fn measure(mut f: impl FnMut(), iters: usize) -> (f64, f64) {
 
 fn summary(engine: &PolicyEngine) {
     println!("\nper-call latency (µs), {} iterations each; ratio = wasm p50 / native p50", 20_000);
-    println!("{:<8} {:>8} {:>10} {:>10} {:>12} {:>12} {:>8}", "stages", "accounts", "wasm p50", "wasm p99", "native p50", "native p99", "ratio");
+    println!(
+        "{:<8} {:>8} {:>10} {:>10} {:>12} {:>12} {:>8}",
+        "stages", "accounts", "wasm p50", "wasm p99", "native p50", "native p99", "ratio"
+    );
     for (label, plugins) in [("1", vec!["builtin:headroom"]), ("3", three_stage_chain())] {
         for n in SIZES {
             let case = pool(n);
             let req = case.request();
             let cands = case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS);
             let ch = chain(engine, &case, &plugins);
-            let (w50, w99) = measure(|| { black_box(ch.rank(req.clone(), cands.clone())); }, 20_000);
+            let (w50, w99) = measure(
+                || {
+                    black_box(ch.rank(req.clone(), cands.clone()));
+                },
+                20_000,
+            );
             let stages = plugins.len();
-            let (n50, n99) = measure(|| { black_box(native_chain(&req, &cands.accounts, &cands.windows, stages)); }, 20_000);
+            let (n50, n99) = measure(
+                || {
+                    black_box(native_chain(&req, &cands.accounts, &cands.windows, stages));
+                },
+                20_000,
+            );
             println!("{label:<8} {n:>8} {w50:>10.2} {w99:>10.2} {n50:>12.2} {n99:>12.2} {:>7.1}x", w50 / n50);
         }
     }

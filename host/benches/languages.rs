@@ -140,7 +140,9 @@ fn main() {
     let rust = &rows[0];
 
     println!("\n## Plugins in other languages: reset-soonest, one rank call on a warm instance\n");
-    println!("| language | size | build | first load (compile) | cached load | first call | accounts | p50 µs | p99 µs | p50 vs Rust | calls | over 25 ms |");
+    println!(
+        "| language | size | build | first load (compile) | cached load | first call | accounts | p50 µs | p99 µs | p50 vs Rust | calls | over 25 ms |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         for (i, (n, p50, p99, count, over)) in r.calls.iter().enumerate() {

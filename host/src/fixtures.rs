@@ -84,24 +84,24 @@ pub fn check(case: &Case, decision: &Decision) -> Vec<String> {
     let Some(expect) = &case.expect else {
         return vec!["the case has no `expect`".into()];
     };
-    if let Some(order) = &expect.order {
-        if &decision.order != order {
-            failures.push(format!("order: expected {}, got {}", order.join(" > "), decision.order.join(" > ")));
-        }
+    if let Some(order) = &expect.order
+        && &decision.order != order
+    {
+        failures.push(format!("order: expected {}, got {}", order.join(" > "), decision.order.join(" > ")));
     }
-    if let Some(head) = &expect.head {
-        if decision.order.head() != Some(head.as_str()) {
-            failures.push(format!(
-                "head: expected {head}, got {} (order {})",
-                decision.order.head().unwrap_or("nothing"),
-                decision.order.join(" > ")
-            ));
-        }
+    if let Some(head) = &expect.head
+        && decision.order.head() != Some(head.as_str())
+    {
+        failures.push(format!(
+            "head: expected {head}, got {} (order {})",
+            decision.order.head().unwrap_or("nothing"),
+            decision.order.join(" > ")
+        ));
     }
-    if let Some(reason) = &expect.reason {
-        if &decision.reason != reason {
-            failures.push(format!("reason: expected {reason}, got {}", decision.reason));
-        }
+    if let Some(reason) = &expect.reason
+        && &decision.reason != reason
+    {
+        failures.push(format!("reason: expected {reason}, got {}", decision.reason));
     }
     if let Some(fragment) = &expect.detail_contains {
         // The decision's detail, or any stage's: a modifier that did not act
@@ -120,15 +120,27 @@ pub fn check(case: &Case, decision: &Decision) -> Vec<String> {
 }
 
 /// Runs every case and judges it.
-pub fn run_all(engine: &PolicyEngine, plugin: &PluginRef, cases: &[(PathBuf, Case)], timeout: Duration) -> Vec<CaseResult> {
+pub fn run_all(
+    engine: &PolicyEngine,
+    plugin: &PluginRef,
+    cases: &[(PathBuf, Case)],
+    timeout: Duration,
+) -> Vec<CaseResult> {
     cases
         .iter()
         .enumerate()
         .map(|(i, (file, case))| {
             let name = case.name.clone().unwrap_or_else(|| format!("case #{}", i + 1));
             match run_case(engine, plugin, case, timeout) {
-                Ok(decision) => CaseResult { file: file.clone(), name, failures: check(case, &decision), decision: Some(decision) },
-                Err(e) => CaseResult { file: file.clone(), name, failures: vec![format!("chain failed to load: {e:#}")], decision: None },
+                Ok(decision) => {
+                    CaseResult { file: file.clone(), name, failures: check(case, &decision), decision: Some(decision) }
+                }
+                Err(e) => CaseResult {
+                    file: file.clone(),
+                    name,
+                    failures: vec![format!("chain failed to load: {e:#}")],
+                    decision: None,
+                },
             }
         })
         .collect()
@@ -141,7 +153,12 @@ pub fn assert_fixtures(engine: &PolicyEngine, plugin: &str, path: &std::path::Pa
     if cases.is_empty() {
         bail!("no cases in {}", path.display());
     }
-    let results = run_all(engine, &PluginRef::parse(plugin), &cases, Duration::from_millis(crate::policy::DEFAULT_DEADLINE_MS * 4));
+    let results = run_all(
+        engine,
+        &PluginRef::parse(plugin),
+        &cases,
+        Duration::from_millis(crate::policy::DEFAULT_DEADLINE_MS * 4),
+    );
     let failed: Vec<String> = results
         .iter()
         .filter(|r| !r.passed())

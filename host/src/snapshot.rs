@@ -199,11 +199,7 @@ impl AccountSnapshot {
 
     /// The pool entry handed to `configure`.
     pub fn info(&self) -> wit::AccountInfo {
-        wit::AccountInfo {
-            id: self.id.clone(),
-            alias: self.alias().to_string(),
-            primary: self.primary,
-        }
+        wit::AccountInfo { id: self.id.clone(), alias: self.alias().to_string(), primary: self.primary }
     }
 
     /// The active account-wide cooldown at `now`.
@@ -309,7 +305,10 @@ mod tests {
     fn a_window_past_its_reset_reads_fresh() {
         let a = AccountSnapshot {
             id: "a".into(),
-            windows: vec![window("5h", 1.02, Some(100), Status::Rejected), window("7d", 0.5, Some(10_000), Status::Allowed)],
+            windows: vec![
+                window("5h", 1.02, Some(100), Status::Rejected),
+                window("7d", 0.5, Some(10_000), Status::Allowed),
+            ],
             status: Status::Rejected,
             resets_at_ms: Some(100),
             ..Default::default()

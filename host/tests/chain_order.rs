@@ -27,7 +27,11 @@ fn each_stage_sees_the_previous_order_and_the_last_claim_wins() {
     assert_eq!(d.reason, "reversed");
 
     // The other way round: headroom has the last word.
-    let chain = chain_with_state(&case, vec![reversed(), stage("builtin:headroom", json!({}), 200)], std::sync::Arc::new(poolgate::policy::MemoryState::default()));
+    let chain = chain_with_state(
+        &case,
+        vec![reversed(), stage("builtin:headroom", json!({}), 200)],
+        std::sync::Arc::new(poolgate::policy::MemoryState::default()),
+    );
     let d = rank(&chain, &case, "claude-sonnet-4-5");
     assert_eq!(d.stages[0].order, ["a3", "a2", "a1", "a0"]);
     assert_eq!(d.order, ["a0", "a1", "a2", "a3"]);
@@ -50,7 +54,11 @@ fn a_later_stage_is_told_who_decided_the_head() {
     let d = rank(&chain, &case, "m");
     assert_eq!(d.stages[1].detail.as_deref(), Some("saw Some(\"headroom\")"));
     // The first stage sees the reason before any stage decided.
-    let chain = chain_with_state(&case, vec![misbehave("report-decided-by")], std::sync::Arc::new(poolgate::policy::MemoryState::default()));
+    let chain = chain_with_state(
+        &case,
+        vec![misbehave("report-decided-by")],
+        std::sync::Arc::new(poolgate::policy::MemoryState::default()),
+    );
     let d = rank(&chain, &case, "m");
     assert_eq!(d.stages[0].detail.as_deref(), Some("saw Some(\"pool_order\")"));
 }
@@ -67,10 +75,7 @@ fn a_dropped_account_stays_dropped_for_later_stages() {
 #[test]
 fn a_failed_middle_stage_passes_its_input_through_to_the_next() {
     let case = pool_case(4);
-    let chain = chain(
-        &case,
-        vec![stage("builtin:headroom", json!({}), 200), misbehave("error"), reversed()],
-    );
+    let chain = chain(&case, vec![stage("builtin:headroom", json!({}), 200), misbehave("error"), reversed()]);
     let d = rank(&chain, &case, "m");
     assert_eq!(d.stages[1].order, ["a0", "a1", "a2", "a3"], "input passed through");
     assert!(d.stages[1].error.is_some());

@@ -24,20 +24,14 @@ fn demo(args: &[&str]) -> Command {
     cmd.arg("demo")
         .args(args)
         // Compiled built-ins are cached under target/, not in the user's cache.
-        .env(
-            "XDG_CACHE_HOME",
-            concat!(env!("CARGO_TARGET_TMPDIR"), "/xdg-cache"),
-        )
+        .env("XDG_CACHE_HOME", concat!(env!("CARGO_TARGET_TMPDIR"), "/xdg-cache"))
         .env_remove("POOLGATE_LOG");
     cmd
 }
 
 /// `served by account: alpha=0 bravo=14` → {alpha: 0, bravo: 14}.
 fn counts(out: &str, prefix: &str) -> BTreeMap<String, u64> {
-    let line = out
-        .lines()
-        .find(|l| l.starts_with(prefix))
-        .unwrap_or_else(|| panic!("no `{prefix}` line:\n{out}"));
+    let line = out.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no `{prefix}` line:\n{out}"));
     line[prefix.len()..]
         .split_whitespace()
         .map(|kv| {
@@ -49,64 +43,29 @@ fn counts(out: &str, prefix: &str) -> BTreeMap<String, u64> {
 
 #[test]
 fn the_demo_with_traffic_shows_routing_decisions() {
-    let out = demo(&["--listen", "127.0.0.1:0", "--traffic", "--duration", "8"])
-        .output()
-        .expect("poolgate runs");
+    let out = demo(&["--listen", "127.0.0.1:0", "--traffic", "--duration", "8"]).output().expect("poolgate runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "exit {:?}\n{stdout}\n{stderr}",
-        out.status
-    );
+    assert!(out.status.success(), "exit {:?}\n{stdout}\n{stderr}", out.status);
 
     // Where to point a client, with the real port (not the 0 asked for).
-    let line = stdout
-        .lines()
-        .find(|l| l.contains("ANTHROPIC_BASE_URL="))
-        .unwrap_or_else(|| panic!("{stdout}"));
-    assert!(
-        line.contains("ANTHROPIC_BASE_URL=http://127.0.0.1:") && !line.contains("127.0.0.1:0 "),
-        "{line}"
-    );
+    let line = stdout.lines().find(|l| l.contains("ANTHROPIC_BASE_URL=")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(line.contains("ANTHROPIC_BASE_URL=http://127.0.0.1:") && !line.contains("127.0.0.1:0 "), "{line}");
     assert!(line.contains("ANTHROPIC_API_KEY=pg-demo-"), "{line}");
-    assert!(
-        stdout.contains("/status") && stdout.contains("authorization: Bearer pg-admin-"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("/status") && stdout.contains("authorization: Bearer pg-admin-"), "{stdout}");
 
     // Decisions, each with the chain's reason.
-    let decisions: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.contains(" decision "))
-        .collect();
+    let decisions: Vec<&str> = stdout.lines().filter(|l| l.contains(" decision ")).collect();
     assert!(decisions.len() >= 10, "few decisions:\n{stdout}");
-    assert!(
-        decisions.iter().all(|d| d.contains("reason=headroom")),
-        "{stdout}"
-    );
+    assert!(decisions.iter().all(|d| d.contains("reason=headroom")), "{stdout}");
     // The cooling account: its first requests failed over, and it showed a cooldown.
-    assert!(
-        decisions.iter().any(|d| d.contains("path=alpha→")),
-        "no failover off alpha:\n{stdout}"
-    );
-    assert!(
-        stdout.contains("cooldowns seen: alpha (session_exhausted)"),
-        "{stdout}"
-    );
-    assert!(
-        stdout
-            .lines()
-            .any(|l| l.contains(" account  alpha ") && l.contains("session_exhausted")),
-        "{stdout}"
-    );
+    assert!(decisions.iter().any(|d| d.contains("path=alpha→")), "no failover off alpha:\n{stdout}");
+    assert!(stdout.contains("cooldowns seen: alpha (session_exhausted)"), "{stdout}");
+    assert!(stdout.lines().any(|l| l.contains(" account  alpha ") && l.contains("session_exhausted")), "{stdout}");
 
     // More than one account served.
     let served = counts(&stdout, "served by account: ");
-    assert!(
-        served.values().filter(|n| **n > 0).count() >= 2,
-        "{served:?}"
-    );
+    assert!(served.values().filter(|n| **n > 0).count() >= 2, "{served:?}");
     assert_eq!(served["alpha"], 0, "alpha is cooling for the first 20 s");
 
     // Fable stays off charlie, whose 7d_oi bucket is at 93%: at most the requests
@@ -116,10 +75,7 @@ fn the_demo_with_traffic_shows_routing_decisions() {
     let total: u64 = fable.values().sum();
     let gated = stdout.contains("charlie (fable gated");
     assert!(total >= 4, "{fable:?}\n{stdout}");
-    assert!(
-        gated || (fable["charlie"] <= 2 && fable["charlie"] * 2 < total),
-        "{fable:?}"
-    );
+    assert!(gated || (fable["charlie"] <= 2 && fable["charlie"] * 2 < total), "{fable:?}");
 
     // Only the client key and admin token are printed, never an upstream key.
     assert!(!stdout.contains("sk-ant-sim-") && !stderr.contains("sk-ant-sim-"));
@@ -128,10 +84,8 @@ fn the_demo_with_traffic_shows_routing_decisions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_pointed_where_the_demo_says_is_served_and_the_decision_printed() {
-    let mut child = demo(&["--listen", "127.0.0.1:0", "--duration", "20"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("poolgate runs");
+    let mut child =
+        demo(&["--listen", "127.0.0.1:0", "--duration", "20"]).stdout(Stdio::piped()).spawn().expect("poolgate runs");
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let stdout = child.stdout.take().unwrap();
     std::thread::spawn(move || {
@@ -149,16 +103,12 @@ async fn a_client_pointed_where_the_demo_says_is_served_and_the_decision_printed
         }
     };
     let line = next_line(&mut rx, "ANTHROPIC_BASE_URL=").await;
-    let field = |name: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(name))
-            .unwrap()
-            .to_string()
-    };
+    let field = |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name)).unwrap().to_string();
     let (base, key) = (field("ANTHROPIC_BASE_URL="), field("ANTHROPIC_API_KEY="));
 
     let client = client();
-    let body = json!({ "model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{ "role": "user", "content": "Hello" }] });
+    let body =
+        json!({ "model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{ "role": "user", "content": "Hello" }] });
     let r = client
         .post(format!("{base}/v1/messages"))
         .header("x-api-key", &key)
@@ -168,31 +118,17 @@ async fn a_client_pointed_where_the_demo_says_is_served_and_the_decision_printed
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let account = r.headers()["x-poolgate-account"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let account = r.headers()["x-poolgate-account"].to_str().unwrap().to_string();
     let reply: Value = r.json().await.unwrap();
     assert_eq!(reply["type"], "message");
-    assert!(
-        reply["content"][0]["text"]
-            .as_str()
-            .is_some_and(|t| !t.is_empty())
-    );
+    assert!(reply["content"][0]["text"].as_str().is_some_and(|t| !t.is_empty()));
     // A wrong key is refused by the gateway itself.
-    let r = client
-        .post(format!("{base}/v1/messages"))
-        .header("x-api-key", "nope")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = client.post(format!("{base}/v1/messages")).header("x-api-key", "nope").json(&body).send().await.unwrap();
     assert_eq!(r.status(), 401);
 
     let decision = next_line(&mut rx, " decision session=").await;
     assert!(
-        decision.contains(&format!("account={account} "))
-            && decision.contains("model=claude-sonnet-4-5"),
+        decision.contains(&format!("account={account} ")) && decision.contains("model=claude-sonnet-4-5"),
         "{decision}"
     );
     let _ = child.kill();
@@ -203,19 +139,11 @@ fn scenario() -> Scenario {
     Scenario::new()
         .latency(Latency::none())
         .account(AccountSpec::new("fresh", 100_000, 1_000_000).bucket("oi", "fable", 1_000, 0.99))
-        .account(
-            AccountSpec::new("spent", 100_000, 1_000_000).five_hour(1.0, Duration::from_secs(30)),
-        )
+        .account(AccountSpec::new("spent", 100_000, 1_000_000).five_hour(1.0, Duration::from_secs(30)))
 }
 
 async fn post(sim: &SimUpstream, key: &str, path: &str, body: &Value) -> reqwest::Response {
-    client()
-        .post(format!("{}{path}", sim.url()))
-        .header("x-api-key", key)
-        .json(body)
-        .send()
-        .await
-        .unwrap()
+    client().post(format!("{}{path}", sim.url())).header("x-api-key", key).json(body).send().await.unwrap()
 }
 
 fn h<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
@@ -226,40 +154,27 @@ fn h<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
 async fn the_simulator_answers_as_anthropic_does() {
     let sim = SimUpstream::start(scenario()).await.unwrap();
     let accounts = sim.accounts();
-    let (fresh, spent) = (
-        accounts[0].key.expose().to_string(),
-        accounts[1].key.expose().to_string(),
-    );
+    let (fresh, spent) = (accounts[0].key.expose().to_string(), accounts[1].key.expose().to_string());
     assert_eq!(format!("{:?}", accounts[0].key), "***", "keys never print");
 
-    let ask = json!({ "model": "claude-sonnet-4-5", "max_tokens": 512, "messages": [{ "role": "user", "content": "hi" }] });
+    let ask =
+        json!({ "model": "claude-sonnet-4-5", "max_tokens": 512, "messages": [{ "role": "user", "content": "hi" }] });
     let r = post(&sim, &fresh, "/v1/messages", &ask).await;
     assert_eq!(r.status(), 200);
     assert_eq!(h(&r, "anthropic-ratelimit-unified-status"), "allowed");
-    let used: f64 = h(&r, "anthropic-ratelimit-unified-5h-utilization")
-        .parse()
-        .unwrap();
+    let used: f64 = h(&r, "anthropic-ratelimit-unified-5h-utilization").parse().unwrap();
     assert!(used > 0.0, "serving spends the window");
     assert!(
         h(&r, "anthropic-ratelimit-unified-7d_oi-utilization").is_empty(),
         "buckets show only on their family's answers"
     );
-    assert!(
-        h(&r, "request-id").starts_with("req_") && !h(&r, "anthropic-organization-id").is_empty()
-    );
+    assert!(h(&r, "request-id").starts_with("req_") && !h(&r, "anthropic-organization-id").is_empty());
     let m: Value = r.json().await.unwrap();
     assert_eq!(
-        (
-            m["type"].as_str(),
-            m["role"].as_str(),
-            m["stop_reason"].as_str()
-        ),
+        (m["type"].as_str(), m["role"].as_str(), m["stop_reason"].as_str()),
         (Some("message"), Some("assistant"), Some("end_turn"))
     );
-    assert!(
-        m["usage"]["input_tokens"].as_u64().unwrap() > 0
-            && m["usage"]["output_tokens"].as_u64().unwrap() > 0
-    );
+    assert!(m["usage"]["input_tokens"].as_u64().unwrap() > 0 && m["usage"]["output_tokens"].as_u64().unwrap() > 0);
 
     // A stream with a forced tool call.
     let mut streamed = ask.clone();
@@ -269,70 +184,37 @@ async fn the_simulator_answers_as_anthropic_does() {
     let r = post(&sim, &fresh, "/v1/messages", &streamed).await;
     assert!(h(&r, "content-type").starts_with("text/event-stream"));
     let text = r.text().await.unwrap();
-    let kinds: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("event: "))
-        .collect();
+    let kinds: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
     assert_eq!(kinds.first(), Some(&"message_start"));
     assert_eq!(kinds.last(), Some(&"message_stop"));
-    assert!(
-        text.contains("\"input_json_delta\"") && text.contains("\"stop_reason\":\"tool_use\""),
-        "{text}"
-    );
+    assert!(text.contains("\"input_json_delta\"") && text.contains("\"stop_reason\":\"tool_use\""), "{text}");
 
     // The bucket near its limit: the request that crosses it is served, the next refused.
-    let fable = json!({ "model": "claude-fable-5", "max_tokens": 512, "messages": [{ "role": "user", "content": "hi" }] });
+    let fable =
+        json!({ "model": "claude-fable-5", "max_tokens": 512, "messages": [{ "role": "user", "content": "hi" }] });
     let r = post(&sim, &fresh, "/v1/messages", &fable).await;
     assert_eq!(r.status(), 200);
-    assert_eq!(
-        h(&r, "anthropic-ratelimit-unified-7d_oi-status"),
-        "rejected"
-    );
+    assert_eq!(h(&r, "anthropic-ratelimit-unified-7d_oi-status"), "rejected");
     let r = post(&sim, &fresh, "/v1/messages", &fable).await;
     assert_eq!(r.status(), 429);
     assert_eq!(h(&r, "anthropic-ratelimit-unified-status"), "rejected");
-    assert_eq!(
-        h(&r, "anthropic-ratelimit-unified-representative-claim"),
-        "seven_day_overage_included"
-    );
-    assert_eq!(
-        post(&sim, &fresh, "/v1/messages", &ask).await.status(),
-        200,
-        "other families still served"
-    );
+    assert_eq!(h(&r, "anthropic-ratelimit-unified-representative-claim"), "seven_day_overage_included");
+    assert_eq!(post(&sim, &fresh, "/v1/messages", &ask).await.status(), 200, "other families still served");
 
     // The spent session window: 429 in Anthropic's shape, reset 30 s out.
     let r = post(&sim, &spent, "/v1/messages", &ask).await;
     assert_eq!(r.status(), 429);
     assert_eq!(h(&r, "anthropic-ratelimit-unified-5h-status"), "rejected");
-    let reset: u64 = h(&r, "anthropic-ratelimit-unified-5h-reset")
-        .parse()
-        .unwrap();
+    let reset: u64 = h(&r, "anthropic-ratelimit-unified-5h-reset").parse().unwrap();
     let now = poolgate::gateway::now_ms() / 1000;
-    assert!(
-        (now + 28..=now + 31).contains(&reset),
-        "reset {reset} vs now {now}"
-    );
+    assert!((now + 28..=now + 31).contains(&reset), "reset {reset} vs now {now}");
     let e: Value = r.json().await.unwrap();
-    assert_eq!(
-        (e["type"].as_str(), e["error"]["type"].as_str()),
-        (Some("error"), Some("rate_limit_error"))
-    );
+    assert_eq!((e["type"].as_str(), e["error"]["type"].as_str()), (Some("error"), Some("rate_limit_error")));
 
     // The other endpoints and the errors.
-    let r = post(
-        &sim,
-        &fresh,
-        "/v1/messages/count_tokens",
-        &json!({ "model": "claude-sonnet-4-5", "messages": [] }),
-    )
-    .await;
-    assert!(
-        r.json::<Value>().await.unwrap()["input_tokens"]
-            .as_u64()
-            .unwrap()
-            > 0
-    );
+    let r =
+        post(&sim, &fresh, "/v1/messages/count_tokens", &json!({ "model": "claude-sonnet-4-5", "messages": [] })).await;
+    assert!(r.json::<Value>().await.unwrap()["input_tokens"].as_u64().unwrap() > 0);
     let models: Value = client()
         .get(format!("{}/v1/models", sim.url()))
         .header("x-api-key", &fresh)
@@ -342,51 +224,20 @@ async fn the_simulator_answers_as_anthropic_does() {
         .json()
         .await
         .unwrap();
-    assert!(
-        models["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|m| m["id"] == "claude-fable-5")
-    );
+    assert!(models["data"].as_array().unwrap().iter().any(|m| m["id"] == "claude-fable-5"));
+    assert_eq!(post(&sim, "sk-wrong", "/v1/messages", &ask).await.status(), 401);
     assert_eq!(
-        post(&sim, "sk-wrong", "/v1/messages", &ask).await.status(),
-        401
-    );
-    assert_eq!(
-        post(
-            &sim,
-            &fresh,
-            "/v1/messages",
-            &json!({ "model": "gpt-4o", "max_tokens": 1, "messages": [] })
-        )
-        .await
-        .status(),
+        post(&sim, &fresh, "/v1/messages", &json!({ "model": "gpt-4o", "max_tokens": 1, "messages": [] }))
+            .await
+            .status(),
         404
     );
-    let r = post(
-        &sim,
-        &fresh,
-        "/v1/messages",
-        &json!({ "model": "claude-sonnet-4-5", "messages": [] }),
-    )
-    .await;
+    let r = post(&sim, &fresh, "/v1/messages", &json!({ "model": "claude-sonnet-4-5", "messages": [] })).await;
     assert_eq!(r.status(), 400);
-    assert_eq!(
-        r.json::<Value>().await.unwrap()["error"]["type"],
-        "invalid_request_error"
-    );
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "invalid_request_error");
 
     let usage = sim.usage();
-    assert_eq!(
-        (
-            usage[0].served,
-            usage[0].refused,
-            usage[1].served,
-            usage[1].refused
-        ),
-        (4, 1, 0, 1)
-    );
+    assert_eq!((usage[0].served, usage[0].refused, usage[1].served, usage[1].refused), (4, 1, 0, 1));
     sim.stop().await;
 }
 
@@ -394,10 +245,7 @@ async fn the_simulator_answers_as_anthropic_does() {
 /// a streamed tool call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_anthropic_python_sdk_accepts_the_simulator() {
-    let probe = Command::new("python3")
-        .args(["-c", "import anthropic"])
-        .output()
-        .expect("python3 runs");
+    let probe = Command::new("python3").args(["-c", "import anthropic"]).output().expect("python3 runs");
     assert!(
         probe.status.success(),
         "the Anthropic Python SDK is missing: `python3 -m pip install anthropic==2.14.0` (.ci/run installs it)"
@@ -421,19 +269,10 @@ assert final.stop_reason == "tool_use" and call.input == {"file_path": "example"
 print("ok")
 "#;
     let url = sim.url();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new("python3")
-            .args(["-c", script, &url, &key])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out =
+        tokio::task::spawn_blocking(move || Command::new("python3").args(["-c", script, &url, &key]).output().unwrap())
+            .await
+            .unwrap();
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     sim.stop().await;
 }

@@ -201,7 +201,15 @@ async fn requests_queue_for_a_full_account_and_time_out_with_queue_timeout() {
     a.set_default(Step::Delay { ms: 2500, then: Box::new(Step::Ok) });
     let slow = tokio::spawn({
         let url = gw.url.clone();
-        async move { Gateway::client().post(format!("{url}/v1/messages")).json(&message("m", false)).send().await.unwrap().status() }
+        async move {
+            Gateway::client()
+                .post(format!("{url}/v1/messages"))
+                .json(&message("m", false))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let r = post(&gw, &message("m", false)).await;
@@ -264,13 +272,23 @@ async fn client_headers_pass_through_and_credentials_are_replaced() {
     assert_eq!(rec.credential, "key-a");
     let h = |n: &str| rec.headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
     assert_eq!(h("anthropic-version").as_deref(), Some("2023-06-01"));
-    assert_eq!(h("anthropic-beta").as_deref(), Some("claude-code-20250219"), "the OAuth flag is dropped for an API key");
+    assert_eq!(
+        h("anthropic-beta").as_deref(),
+        Some("claude-code-20250219"),
+        "the OAuth flag is dropped for an API key"
+    );
     assert_eq!(h("x-api-key").as_deref(), Some("key-a"));
     assert_eq!(h("x-claude-code-session-id").as_deref(), Some("sess-1"));
     assert!(h("authorization").is_none());
 
     // Unknown client key: 401 in Anthropic's shape, and Claude Code is told not to retry.
-    let r = Gateway::client().post(format!("{}/v1/messages", gw.url)).header("x-api-key", "nope").json(&message("m", false)).send().await.unwrap();
+    let r = Gateway::client()
+        .post(format!("{}/v1/messages", gw.url))
+        .header("x-api-key", "nope")
+        .json(&message("m", false))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
     assert_eq!(header(&r, "x-should-retry"), "false");
     let body: Value = r.json().await.unwrap();
@@ -279,7 +297,15 @@ async fn client_headers_pass_through_and_credentials_are_replaced() {
     let r = Gateway::client().get(format!("{}/healthz", gw.url)).send().await.unwrap();
     assert_eq!(r.status(), 200);
     // No secret ever reaches the log or the status page.
-    let st = Gateway::client().get(format!("{}/status", gw.url)).bearer_auth(ADMIN).send().await.unwrap().text().await.unwrap();
+    let st = Gateway::client()
+        .get(format!("{}/status", gw.url))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for secret in ["key-a", "client-secret-123", ADMIN] {
         assert!(!gw.log().contains(secret), "{secret} leaked into the log");
         assert!(!st.contains(secret), "{secret} leaked into /status");
@@ -290,7 +316,10 @@ async fn client_headers_pass_through_and_credentials_are_replaced() {
 async fn oauth_accounts_send_a_bearer_token_with_the_oauth_beta() {
     let mock = MockUpstream::start().await;
     mock.account("oauth-token-x");
-    let cfg = format!("[[accounts]]\nid = \"seat\"\nkind = \"oauth\"\napi_key_env = \"TOKEN\"\nbase_url = \"{}\"\n", mock.base_url());
+    let cfg = format!(
+        "[[accounts]]\nid = \"seat\"\nkind = \"oauth\"\napi_key_env = \"TOKEN\"\nbase_url = \"{}\"\n",
+        mock.base_url()
+    );
     let gw = Gateway::start(&cfg, &[("TOKEN", "oauth-token-x")]);
     let r = post(&gw, &message("claude-opus-4-1", false)).await;
     assert_eq!(r.status(), 200);
@@ -307,7 +336,8 @@ async fn limits_and_setup_mistakes_answer_in_anthropics_shape() {
     mock.account("key-a");
     let cfg = config(&mock.base_url(), &[("a", "KEY_A")], "").replace("[server]\n", "[server]\nmax_body_mb = 1\n");
     let gw = Gateway::start(&cfg, &env3());
-    let big = json!({ "model": "m", "max_tokens": 1, "messages": [{ "role": "user", "content": "x".repeat(2 << 20) }] });
+    let big =
+        json!({ "model": "m", "max_tokens": 1, "messages": [{ "role": "user", "content": "x".repeat(2 << 20) }] });
     let r = post(&gw, &big).await;
     assert_eq!(r.status(), 413);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "request_too_large");
@@ -363,7 +393,15 @@ async fn quota_headers_feed_the_chain_and_the_status_page() {
     assert!(b["reading_age_ms"].as_u64().unwrap() < 60_000);
     assert_eq!(st["chain"].as_array().unwrap().len(), 2, "the default chain: skip-exhausted → headroom");
 
-    let decisions: Value = Gateway::client().get(format!("{}/admin/decisions?limit=1", gw.url)).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    let decisions: Value = Gateway::client()
+        .get(format!("{}/admin/decisions?limit=1", gw.url))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(decisions[0]["model"], "claude-fable-5");
     assert_eq!(decisions[0]["account"], "a");
     assert_eq!(decisions[0]["attempts"][0]["decision"]["order"][0], "a");

@@ -14,7 +14,15 @@ fn env2() -> Vec<(&'static str, &'static str)> {
 }
 
 async fn account_status(gw: &Gateway, id: &str) -> Value {
-    let st: Value = Gateway::client().get(format!("{}/status", gw.url)).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    let st: Value = Gateway::client()
+        .get(format!("{}/status", gw.url))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     st["accounts"].as_array().unwrap().iter().find(|a| a["id"] == id).unwrap().clone()
 }
 
@@ -85,9 +93,15 @@ async fn a_429_with_retry_after_on_the_last_account_is_passed_on_when_others_rem
 async fn json_logs_carry_the_decision_record() {
     let mock = MockUpstream::start().await;
     mock.account("key-a");
-    let cfg = config(&mock.base_url(), &[("a", "KEY_A")], "").replace("[server]\n", "[server]\nlog_format = \"json\"\n");
+    let cfg =
+        config(&mock.base_url(), &[("a", "KEY_A")], "").replace("[server]\n", "[server]\nlog_format = \"json\"\n");
     let gw = Gateway::start(&cfg, &env2());
-    let r = Gateway::client().post(format!("{}/v1/messages", gw.url)).json(&message("claude-haiku-4-5", false)).send().await.unwrap();
+    let r = Gateway::client()
+        .post(format!("{}/v1/messages", gw.url))
+        .json(&message("claude-haiku-4-5", false))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let _ = r.bytes().await;
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;

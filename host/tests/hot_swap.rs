@@ -29,7 +29,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) {
 }
 
 fn config(base: &str, chain: &[(&str, Option<&str>)]) -> String {
-    let mut s = format!("[server]\nadmin_token_env = \"PG_ADMIN\"\n\n");
+    let mut s = "[server]\nadmin_token_env = \"PG_ADMIN\"\n\n".to_string();
     for i in 0..4 {
         s.push_str(&format!("[[accounts]]\nid = \"acct-{i}\"\nalias = \"{i}-seat\"\napi_key_env = \"KEY_{i}\"\nbase_url = \"{base}\"\n\n"));
     }
@@ -56,7 +56,15 @@ async fn status(url: &str) -> Value {
 }
 
 async fn newest_decision(url: &str) -> Option<Value> {
-    let v: Value = Gateway::client().get(format!("{url}/admin/decisions?limit=1")).bearer_auth(ADMIN).send().await.ok()?.json().await.ok()?;
+    let v: Value = Gateway::client()
+        .get(format!("{url}/admin/decisions?limit=1"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
     v.as_array()?.first().cloned()
 }
 
@@ -79,7 +87,8 @@ async fn a_hundred_swaps_under_traffic_lose_no_request() {
     let ranker_s = ranker.to_str().unwrap().to_string();
     write_atomic(&ranker, builtin_bytes("headroom"));
     std::fs::write(&cfg_path, config(&mock.base_url(), &[("builtin:headroom", None)])).unwrap();
-    let env: Vec<(String, String)> = (0..4).map(|i| (format!("KEY_{i}"), format!("key-{i}"))).chain([("PG_ADMIN".into(), ADMIN.into())]).collect();
+    let env: Vec<(String, String)> =
+        (0..4).map(|i| (format!("KEY_{i}"), format!("key-{i}"))).chain([("PG_ADMIN".into(), ADMIN.into())]).collect();
     let env_ref: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let gw = Gateway::start_file(&cfg_path, &env_ref, dir);
     let url = gw.url.clone();
@@ -95,11 +104,14 @@ async fn a_hundred_swaps_under_traffic_lose_no_request() {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
-                let stream = (n + c) % 2 == 0;
-                let r = client.post(format!("{url}/v1/messages")).json(&message("claude-sonnet-4-5", stream)).send().await;
+                let stream = (n + c).is_multiple_of(2);
+                let r =
+                    client.post(format!("{url}/v1/messages")).json(&message("claude-sonnet-4-5", stream)).send().await;
                 match r {
                     Ok(r) if r.status() == 200 => match r.bytes().await {
-                        Ok(b) if !stream || String::from_utf8_lossy(&b).contains("message_stop") => ok.fetch_add(1, Ordering::Relaxed),
+                        Ok(b) if !stream || String::from_utf8_lossy(&b).contains("message_stop") => {
+                            ok.fetch_add(1, Ordering::Relaxed)
+                        }
                         _ => failed.fetch_add(1, Ordering::Relaxed),
                     },
                     Ok(r) => {
@@ -117,9 +129,14 @@ async fn a_hundred_swaps_under_traffic_lose_no_request() {
 
     // Plugins whose reason is fixed are checked by it too; the ladders' reason
     // depends on which rung decided, so only their stage name is checked.
-    let builtins: [(&str, Option<&'static str>); 4] =
-        [("builtin:fill-first", Some("fill_first")), ("builtin:headroom-first", None), ("builtin:expiry-first", None), ("builtin:headroom", Some("headroom"))];
-    let versions: [(&str, &'static str); 3] = [("headroom", "headroom"), ("fill-first", "fill_first"), ("prefer-primary", "")];
+    let builtins: [(&str, Option<&'static str>); 4] = [
+        ("builtin:fill-first", Some("fill_first")),
+        ("builtin:headroom-first", None),
+        ("builtin:expiry-first", None),
+        ("builtin:headroom", Some("headroom")),
+    ];
+    let versions: [(&str, &'static str); 3] =
+        [("headroom", "headroom"), ("fill-first", "fill_first"), ("prefer-primary", "")];
     let mut worst = Duration::ZERO;
     let (mut valid, mut refused) = (0, 0);
     for swap in 0..100usize {
@@ -130,7 +147,11 @@ async fn a_hundred_swaps_under_traffic_lose_no_request() {
             // Another built-in chain.
             0 | 2 => {
                 let (plugin, reason) = builtins[(swap / 5) % builtins.len()];
-                let chain: Vec<(&str, Option<&str>)> = if swap % 10 == 0 { vec![("builtin:skip-exhausted", None), (plugin, None)] } else { vec![(plugin, None)] };
+                let chain: Vec<(&str, Option<&str>)> = if swap % 10 == 0 {
+                    vec![("builtin:skip-exhausted", None), (plugin, None)]
+                } else {
+                    vec![(plugin, None)]
+                };
                 write_atomic(&cfg_path, config(&mock.base_url(), &chain).as_bytes());
                 let stages = chain.iter().map(|(p, _)| p.to_string()).collect();
                 Some(Expect { stages, reason })
@@ -147,12 +168,18 @@ async fn a_hundred_swaps_under_traffic_lose_no_request() {
             3 => {
                 write_atomic(&ranker, b"\0asm garbage, not a component");
                 let chain = [(ranker_s.as_str(), Some("ranker"))];
-                write_atomic(&cfg_path, config(&mock.base_url(), &chain).replace("[server]", "[server]\n# broken plugin").as_bytes());
+                write_atomic(
+                    &cfg_path,
+                    config(&mock.base_url(), &chain).replace("[server]", "[server]\n# broken plugin").as_bytes(),
+                );
                 None
             }
             // An invalid config.
             _ => {
-                write_atomic(&cfg_path, b"[server]\nlisten = \"127.0.0.1:1\"\nmax_body_mb = \"huge\"\n[[accounts]]\nid = \n");
+                write_atomic(
+                    &cfg_path,
+                    b"[server]\nlisten = \"127.0.0.1:1\"\nmax_body_mb = \"huge\"\n[[accounts]]\nid = \n",
+                );
                 None
             }
         };
@@ -161,12 +188,17 @@ async fn a_hundred_swaps_under_traffic_lose_no_request() {
             Some(e) => {
                 valid += 1;
                 loop {
-                    if let Some(d) = newest_decision(&url).await {
-                        if d["generation"].as_u64().unwrap_or(0) > generation && matches(&d, &e) {
-                            break;
-                        }
+                    if let Some(d) = newest_decision(&url).await
+                        && d["generation"].as_u64().unwrap_or(0) > generation
+                        && matches(&d, &e)
+                    {
+                        break;
                     }
-                    assert!(started.elapsed() < Duration::from_secs(1), "swap {swap} ({e:?}) not visible within 1 s:\n{}", gw.log());
+                    assert!(
+                        started.elapsed() < Duration::from_secs(1),
+                        "swap {swap} ({e:?}) not visible within 1 s:\n{}",
+                        gw.log()
+                    );
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
@@ -176,11 +208,19 @@ async fn a_hundred_swaps_under_traffic_lose_no_request() {
                     let st = status(&url).await;
                     let last = &st["config"]["last_reload"];
                     if last["ok"] == false && last["consecutive_failures"].as_u64().unwrap_or(0) > failures {
-                        assert_eq!(st["config"]["generation"].as_u64().unwrap(), generation, "swap {swap}: a refused reload changed the generation");
+                        assert_eq!(
+                            st["config"]["generation"].as_u64().unwrap(),
+                            generation,
+                            "swap {swap}: a refused reload changed the generation"
+                        );
                         assert!(!last["errors"].as_array().unwrap().is_empty());
                         break;
                     }
-                    assert!(started.elapsed() < Duration::from_secs(1), "swap {swap}: invalid change not refused within 1 s:\n{}", gw.log());
+                    assert!(
+                        started.elapsed() < Duration::from_secs(1),
+                        "swap {swap}: invalid change not refused within 1 s:\n{}",
+                        gw.log()
+                    );
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
@@ -192,7 +232,9 @@ async fn a_hundred_swaps_under_traffic_lose_no_request() {
         c.await.unwrap();
     }
     let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
-    eprintln!("100 swaps ({valid} valid, {refused} refused), slowest took {worst:?}; {ok} requests served, {failed} failed");
+    eprintln!(
+        "100 swaps ({valid} valid, {refused} refused), slowest took {worst:?}; {ok} requests served, {failed} failed"
+    );
     assert_eq!(failed, 0, "client requests failed during the swaps");
     assert!(ok > 200, "traffic kept flowing ({ok} requests)");
     let metrics = Gateway::client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
@@ -208,11 +250,13 @@ async fn sighup_and_the_admin_endpoint_reload_and_state_survives() {
     let dir = tempdir::Dir::new("hup");
     let cfg_path = dir.0.join("poolgate.toml");
     std::fs::write(&cfg_path, config(&mock.base_url(), &[("builtin:headroom", None)])).unwrap();
-    let env: Vec<(String, String)> = (0..4).map(|i| (format!("KEY_{i}"), format!("key-{i}"))).chain([("PG_ADMIN".into(), ADMIN.into())]).collect();
+    let env: Vec<(String, String)> =
+        (0..4).map(|i| (format!("KEY_{i}"), format!("key-{i}"))).chain([("PG_ADMIN".into(), ADMIN.into())]).collect();
     let env_ref: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let gw = Gateway::start_file(&cfg_path, &env_ref, dir);
     // Learn something about acct-0: it answers 429 once and cools.
-    mock.account("key-0").push(poolgate_mock_upstream::Step::RateLimited { unified: false, retry_after: Some("300".into()) });
+    mock.account("key-0")
+        .push(poolgate_mock_upstream::Step::RateLimited { unified: false, retry_after: Some("300".into()) });
     let r = Gateway::client().post(format!("{}/v1/messages", gw.url)).json(&message("m", false)).send().await.unwrap();
     assert_eq!(r.status(), 200);
 
@@ -237,7 +281,11 @@ async fn sighup_and_the_admin_endpoint_reload_and_state_survives() {
         if st["config"]["last_reload"]["trigger"] == "file-watch" && st["config"]["last_reload"]["ok"] == true {
             break st["config"]["generation"].as_u64().unwrap();
         }
-        assert!(started.elapsed() < Duration::from_secs(3), "the watcher did not reload the restored file:\n{}", gw.log());
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "the watcher did not reload the restored file:\n{}",
+            gw.log()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
 

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use example_plugins::{Built, Lang, built, engine, fixtures_dir, warm};
 use poolgate::case::Case;
+use poolgate::policy::bindings::{Outcome, Request};
 use poolgate::policy::plugin::Plugin;
 use poolgate::policy::{BreakerConfig, Chain, Limits, MemoryState, PluginRef, PluginSpec, PolicyEngine};
-use poolgate::policy::bindings::{Outcome, Request};
 
 /// Builds `lang`'s example, runs the shared fixtures through it, and checks that
 /// a misspelt option is refused with its name.
@@ -215,6 +215,10 @@ fn large_components_load_from_the_compile_cache_after_a_restart() {
         plugin.rank(&case.request(), &c.accounts, &c.windows).unwrap_or_else(|f| panic!("{lang:?}: {f:?}"));
         let first_call = started.elapsed();
         assert!(first_call < Duration::from_millis(poolgate::policy::DEFAULT_DEADLINE_MS), "{lang:?}: {first_call:?}");
-        eprintln!("{lang:?}: cached load {:.1} ms, first call {:.2} ms", cached.as_secs_f64() * 1e3, first_call.as_secs_f64() * 1e3);
+        eprintln!(
+            "{lang:?}: cached load {:.1} ms, first call {:.2} ms",
+            cached.as_secs_f64() * 1e3,
+            first_call.as_secs_f64() * 1e3
+        );
     }
 }

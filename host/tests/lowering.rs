@@ -57,23 +57,33 @@ impl Rng {
 fn random_case(rng: &mut Rng, n: usize) -> poolgate::case::Case {
     let now: u64 = 1_760_000_000_000;
     let statuses = ["allowed", "allowed_warning", "rejected", "unknown"];
-    let reasons = ["weekly_exhausted", "session_exhausted", "model_exhausted", "unified_rejected", "transient", "overloaded", "upstream_error", "auth", "disabled"];
+    let reasons = [
+        "weekly_exhausted",
+        "session_exhausted",
+        "model_exhausted",
+        "unified_rejected",
+        "transient",
+        "overloaded",
+        "upstream_error",
+        "auth",
+        "disabled",
+    ];
     let names = ["5h", "7d", "7d_oi", "7d_opus", "overage", "requests", "tokens", "mystery"];
     let accounts: Vec<serde_json::Value> = (0..n)
         .map(|i| {
             let mut a = json!({
                 "id": format!("acct{i}"),
-                "primary": rng.next() % 5 == 0,
+                "primary": rng.next().is_multiple_of(5),
                 "in_flight": rng.next() % 7,
                 "status": rng.pick(&statuses),
             });
-            if rng.next() % 2 == 0 {
+            if rng.next().is_multiple_of(2) {
                 a["max_in_flight"] = json!(rng.next() % 20);
             }
-            if rng.next() % 2 == 0 {
+            if rng.next().is_multiple_of(2) {
                 a["resets_at_ms"] = json!(now + rng.next() % 10_000_000);
             }
-            if rng.next() % 3 == 0 {
+            if rng.next().is_multiple_of(3) {
                 a["cooldown"] = json!({ "until_ms": now + 1 + rng.next() % 1_000_000, "reason": rng.pick(&reasons) });
             }
             let windows: Vec<serde_json::Value> = (0..rng.next() % 4)
@@ -84,7 +94,7 @@ fn random_case(rng: &mut Rng, n: usize) -> poolgate::case::Case {
                         "status": rng.pick(&statuses),
                         "observed_at_ms": now - rng.next() % 3_600_000,
                     });
-                    if rng.next() % 2 == 0 {
+                    if rng.next().is_multiple_of(2) {
                         w["resets_at_ms"] = json!(now + 1 + rng.next() % 1_000_000);
                     }
                     w

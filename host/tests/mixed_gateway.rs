@@ -16,7 +16,9 @@ async fn a_chain_of_four_languages_serves_requests_through_the_gateway() {
     let reset = poolgate_mock_upstream::now_s() + 3600;
     // hot: over the Python filter's 90%; warm: over the C filter's 70%;
     // cool and fresh pass both, cool resets sooner.
-    for (key, used, reset_s) in [("key-hot", 0.95, reset), ("key-warm", 0.8, reset), ("key-cool", 0.3, reset - 600), ("key-fresh", 0.1, reset)] {
+    for (key, used, reset_s) in
+        [("key-hot", 0.95, reset), ("key-warm", 0.8, reset), ("key-cool", 0.3, reset - 600), ("key-fresh", 0.1, reset)]
+    {
         mock.account(key).set_quota(Quota {
             status: Some("allowed".into()),
             five_hour: Some(Window { utilization: used, status: "allowed".into(), reset_s }),
@@ -38,29 +40,64 @@ async fn a_chain_of_four_languages_serves_requests_through_the_gateway() {
         wasm("js")
     ));
     for id in ["hot", "warm", "cool", "fresh"] {
-        cfg.push_str(&format!("[[accounts]]\nid = \"{id}\"\napi_key_env = \"KEY_{id}\"\nbase_url = \"{}\"\n\n", mock.base_url()));
+        cfg.push_str(&format!(
+            "[[accounts]]\nid = \"{id}\"\napi_key_env = \"KEY_{id}\"\nbase_url = \"{}\"\n\n",
+            mock.base_url()
+        ));
     }
-    let env = [("KEY_hot", "key-hot"), ("KEY_warm", "key-warm"), ("KEY_cool", "key-cool"), ("KEY_fresh", "key-fresh"), ("PG_ADMIN", "mixed")];
+    let env = [
+        ("KEY_hot", "key-hot"),
+        ("KEY_warm", "key-warm"),
+        ("KEY_cool", "key-cool"),
+        ("KEY_fresh", "key-fresh"),
+        ("PG_ADMIN", "mixed"),
+    ];
     let gw = tokio::task::spawn_blocking(move || Gateway::start(&cfg, &env)).await.unwrap();
 
     // The first four requests teach the gateway each account's quota.
     for _ in 0..4 {
-        let r = Gateway::client().post(format!("{}/v1/messages", gw.url)).json(&message("claude-sonnet-4-5", false)).send().await.unwrap();
+        let r = Gateway::client()
+            .post(format!("{}/v1/messages", gw.url))
+            .json(&message("claude-sonnet-4-5", false))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200);
     }
     for stream in [false, true, false, true] {
-        let r = Gateway::client().post(format!("{}/v1/messages", gw.url)).json(&message("claude-sonnet-4-5", stream)).send().await.unwrap();
+        let r = Gateway::client()
+            .post(format!("{}/v1/messages", gw.url))
+            .json(&message("claude-sonnet-4-5", stream))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200, "{}", gw.log());
         assert_eq!(r.headers()["x-poolgate-account"], "cool", "soonest 5h reset among those the filters keep");
         assert_eq!(r.headers()["x-poolgate-reason"], "reset_soonest");
         let _ = r.bytes().await.unwrap();
     }
-    let d: Value = Gateway::client().get(format!("{}/admin/decisions?limit=1", gw.url)).bearer_auth("mixed").send().await.unwrap().json().await.unwrap();
+    let d: Value = Gateway::client()
+        .get(format!("{}/admin/decisions?limit=1", gw.url))
+        .bearer_auth("mixed")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let decision = &d[0]["attempts"][0]["decision"];
     assert_eq!(decision["policy_errors"].as_array().unwrap().len(), 0, "{decision:#}");
-    let stages: Vec<&str> = decision["stages"].as_array().unwrap().iter().map(|s| s["stage"].as_str().unwrap()).collect();
+    let stages: Vec<&str> =
+        decision["stages"].as_array().unwrap().iter().map(|s| s["stage"].as_str().unwrap()).collect();
     assert_eq!(stages, ["python-filter", "headroom", "c-filter", "js-tie-breaker"]);
-    let kept = |i: usize| decision["stages"][i]["order"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect::<Vec<_>>();
+    let kept = |i: usize| {
+        decision["stages"][i]["order"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
     assert!(!kept(0).contains(&"hot".into()), "Python dropped hot: {:?}", kept(0));
     assert!(!kept(2).contains(&"warm".into()), "C dropped warm: {:?}", kept(2));
 }

@@ -36,8 +36,7 @@ fn account(id: &str, session_used: f64, weekly_reset: u64) -> Value {
 }
 
 fn case(accounts: Vec<Value>, session: Option<&str>, now: u64) -> Case {
-    let mut c =
-        json!({ "now_ms": now, "request": { "model": "claude-sonnet-4-5" }, "accounts": accounts });
+    let mut c = json!({ "now_ms": now, "request": { "model": "claude-sonnet-4-5" }, "accounts": accounts });
     if let Some(s) = session {
         c["request"]["session"] = json!(s);
     }
@@ -55,10 +54,7 @@ fn neurolink_chain(spill: u32) -> Vec<StageSpec> {
 }
 
 fn run(chain: &Chain, case: &Case) -> Decision {
-    chain.rank(
-        case.request(),
-        case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS),
-    )
+    chain.rank(case.request(), case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS))
 }
 
 /// Reports a successful response of `case`'s request on `account`.
@@ -68,21 +64,14 @@ fn served(chain: &Chain, case: &Case, account: &str) {
 }
 
 fn stage_detail<'d>(d: &'d Decision, name: &str) -> &'d str {
-    let s = d
-        .stages
-        .iter()
-        .find(|s| s.stage == name)
-        .unwrap_or_else(|| panic!("no stage {name}"));
+    let s = d.stages.iter().find(|s| s.stage == name).unwrap_or_else(|| panic!("no stage {name}"));
     s.detail.as_deref().unwrap_or("")
 }
 
 #[test]
 fn bound_then_primary_then_the_ranking() {
-    let mut accounts = vec![
-        account("a", 0.2, NOW + DAY),
-        account("b", 0.2, NOW + 3 * DAY),
-        account("p", 0.2, NOW + 3 * DAY),
-    ];
+    let mut accounts =
+        vec![account("a", 0.2, NOW + DAY), account("b", 0.2, NOW + 3 * DAY), account("p", 0.2, NOW + 3 * DAY)];
     accounts[2]["primary"] = json!(true);
     let c = case(accounts, Some(SESSION), NOW);
     let chain = chain(&c, neurolink_chain(0));
@@ -91,31 +80,20 @@ fn bound_then_primary_then_the_ranking() {
     let d = run(&chain, &c);
     assert_eq!(d.order, ["p", "a", "b"]);
     assert_eq!(d.reason, "preferred_primary");
-    assert_eq!(
-        stage_detail(&d, "builtin:affinity"),
-        "affinity skipped: expired"
-    );
+    assert_eq!(stage_detail(&d, "builtin:affinity"), "affinity skipped: expired");
 
     // b serves the session: [bound, primary, …rest].
     served(&chain, &c, "b");
     let d = run(&chain, &c);
     assert_eq!(d.order, ["b", "p", "a"]);
     assert_eq!(d.reason, "session_affinity");
-    assert_eq!(
-        stage_detail(&d, "builtin:prefer-primary"),
-        "primary placed behind the session binding"
-    );
+    assert_eq!(stage_detail(&d, "builtin:prefer-primary"), "primary placed behind the session binding");
 }
 
 #[test]
 fn a_session_follows_the_account_that_served_it_without_ping_pong() {
     // a's week expires first, so the ranking alone always prefers a.
-    let healthy = || {
-        vec![
-            account("a", 0.2, NOW + DAY),
-            account("b", 0.2, NOW + 3 * DAY),
-        ]
-    };
+    let healthy = || vec![account("a", 0.2, NOW + DAY), account("b", 0.2, NOW + 3 * DAY)];
     let state = Arc::new(MemoryState::default());
     let first = case(healthy(), Some(SESSION), NOW);
     let chain = chain_with_state(&first, neurolink_chain(2), state.clone());
@@ -130,10 +108,7 @@ fn a_session_follows_the_account_that_served_it_without_ping_pong() {
     let second = case(cooling, Some(SESSION), NOW + MIN);
     let d = run(&chain, &second);
     assert_eq!(d.order.head(), Some("b"));
-    assert_eq!(
-        stage_detail(&d, "builtin:affinity"),
-        "affinity skipped: unusable (`a`)"
-    );
+    assert_eq!(stage_detail(&d, "builtin:affinity"), "affinity skipped: unusable (`a`)");
     served(&chain, &second, "b");
 
     // a recovers and is the better-ranked account again, but the session stays on b.
@@ -148,61 +123,39 @@ fn a_session_follows_the_account_that_served_it_without_ping_pong() {
     let fourth = case(busy, Some(SESSION), NOW + 11 * MIN);
     let d = run(&chain, &fourth);
     assert_eq!(d.order, ["b", "a"]);
-    assert_eq!(
-        stage_detail(&d, "builtin:spill"),
-        "spill skipped: the head is pinned by session_affinity"
-    );
+    assert_eq!(stage_detail(&d, "builtin:spill"), "spill skipped: the head is pinned by session_affinity");
 
     // An unbound session on a busy head is spilled as usual.
     let mut busy_a = healthy();
     busy_a[0]["in_flight"] = json!(2);
-    let d = run(
-        &chain,
-        &case(busy_a, Some("another-session"), NOW + 11 * MIN),
-    );
+    let d = run(&chain, &case(busy_a, Some("another-session"), NOW + 11 * MIN));
     assert_eq!(d.order, ["b", "a"]);
     assert_eq!(d.reason, "spill_inflight");
 }
 
 #[test]
 fn affinity_reports_why_it_did_not_act() {
-    let pool = || {
-        vec![
-            account("a", 0.2, NOW + DAY),
-            account("b", 0.2, NOW + 3 * DAY),
-        ]
-    };
+    let pool = || vec![account("a", 0.2, NOW + DAY), account("b", 0.2, NOW + 3 * DAY)];
     let c = case(pool(), Some(SESSION), NOW);
     let chain = chain(&c, neurolink_chain(0));
     let detail = |c: &Case| stage_detail(&run(&chain, c), "builtin:affinity").to_string();
 
-    assert_eq!(
-        detail(&case(pool(), None, NOW)),
-        "affinity skipped: no_session"
-    );
+    assert_eq!(detail(&case(pool(), None, NOW)), "affinity skipped: no_session");
     assert_eq!(detail(&c), "affinity skipped: expired");
 
     served(&chain, &c, "b");
     let mut saturated = pool();
     saturated[1]["windows"][0]["utilization"] = json!(0.97);
-    assert_eq!(
-        detail(&case(saturated, Some(SESSION), NOW + MIN)),
-        "affinity skipped: session_saturated (`b`)"
-    );
+    assert_eq!(detail(&case(saturated, Some(SESSION), NOW + MIN)), "affinity skipped: session_saturated (`b`)");
 
     // Dropped by skip-exhausted: no longer a candidate at all.
     let mut spent = pool();
-    spent[1]["windows"][1] = json!({ "name": "7d", "utilization": 1.0, "resets_at_ms": NOW + DAY, "status": "rejected" });
+    spent[1]["windows"][1] =
+        json!({ "name": "7d", "utilization": 1.0, "resets_at_ms": NOW + DAY, "status": "rejected" });
     let d = run(&chain, &case(spent, Some(SESSION), NOW + MIN));
     assert_eq!(d.order, ["a"]);
-    assert_eq!(
-        stage_detail(&d, "builtin:skip-exhausted"),
-        "dropped `b` (7d exhausted until 1760086400000)"
-    );
-    assert_eq!(
-        stage_detail(&d, "builtin:affinity"),
-        "affinity skipped: unusable (`b` is not a candidate)"
-    );
+    assert_eq!(stage_detail(&d, "builtin:skip-exhausted"), "dropped `b` (7d exhausted until 1760086400000)");
+    assert_eq!(stage_detail(&d, "builtin:affinity"), "affinity skipped: unusable (`b` is not a candidate)");
 
     let later = case(pool(), Some(SESSION), NOW + HOUR + 1);
     assert_eq!(detail(&later), "affinity skipped: expired");
@@ -210,54 +163,27 @@ fn affinity_reports_why_it_did_not_act() {
 
 #[test]
 fn reading_a_binding_does_not_refresh_it_but_serving_does() {
-    let pool = || {
-        vec![
-            account("a", 0.2, NOW + DAY),
-            account("b", 0.2, NOW + 3 * DAY),
-        ]
-    };
+    let pool = || vec![account("a", 0.2, NOW + DAY), account("b", 0.2, NOW + 3 * DAY)];
     let c = case(pool(), Some(SESSION), NOW);
-    let chain = chain(
-        &c,
-        vec![
-            stage("builtin:expiry-first", json!({}), 500),
-            stage("builtin:affinity", json!({}), 500),
-        ],
-    );
+    let chain =
+        chain(&c, vec![stage("builtin:expiry-first", json!({}), 500), stage("builtin:affinity", json!({}), 500)]);
     served(&chain, &c, "b");
 
     // Read half-way through the TTL: still bound, and not refreshed.
-    assert_eq!(
-        run(&chain, &case(pool(), Some(SESSION), NOW + 30 * MIN)).order,
-        ["b", "a"]
-    );
-    assert_eq!(
-        run(&chain, &case(pool(), Some(SESSION), NOW + HOUR)).order,
-        ["b", "a"]
-    );
-    assert_eq!(
-        run(&chain, &case(pool(), Some(SESSION), NOW + HOUR + 1)).order,
-        ["a", "b"]
-    );
+    assert_eq!(run(&chain, &case(pool(), Some(SESSION), NOW + 30 * MIN)).order, ["b", "a"]);
+    assert_eq!(run(&chain, &case(pool(), Some(SESSION), NOW + HOUR)).order, ["b", "a"]);
+    assert_eq!(run(&chain, &case(pool(), Some(SESSION), NOW + HOUR + 1)).order, ["a", "b"]);
 
     // A response served half-way through does refresh it.
     let c = case(pool(), Some("second"), NOW);
     served(&chain, &c, "b");
     served(&chain, &case(pool(), Some("second"), NOW + 30 * MIN), "b");
-    assert_eq!(
-        run(&chain, &case(pool(), Some("second"), NOW + HOUR + 1)).order,
-        ["b", "a"]
-    );
+    assert_eq!(run(&chain, &case(pool(), Some("second"), NOW + HOUR + 1)).order, ["b", "a"]);
 }
 
 #[test]
 fn a_binding_survives_a_new_instance_and_a_hot_swap() {
-    let pool = || {
-        vec![
-            account("a", 0.2, NOW + DAY),
-            account("b", 0.2, NOW + 3 * DAY),
-        ]
-    };
+    let pool = || vec![account("a", 0.2, NOW + DAY), account("b", 0.2, NOW + 3 * DAY)];
     let state = Arc::new(MemoryState::default());
     let c = case(pool(), Some(SESSION), NOW);
     let affinity = || vec![stage("builtin:affinity", json!({}), 500)];
@@ -266,14 +192,7 @@ fn a_binding_survives_a_new_instance_and_a_hot_swap() {
     drop(old);
 
     // A new configuration generation: new instances, same state scope.
-    let new = chain_with_state(
-        &c,
-        vec![
-            stage("builtin:expiry-first", json!({}), 500),
-            affinity().remove(0),
-        ],
-        state,
-    );
+    let new = chain_with_state(&c, vec![stage("builtin:expiry-first", json!({}), 500), affinity().remove(0)], state);
     let d = run(&new, &case(pool(), Some(SESSION), NOW + MIN));
     assert_eq!(d.order, ["b", "a"]);
     assert_eq!(d.reason, "session_affinity");
@@ -286,26 +205,17 @@ fn skip_exhausted_keeps_the_last_way_out() {
     let chain = chain(&c, neurolink_chain(0));
     let d = run(&chain, &c);
     assert_eq!(d.order, ["a", "b"]);
-    assert!(
-        stage_detail(&d, "builtin:skip-exhausted").starts_with("kept every candidate"),
-        "{d:?}"
-    );
+    assert!(stage_detail(&d, "builtin:skip-exhausted").starts_with("kept every candidate"), "{d:?}");
     assert!(d.policy_errors.is_empty());
 }
 
 #[test]
 fn prefer_primary_reports_why_it_did_not_act() {
-    let mut accounts = vec![
-        account("a", 0.2, NOW + DAY),
-        account("p", 0.98, NOW + 3 * DAY),
-    ];
+    let mut accounts = vec![account("a", 0.2, NOW + DAY), account("p", 0.98, NOW + 3 * DAY)];
     accounts[1]["primary"] = json!(true);
     let c = case(accounts, None, NOW);
     let chain = chain(&c, vec![stage("builtin:prefer-primary", json!({}), 500)]);
-    assert_eq!(
-        stage_detail(&run(&chain, &c), "builtin:prefer-primary"),
-        "prefer-primary skipped: session_saturated"
-    );
+    assert_eq!(stage_detail(&run(&chain, &c), "builtin:prefer-primary"), "prefer-primary skipped: session_saturated");
     let c = case(vec![account("a", 0.2, NOW + DAY)], None, NOW);
     let chain = common::chain(&c, vec![stage("builtin:prefer-primary", json!({}), 500)]);
     assert_eq!(

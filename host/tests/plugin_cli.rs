@@ -134,7 +134,10 @@ fn skeleton_builds_and_passes(lang: &str) {
     if lang == "js" {
         // The skeleton pins the same packages as the example; reuse its install.
         let modules = example_plugins::repo_root().join("examples/plugins/js/node_modules");
-        assert!(modules.is_dir(), "componentize-js is not installed: run .ci/setup (npm ci --prefix examples/plugins/js)");
+        assert!(
+            modules.is_dir(),
+            "componentize-js is not installed: run .ci/setup (npm ci --prefix examples/plugins/js)"
+        );
         std::os::unix::fs::symlink(modules, plugin.join("node_modules")).unwrap();
     }
     // A Rust skeleton's dependencies build once per machine, not once per run.

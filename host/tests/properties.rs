@@ -14,6 +14,9 @@
 //! only accounts that both report a per-model window; see docs/strategies.md.)
 //!
 //! Also here: every built-in refuses a bad option at load, naming the option.
+// The pairwise checks index a square matrix by both coordinates; loops over
+// indices read more plainly than iterator chains there.
+#![allow(clippy::needless_range_loop)]
 
 mod common;
 
@@ -83,27 +86,10 @@ fn window(rng: &mut Rng, name: &str, resets: &[Option<u64>]) -> Value {
 /// primary, pool index) decide.
 fn random_case(rng: &mut Rng) -> Case {
     let n = 2 + rng.below(7);
-    let session_resets = [
-        None,
-        Some(NOW - MIN),
-        Some(NOW + HOUR),
-        Some(NOW + HOUR),
-        Some(NOW + 70 * MIN),
-        Some(NOW + 2 * HOUR),
-    ];
-    let weekly_resets = [
-        None,
-        Some(NOW - MIN),
-        Some(NOW + DAY),
-        Some(NOW + DAY),
-        Some(NOW + 3 * DAY),
-    ];
-    let shared = rng.chance(50).then(|| {
-        [
-            window(rng, "5h", &session_resets),
-            window(rng, "7d", &weekly_resets),
-        ]
-    });
+    let session_resets =
+        [None, Some(NOW - MIN), Some(NOW + HOUR), Some(NOW + HOUR), Some(NOW + 70 * MIN), Some(NOW + 2 * HOUR)];
+    let weekly_resets = [None, Some(NOW - MIN), Some(NOW + DAY), Some(NOW + DAY), Some(NOW + 3 * DAY)];
+    let shared = rng.chance(50).then(|| [window(rng, "5h", &session_resets), window(rng, "7d", &weekly_resets)]);
     let accounts: Vec<Value> = (0..n)
         .map(|i| {
             let mut a = json!({
@@ -146,13 +132,7 @@ fn random_case(rng: &mut Rng) -> Case {
             a
         })
         .collect();
-    let model = rng.pick(&[
-        "claude-fable-5",
-        "claude-fable-5",
-        "claude-sonnet-4-5",
-        "claude-opus-4-1",
-        "",
-    ]);
+    let model = rng.pick(&["claude-fable-5", "claude-fable-5", "claude-sonnet-4-5", "claude-opus-4-1", ""]);
     let case = json!({ "now_ms": NOW, "request": { "model": model }, "accounts": accounts });
     Case::parse(&case.to_string()).expect("generated case parses")
 }
@@ -163,38 +143,23 @@ fn load(name: &str, case: &Case) -> Plugin {
         scope: plugin.default_scope(),
         plugin,
         config_json: "{}".into(),
-        limits: Limits {
-            deadline: std::time::Duration::from_secs(1),
-            ..Limits::default()
-        },
+        limits: Limits { deadline: std::time::Duration::from_secs(1), ..Limits::default() },
         max_idle: 1,
     };
-    Plugin::load(&ENGINE, spec, case.pool(), Arc::new(MemoryState::default()))
-        .expect("plugin loads")
+    Plugin::load(&ENGINE, spec, case.pool(), Arc::new(MemoryState::default())).expect("plugin loads")
 }
 
 /// Ranks `accounts` (a subset of the case's, in any order) and answers with
 /// the pool indices in the plugin's order, plus its reason.
-fn rank(
-    plugin: &Plugin,
-    req: &Request,
-    accounts: &[Account],
-    windows: &[QuotaWindow],
-) -> (Vec<u32>, String) {
+fn rank(plugin: &Plugin, req: &Request, accounts: &[Account], windows: &[QuotaWindow]) -> (Vec<u32>, String) {
     let r = plugin.rank(req, accounts, windows).expect("rank succeeds");
-    let ids = r
-        .order
-        .iter()
-        .map(|&i| accounts[i as usize].id)
-        .collect::<Vec<_>>();
+    let ids = r.order.iter().map(|&i| accounts[i as usize].id).collect::<Vec<_>>();
     assert_eq!(ids.len(), accounts.len(), "a comparator drops nothing");
     (ids, r.reason)
 }
 
 fn seed_for(name: &str, property: u64) -> u64 {
-    name.bytes().fold(0x9e37_79b9_7f4a_7c15 ^ property, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    })
+    name.bytes().fold(0x9e37_79b9_7f4a_7c15 ^ property, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
 
 #[test]
@@ -235,32 +200,21 @@ fn a_comparator_is_transitive_and_agrees_with_its_pairs() {
             let req = case.request();
             let c = case.candidates(DEFAULT_FRESHNESS_MS);
             let k = c.accounts.len();
-            let context = || {
-                format!(
-                    "{name}, seed {seed:#x}, case {n}\n{}",
-                    serde_json::to_string(&case).unwrap()
-                )
-            };
+            let context = || format!("{name}, seed {seed:#x}, case {n}\n{}", serde_json::to_string(&case).unwrap());
             // before[x][y]: x ranks ahead of y when only the two are ranked.
             let mut before = vec![vec![false; k]; k];
             for x in 0..k {
                 for y in 0..k {
                     if x != y {
-                        let pair = [c.accounts[x].clone(), c.accounts[y].clone()];
-                        before[x][y] =
-                            rank(&plugin, &req, &pair, &c.windows).0[0] == c.accounts[x].id;
+                        let pair = [c.accounts[x], c.accounts[y]];
+                        before[x][y] = rank(&plugin, &req, &pair, &c.windows).0[0] == c.accounts[x].id;
                     }
                 }
             }
             for x in 0..k {
                 for y in 0..k {
                     if x != y {
-                        assert_ne!(
-                            before[x][y],
-                            before[y][x],
-                            "pair order depends on input order: {}",
-                            context()
-                        );
+                        assert_ne!(before[x][y], before[y][x], "pair order depends on input order: {}", context());
                     }
                 }
             }
@@ -268,11 +222,7 @@ fn a_comparator_is_transitive_and_agrees_with_its_pairs() {
                 for b in 0..k {
                     for d in 0..k {
                         if a != b && b != d && a != d && before[a][b] && before[b][d] {
-                            assert!(
-                                before[a][d],
-                                "a{a} < a{b} < a{d} but not a{a} < a{d}: {}",
-                                context()
-                            );
+                            assert!(before[a][d], "a{a} < a{b} < a{d} but not a{a} < a{d}: {}", context());
                         }
                     }
                 }
@@ -302,37 +252,13 @@ fn a_bad_option_refuses_the_plugin_and_is_named() {
         ("headroom", json!({ "flor": 0.1 }), "flor"),
         ("fill-first", json!({ "floor": -0.5 }), "floor"),
         ("fill-first", json!({ "buckets": 3 }), "buckets"),
-        (
-            "expiry-first",
-            json!({ "session_soft_limit": 0.0 }),
-            "session_soft_limit",
-        ),
-        (
-            "expiry-first",
-            json!({ "session_soft_limit": 1.01 }),
-            "session_soft_limit",
-        ),
-        (
-            "expiry-first",
-            json!({ "session_reset_tolerance_ms": 0 }),
-            "session_reset_tolerance_ms",
-        ),
-        (
-            "headroom-first",
-            json!({ "session_reset_tolerance_ms": 60000 }),
-            "session_reset_tolerance_ms",
-        ),
-        (
-            "headroom-first",
-            json!({ "session_soft_limit": "high" }),
-            "session_soft_limit",
-        ),
+        ("expiry-first", json!({ "session_soft_limit": 0.0 }), "session_soft_limit"),
+        ("expiry-first", json!({ "session_soft_limit": 1.01 }), "session_soft_limit"),
+        ("expiry-first", json!({ "session_reset_tolerance_ms": 0 }), "session_reset_tolerance_ms"),
+        ("headroom-first", json!({ "session_reset_tolerance_ms": 60000 }), "session_reset_tolerance_ms"),
+        ("headroom-first", json!({ "session_soft_limit": "high" }), "session_soft_limit"),
         ("affinity", json!({ "idle_ttl_ms": 59_999 }), "idle_ttl_ms"),
-        (
-            "affinity",
-            json!({ "idle_ttl_ms": 86_400_001 }),
-            "idle_ttl_ms",
-        ),
+        ("affinity", json!({ "idle_ttl_ms": 86_400_001 }), "idle_ttl_ms"),
         ("affinity", json!({ "max_sessions": 0 }), "max_sessions"),
         ("prefer-primary", json!({ "primary": "a0" }), "primary"),
         ("spill", json!({ "spill_inflight": 101 }), "spill_inflight"),
@@ -352,31 +278,19 @@ fn a_bad_option_refuses_the_plugin_and_is_named() {
             Ok(_) => panic!("builtin:{name} accepted {config}"),
             Err(e) => format!("{e:#}"),
         };
-        assert!(
-            err.contains(&format!("`{option}`")),
-            "builtin:{name} with {config}: {err}"
-        );
+        assert!(err.contains(&format!("`{option}`")), "builtin:{name} with {config}: {err}");
     }
     // And the defaults and the edges of every range are accepted.
     let good = [
-        (
-            "affinity",
-            json!({ "idle_ttl_ms": 60_000, "max_sessions": 1 }),
-        ),
-        (
-            "affinity",
-            json!({ "idle_ttl_ms": 86_400_000, "session_soft_limit": 1.0 }),
-        ),
+        ("affinity", json!({ "idle_ttl_ms": 60_000, "max_sessions": 1 })),
+        ("affinity", json!({ "idle_ttl_ms": 86_400_000, "session_soft_limit": 1.0 })),
         ("spill", json!({ "spill_inflight": 100 })),
         (
             "expiry-first",
             json!({ "session_soft_limit": 0.5, "session_reset_tolerance_ms": 1, "buckets": { "xy": "opus" } }),
         ),
     ];
-    for name in COMPARATORS
-        .iter()
-        .chain(&["affinity", "prefer-primary", "spill", "skip-exhausted"])
-    {
+    for name in COMPARATORS.iter().chain(&["affinity", "prefer-primary", "spill", "skip-exhausted"]) {
         load(name, &case);
     }
     for (name, config) in good {

@@ -107,7 +107,8 @@ fn opening_a_socket_is_refused() {
     // Something is listening, so only the sandbox can make the connect fail.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let msg = assert_fault_then_recovery_with(json!({ "fault": "socket", "on_model": "boom", "addr": addr }), Cause::Error);
+    let msg =
+        assert_fault_then_recovery_with(json!({ "fault": "socket", "on_model": "boom", "addr": addr }), Cause::Error);
     assert!(msg.starts_with("socket refused"), "{msg}");
 }
 

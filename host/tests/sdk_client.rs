@@ -17,14 +17,24 @@ async fn the_anthropic_python_sdk_works_through_the_gateway() {
     let mock = MockUpstream::start().await;
     mock.account("key-a");
     mock.account("key-b");
-    let gw = Gateway::start(&config(&mock.base_url(), &[("a", "KEY_A"), ("b", "KEY_B")], ""), &[("KEY_A", "key-a"), ("KEY_B", "key-b"), ("PG_ADMIN", "x")]);
+    let gw = Gateway::start(
+        &config(&mock.base_url(), &[("a", "KEY_A"), ("b", "KEY_B")], ""),
+        &[("KEY_A", "key-a"), ("KEY_B", "key-b"), ("PG_ADMIN", "x")],
+    );
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/sdk_client.py");
     let url = gw.url.clone();
-    let out = tokio::task::spawn_blocking(move || std::process::Command::new("python3").arg(script).arg(url).output().unwrap())
-        .await
-        .unwrap();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3").arg(script).arg(url).output().unwrap()
+    })
+    .await
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "SDK client failed:\n{stdout}\n{}\ngateway log:\n{}", String::from_utf8_lossy(&out.stderr), gw.log());
+    assert!(
+        out.status.success(),
+        "SDK client failed:\n{stdout}\n{}\ngateway log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        gw.log()
+    );
     for check in ["create", "headers", "stream", "tool_stream"] {
         assert!(stdout.contains(&format!("\"check\": \"{check}\"")), "missing {check}:\n{stdout}");
     }

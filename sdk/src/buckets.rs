@@ -19,9 +19,7 @@ pub struct Buckets {
 
 impl Default for Buckets {
     fn default() -> Self {
-        Buckets {
-            map: vec![("oi".into(), "fable".into())],
-        }
+        Buckets { map: vec![("oi".into(), "fable".into())] }
     }
 }
 
@@ -29,10 +27,8 @@ impl Buckets {
     /// The default map (`oi → fable`) with `extra` bindings merged over it; names
     /// are compared case-insensitively.
     pub fn new(extra: HashMap<String, String>) -> Self {
-        let mut map: Vec<(String, String)> = extra
-            .into_iter()
-            .map(|(b, f)| (b.to_ascii_lowercase(), f.to_ascii_lowercase()))
-            .collect();
+        let mut map: Vec<(String, String)> =
+            extra.into_iter().map(|(b, f)| (b.to_ascii_lowercase(), f.to_ascii_lowercase())).collect();
         // A HashMap's order is random; sort so that nothing downstream depends on it.
         map.sort();
         for (b, f) in Buckets::default().map {
@@ -45,18 +41,11 @@ impl Buckets {
 
     /// The family `bucket` binds.
     pub fn family<'b>(&'b self, bucket: &'b str) -> &'b str {
-        self.map
-            .iter()
-            .find(|(b, _)| b.eq_ignore_ascii_case(bucket))
-            .map_or(bucket, |(_, f)| f.as_str())
+        self.map.iter().find(|(b, _)| b.eq_ignore_ascii_case(bucket)).map_or(bucket, |(_, f)| f.as_str())
     }
 
     /// The windows of `account` that bind model `family`.
-    pub fn windows_for<'c>(
-        &self,
-        account: &Candidate<'c>,
-        family: &str,
-    ) -> impl Iterator<Item = &'c QuotaWindow> {
+    pub fn windows_for<'c>(&self, account: &Candidate<'c>, family: &str) -> impl Iterator<Item = &'c QuotaWindow> {
         account
             .model_windows()
             .filter(move |(bucket, _)| self.family(bucket).eq_ignore_ascii_case(family))

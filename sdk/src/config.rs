@@ -55,12 +55,7 @@ impl Config {
 }
 
 /// Checks that `value` of option `name` lies in `min..=max`, with an error naming it.
-pub fn check_range<T: PartialOrd + std::fmt::Display>(
-    name: &str,
-    value: T,
-    min: T,
-    max: T,
-) -> Result<T, String> {
+pub fn check_range<T: PartialOrd + std::fmt::Display>(name: &str, value: T, min: T, max: T) -> Result<T, String> {
     if value < min || value > max {
         Err(format!("option `{name}` = {value} is out of range ({min} to {max})"))
     } else {

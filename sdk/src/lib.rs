@@ -54,12 +54,12 @@ pub mod bindings {
     });
 }
 
-pub use candidate::{Candidate, ModelFamily, model_family};
 pub use bindings::poolgate::policy::types::{
-    Account, AccountInfo, ApiShape, Cooldown, CooldownReason, Freshness, Outcome, QuotaWindow,
-    Ranking, Request, WindowKind, WindowStatus,
+    Account, AccountInfo, ApiShape, Cooldown, CooldownReason, Freshness, Outcome, QuotaWindow, Ranking, Request,
+    WindowKind, WindowStatus,
 };
 pub use buckets::Buckets;
+pub use candidate::{Candidate, ModelFamily, model_family};
 pub use candidates::{Candidates, Pool};
 pub use config::{Config, check_range};
 
@@ -68,9 +68,9 @@ pub mod prelude {
     pub use crate::host::{log, state};
     pub use crate::metrics::{Ladder, SortMetrics};
     pub use crate::{
-        Account, AccountInfo, ApiShape, Buckets, Candidate, Candidates, Config, Cooldown,
-        CooldownReason, Freshness, ModelFamily, Outcome, Pool, QuotaWindow, Ranker, Ranking,
-        Request, WindowKind, WindowStatus, check_range, model_family,
+        Account, AccountInfo, ApiShape, Buckets, Candidate, Candidates, Config, Cooldown, CooldownReason, Freshness,
+        ModelFamily, Outcome, Pool, QuotaWindow, Ranker, Ranking, Request, WindowKind, WindowStatus, check_range,
+        model_family,
     };
 }
 
@@ -98,11 +98,7 @@ impl Ranking {
     /// A ranking that keeps `order` (indices into the candidates) and claims the
     /// head with `reason`.
     pub fn new(order: Vec<u32>, reason: impl Into<String>) -> Self {
-        Ranking {
-            order,
-            reason: reason.into(),
-            detail: None,
-        }
+        Ranking { order, reason: reason.into(), detail: None }
     }
 
     /// Adds a detail line for the decision record.
@@ -138,7 +134,7 @@ macro_rules! export_ranker {
                     $crate::rt::observe::<$ty>(req, account, ended)
                 }
             }
-            $crate::bindings::__export_policy!(PoolgateGuest with_types_in $crate::bindings);
+    $crate::bindings::__export_policy!(PoolgateGuest with_types_in $crate::bindings);
         };
     };
 }

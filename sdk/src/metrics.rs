@@ -13,10 +13,7 @@
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
-use crate::{
-    Buckets, Candidate, Candidates, Freshness, QuotaWindow, Ranking, Request, WindowKind,
-    WindowStatus,
-};
+use crate::{Buckets, Candidate, Candidates, Freshness, QuotaWindow, Ranking, Request, WindowKind, WindowStatus};
 use crate::{check_range, model_family};
 
 /// Default session soft limit: a 5h window used this much demotes its account.
@@ -106,9 +103,7 @@ impl Ladder {
         let soft = session_soft_limit.unwrap_or(DEFAULT_SESSION_SOFT_LIMIT);
         // (0, 1]: a limit of 0 would saturate every account, and NaN none.
         if soft.is_nan() || soft <= 0.0 || soft > 1.0 {
-            return Err(format!(
-                "option `session_soft_limit` = {soft} is out of range (greater than 0, at most 1)"
-            ));
+            return Err(format!("option `session_soft_limit` = {soft} is out of range (greater than 0, at most 1)"));
         }
         let tolerance = check_range(
             "session_reset_tolerance_ms",
@@ -116,20 +111,13 @@ impl Ladder {
             1,
             7 * 24 * 3600 * 1000,
         )?;
-        Ok(Ladder {
-            session_soft_limit: soft,
-            session_reset_tolerance_ms: tolerance,
-            buckets: Buckets::new(buckets),
-        })
+        Ok(Ladder { session_soft_limit: soft, session_reset_tolerance_ms: tolerance, buckets: Buckets::new(buckets) })
     }
 
     /// The metrics of every candidate, by position.
     pub fn metrics(&self, req: &Request, candidates: &Candidates) -> Vec<SortMetrics> {
         let family = model_family(&req.model);
-        candidates
-            .iter()
-            .map(|c| self.metrics_of(&c, family, req.now_ms))
-            .collect()
+        candidates.iter().map(|c| self.metrics_of(&c, family, req.now_ms)).collect()
     }
 
     /// The metrics of one candidate for a request of model `family` at `now`.
@@ -139,14 +127,10 @@ impl Ladder {
         let five = c.window(WindowKind::FiveHour);
         let seven = c.window(WindowKind::SevenDay);
         // Raw statuses as reported; an unreported one (`unknown`) is no evidence.
-        let non_allowed = [
-            Some(c.status),
-            five.map(|w| w.status),
-            seven.map(|w| w.status),
-        ]
-        .into_iter()
-        .flatten()
-        .any(|s| s != WindowStatus::Unknown && s != WindowStatus::Allowed);
+        let non_allowed = [Some(c.status), five.map(|w| w.status), seven.map(|w| w.status)]
+            .into_iter()
+            .flatten()
+            .any(|s| s != WindowStatus::Unknown && s != WindowStatus::Allowed);
         let evidence = if !has_quota {
             Evidence::Unknown
         } else if !stale {
@@ -159,11 +143,7 @@ impl Ladder {
         // A stale rejection must not quarantine an account: its reading is set
         // aside entirely, as if there were none.
         let routing = matches!(evidence, Evidence::Fresh | Evidence::StaleKnown);
-        let (five_t, seven_t) = if routing {
-            (ticking(five, now), ticking(seven, now))
-        } else {
-            (None, None)
-        };
+        let (five_t, seven_t) = if routing { (ticking(five, now), ticking(seven, now)) } else { (None, None) };
         let read = |t: Option<&QuotaWindow>| routing.then(|| t.map_or(0.0, |w| w.utilization));
         let session_used = read(five_t);
         let weekly_used = read(seven_t);
@@ -198,8 +178,7 @@ impl Ladder {
         let scoped_t = ticking(scoped, now);
         let scoped_used = scoped.map(|_| scoped_t.map_or(0.0, |w| w.utilization));
         let scoped_rejected = status_of(scoped_t) == WindowStatus::Rejected;
-        let scoped_saturated =
-            !stale && scoped_t.is_some_and(|w| w.utilization >= self.session_soft_limit);
+        let scoped_saturated = !stale && scoped_t.is_some_and(|w| w.utilization >= self.session_soft_limit);
 
         SortMetrics {
             id: c.id,
@@ -213,9 +192,7 @@ impl Ladder {
             weekly_used,
             scoped_used,
             session_reset: five_t.and_then(|w| w.resets_at_ms),
-            session_reset_bucket: five_t
-                .and_then(|w| w.resets_at_ms)
-                .map(|r| r / self.session_reset_tolerance_ms),
+            session_reset_bucket: five_t.and_then(|w| w.resets_at_ms).map(|r| r / self.session_reset_tolerance_ms),
             weekly_reset: seven_t.and_then(|w| w.resets_at_ms),
         }
     }
@@ -352,41 +329,25 @@ fn larger(a: f64, b: f64) -> Ordering {
 
 /// Runs the rungs in order; the first that is not a tie decides.
 fn first_of(rungs: &[(Ordering, Rung)]) -> (Ordering, Rung) {
-    rungs
-        .iter()
-        .copied()
-        .find(|(o, _)| o.is_ne())
-        .unwrap_or((Ordering::Equal, Rung::InsertionOrder))
+    rungs.iter().copied().find(|(o, _)| o.is_ne()).unwrap_or((Ordering::Equal, Rung::InsertionOrder))
 }
 
 /// The rungs every ladder starts with. `Err` carries the final answer when the
 /// pair is decided by availability or both are unusable.
-fn common_head(
-    a: &SortMetrics,
-    b: &SortMetrics,
-) -> Result<[(Ordering, Rung); 3], (Ordering, Rung)> {
+fn common_head(a: &SortMetrics, b: &SortMetrics) -> Result<[(Ordering, Rung); 3], (Ordering, Rung)> {
     if a.usable != b.usable {
         return Err((b.usable.cmp(&a.usable), Rung::Availability));
     }
     if !a.usable {
         return Err(first_of(&[
-            (
-                sooner(a.cooling_until, b.cooling_until),
-                Rung::CooldownRecovery,
-            ),
+            (sooner(a.cooling_until, b.cooling_until), Rung::CooldownRecovery),
             (a.id.cmp(&b.id), Rung::InsertionOrder),
         ]));
     }
     Ok([
-        (
-            a.evidence.rank().cmp(&b.evidence.rank()),
-            Rung::QuotaEvidence,
-        ),
+        (a.evidence.rank().cmp(&b.evidence.rank()), Rung::QuotaEvidence),
         (a.saturated().cmp(&b.saturated()), Rung::SessionHeadroom),
-        (
-            a.scoped_saturated.cmp(&b.scoped_saturated),
-            Rung::ScopedHeadroom,
-        ),
+        (a.scoped_saturated.cmp(&b.scoped_saturated), Rung::ScopedHeadroom),
     ])
 }
 
@@ -406,30 +367,17 @@ pub fn compare_expiry_first(a: &SortMetrics, b: &SortMetrics) -> (Ordering, Rung
         Err(decided) => return decided,
     };
     let weekly = (sooner(a.weekly_reset, b.weekly_reset), Rung::WeeklyReset);
-    let session = (
-        sooner(a.session_reset_bucket, b.session_reset_bucket),
-        Rung::SessionReset,
-    );
+    let session = (sooner(a.session_reset_bucket, b.session_reset_bucket), Rung::SessionReset);
     // Both saturated: the session that frees up first matters more than the week.
-    let (r1, r2) = if a.saturated() && b.saturated() {
-        (session, weekly)
-    } else {
-        (weekly, session)
-    };
+    let (r1, r2) = if a.saturated() && b.saturated() { (session, weekly) } else { (weekly, session) };
     first_of(&[
         head[0],
         head[1],
         head[2],
         r1,
         r2,
-        (
-            larger(a.scoped_used.unwrap_or(0.0), b.scoped_used.unwrap_or(0.0)),
-            Rung::ScopedUtilization,
-        ),
-        (
-            larger(a.weekly_used.unwrap_or(-1.0), b.weekly_used.unwrap_or(-1.0)),
-            Rung::WeeklyUtilization,
-        ),
+        (larger(a.scoped_used.unwrap_or(0.0), b.scoped_used.unwrap_or(0.0)), Rung::ScopedUtilization),
+        (larger(a.weekly_used.unwrap_or(-1.0), b.weekly_used.unwrap_or(-1.0)), Rung::WeeklyUtilization),
         (b.primary.cmp(&a.primary), Rung::ConfiguredPrimary),
         (a.id.cmp(&b.id), Rung::InsertionOrder),
     ])
@@ -473,11 +421,7 @@ pub fn rank_by(
     }
     let (head, next) = (order[0], order[1]);
     let rung = cmp(&metrics[head as usize], &metrics[next as usize]).1;
-    let detail = format!(
-        "{} before {} by {}",
-        candidates.get(head).info.id,
-        candidates.get(next).info.id,
-        rung.as_str()
-    );
+    let detail =
+        format!("{} before {} by {}", candidates.get(head).info.id, candidates.get(next).info.id, rung.as_str());
     Ranking::new(order, rung.as_str()).with_detail(detail)
 }

@@ -20,24 +20,14 @@ pub fn configure<R: Ranker>(config: String, pool: Vec<AccountInfo>) -> Result<()
     let config = Config::parse(&config)?;
     let pool = Pool::new(pool);
     let ranker = R::configure(config, &pool)?;
-    SLOT.with_borrow_mut(|slot| {
-        *slot = Some(Slot {
-            ranker: Box::new(ranker),
-            pool,
-        })
-    });
+    SLOT.with_borrow_mut(|slot| *slot = Some(Slot { ranker: Box::new(ranker), pool }));
     Ok(())
 }
 
 fn with_ranker<R: Ranker, T>(f: impl FnOnce(&mut R, &Pool) -> T) -> Result<T, String> {
     SLOT.with_borrow_mut(|slot| {
-        let slot = slot
-            .as_mut()
-            .ok_or_else(|| "rank called before configure".to_string())?;
-        let ranker = slot
-            .ranker
-            .downcast_mut::<R>()
-            .ok_or_else(|| "ranker type mismatch".to_string())?;
+        let slot = slot.as_mut().ok_or_else(|| "rank called before configure".to_string())?;
+        let ranker = slot.ranker.downcast_mut::<R>().ok_or_else(|| "ranker type mismatch".to_string())?;
         Ok(f(ranker, &slot.pool))
     })
 }

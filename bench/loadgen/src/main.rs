@@ -13,7 +13,7 @@
 //! Every connection sets TCP_NODELAY (the mock and poolgate do on their side).
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,7 +62,13 @@ impl Drop for Proc {
 fn start(mut cmd: Command, marker: &str) -> Result<Proc> {
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().context("spawn")?;
     let (tx, rx) = std::sync::mpsc::channel();
-    for pipe in [child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>), child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>)].into_iter().flatten() {
+    for pipe in [
+        child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+        child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    {
         let tx = tx.clone();
         let marker = marker.to_string();
         std::thread::spawn(move || {
@@ -77,16 +83,26 @@ fn start(mut cmd: Command, marker: &str) -> Result<Proc> {
     Ok(Proc { child, url })
 }
 
-fn mock(bin: &PathBuf, chunk_delay_ms: u64) -> Result<Proc> {
+fn mock(bin: &Path, chunk_delay_ms: u64) -> Result<Proc> {
     let mut cmd = Command::new(bin.join("poolgate-mock-upstream"));
-    cmd.args(["--listen", "127.0.0.1:0", "--accept-any", "--utilization", "0.2", "--chunk-delay-ms", &chunk_delay_ms.to_string()]);
+    cmd.args([
+        "--listen",
+        "127.0.0.1:0",
+        "--accept-any",
+        "--utilization",
+        "0.2",
+        "--chunk-delay-ms",
+        &chunk_delay_ms.to_string(),
+    ]);
     start(cmd, "listening on ")
 }
 
-fn gateway(bin: &PathBuf, upstream: &str, dir: &std::path::Path) -> Result<Proc> {
+fn gateway(bin: &Path, upstream: &str, dir: &std::path::Path) -> Result<Proc> {
     let mut config = String::from("[server]\ndecisions_kept = 200\n\n[gateway]\nqueue_max = 4096\n\n");
     for i in 0..8 {
-        config.push_str(&format!("[[accounts]]\nid = \"acct-{i}\"\napi_key_env = \"LOADGEN_KEY_{i}\"\nbase_url = \"{upstream}\"\n\n"));
+        config.push_str(&format!(
+            "[[accounts]]\nid = \"acct-{i}\"\napi_key_env = \"LOADGEN_KEY_{i}\"\nbase_url = \"{upstream}\"\n\n"
+        ));
     }
     let path = dir.join("poolgate.toml");
     std::fs::write(&path, config)?;
@@ -108,7 +124,14 @@ fn haproxy(upstream: &str, dir: &std::path::Path) -> Result<Proc> {
     );
     let path = dir.join("haproxy.cfg");
     std::fs::write(&path, cfg)?;
-    let child = Command::new("haproxy").arg("-f").arg(&path).arg("-db").stdout(Stdio::null()).stderr(Stdio::null()).spawn().context("spawn haproxy")?;
+    let child = Command::new("haproxy")
+        .arg("-f")
+        .arg(&path)
+        .arg("-db")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("spawn haproxy")?;
     let url = format!("http://127.0.0.1:{port}");
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -184,13 +207,20 @@ async fn latency(client: &reqwest::Client, url: &str, n: usize, body: &str) -> R
     Ok((pct(&v, 0.5), pct(&v, 0.99)))
 }
 
-async fn throughput(client: &reqwest::Client, url: &str, concurrency: usize, seconds: u64, body: &str) -> Result<(f64, u64)> {
+async fn throughput(
+    client: &reqwest::Client,
+    url: &str,
+    concurrency: usize,
+    seconds: u64,
+    body: &str,
+) -> Result<(f64, u64)> {
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
-        let (client, url, body, done, errors) = (client.clone(), url.to_string(), body.to_string(), done.clone(), errors.clone());
+        let (client, url, body, done, errors) =
+            (client.clone(), url.to_string(), body.to_string(), done.clone(), errors.clone());
         tasks.push(tokio::spawn(async move {
             while Instant::now() < deadline {
                 match one(&client, &url, &body).await {
@@ -217,7 +247,12 @@ async fn open_streams(url: &str, n: usize) -> Result<(Vec<reqwest::Response>, Du
         let client = client.clone();
         let url = url.to_string();
         async move {
-            let mut r = client.post(format!("{url}/v1/messages")).header("content-type", "application/json").body(body(true)).send().await?;
+            let mut r = client
+                .post(format!("{url}/v1/messages"))
+                .header("content-type", "application/json")
+                .body(body(true))
+                .send()
+                .await?;
             if !r.status().is_success() {
                 bail!("status {}", r.status());
             }
@@ -243,7 +278,11 @@ async fn main() -> Result<()> {
     let gw_pid = gw.child.id();
     let client = client()?;
     let payload = body(args.sse);
-    println!("poolgate overhead: {} bodies, default chain over 8 accounts, mock at {}", if args.sse { "SSE" } else { "JSON" }, up.url);
+    println!(
+        "poolgate overhead: {} bodies, default chain over 8 accounts, mock at {}",
+        if args.sse { "SSE" } else { "JSON" },
+        up.url
+    );
 
     // Concurrency 1, interleaved in blocks so drift on a shared machine hits both paths.
     let cpu0 = cpu_seconds(gw_pid)?;
@@ -283,7 +322,11 @@ async fn main() -> Result<()> {
     println!("\nconcurrency 32 ({} s per path)", args.seconds);
     println!("  direct   {direct_rps:9.0} req/s");
     println!("  poolgate {gw_rps:9.0} req/s   ratio {:.2} (goal ≥ 0.50)", gw_rps / direct_rps);
-    println!("\ngateway CPU: {:.1} s over {served} requests = {:.3} ms per request (goal ≤ 0.1)", cpu, cpu * 1000.0 / served as f64);
+    println!(
+        "\ngateway CPU: {:.1} s over {served} requests = {:.3} ms per request (goal ≤ 0.1)",
+        cpu,
+        cpu * 1000.0 / served as f64
+    );
     println!("  for scale: the mock upstream (an axum server, no client side) used {mock_ms:.3} ms per request");
 
     if args.haproxy {

@@ -33,7 +33,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let g = gw.generation();
             let stages: Vec<String> = g.chain.status(0).into_iter().map(|s| s.name).collect();
             println!("{}: ok", args.config.display());
-            println!("  accounts: {}", if accounts.is_empty() { "none (requests will get 503)".into() } else { accounts.join(", ") });
+            println!(
+                "  accounts: {}",
+                if accounts.is_empty() { "none (requests will get 503)".into() } else { accounts.join(", ") }
+            );
             println!("  chain:    {}", stages.join(" → "));
             println!("  listen:   {}", g.config.server.listen);
             Ok(ExitCode::SUCCESS)

@@ -57,9 +57,7 @@ const TICK: Duration = Duration::from_millis(500);
 
 /// Runs `poolgate demo` on its own runtime until Ctrl-C or `--duration`.
 pub fn run(args: Args) -> Result<ExitCode> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(demo(args))?;
     Ok(ExitCode::SUCCESS)
 }
@@ -72,35 +70,23 @@ async fn demo(args: Args) -> Result<()> {
     let keys = KeyDir::create()?;
     let config = config(&args, &sim, &keys, &client_key, &admin_token)?;
     let engine = PolicyEngine::new(config.cache_dir())?;
-    let running = server::Running::start(config, engine, None)
-        .await
-        .map_err(|e| {
-            let in_use = e.chain().any(|c| {
-                c.downcast_ref::<std::io::Error>()
-                    .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
-            });
-            if in_use {
-                e.context(format!(
-                    "{} is taken (another demo?); `--listen 127.0.0.1:0` picks a free port",
-                    args.listen
-                ))
-            } else {
-                e
-            }
-        })?;
+    let running = server::Running::start(config, engine, None).await.map_err(|e| {
+        let in_use = e
+            .chain()
+            .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse));
+        if in_use {
+            e.context(format!("{} is taken (another demo?); `--listen 127.0.0.1:0` picks a free port", args.listen))
+        } else {
+            e
+        }
+    })?;
     // The gateway read the credentials while loading; the fake keys need not
     // stay on disk.
     drop(keys);
 
     let base = format!("http://{}", running.addr);
-    let chain: Vec<String> = running
-        .gateway
-        .generation()
-        .chain
-        .status(now_ms())
-        .into_iter()
-        .map(|s| s.plugin)
-        .collect();
+    let chain: Vec<String> =
+        running.gateway.generation().chain.status(now_ms()).into_iter().map(|s| s.plugin).collect();
     let intro = intro(&base, &sim, &chain.join(" → "), &client_key, &admin_token);
     let tty = std::io::stdout().is_terminal();
     let mut stdout = std::io::stdout();
@@ -130,11 +116,7 @@ async fn demo(args: Args) -> Result<()> {
     write!(stdout, "{intro}")?;
     let counts = if args.traffic {
         let traffic = Traffic::start(&base, &client_key, args.sessions)?;
-        writeln!(
-            stdout,
-            "Driving {} sessions through the gateway.\n",
-            args.sessions
-        )?;
+        writeln!(stdout, "Driving {} sessions through the gateway.\n", args.sessions)?;
         let mut screen = tty.then(Screen::default);
         loop {
             let text = match &mut screen {
@@ -180,20 +162,11 @@ async fn demo(args: Args) -> Result<()> {
 }
 
 /// The demo's configuration, built as a user would write it.
-fn config(
-    args: &Args,
-    sim: &SimUpstream,
-    keys: &KeyDir,
-    client_key: &str,
-    admin_token: &str,
-) -> Result<Config> {
+fn config(args: &Args, sim: &SimUpstream, keys: &KeyDir, client_key: &str, admin_token: &str) -> Result<Config> {
     let mut config = Config::default();
     config.server.listen = args.listen.clone();
-    config.server.client_keys = vec![ClientKey {
-        name: "demo".into(),
-        sha256: Some(hex::encode(auth::digest(client_key))),
-        key_env: None,
-    }];
+    config.server.client_keys =
+        vec![ClientKey { name: "demo".into(), sha256: Some(hex::encode(auth::digest(client_key))), key_env: None }];
     config.server.admin_token_sha256 = Some(hex::encode(auth::digest(admin_token)));
     // Nothing a demo serves is worth a long wait at exit.
     config.server.shutdown_grace_ms = 2_000;
@@ -226,13 +199,7 @@ fn config(
 
 /// What the demo prints first: where the simulated accounts live and what is
 /// special about them, and how to point a client at the gateway.
-fn intro(
-    base: &str,
-    sim: &SimUpstream,
-    chain: &str,
-    client_key: &str,
-    admin_token: &str,
-) -> String {
+fn intro(base: &str, sim: &SimUpstream, chain: &str, client_key: &str, admin_token: &str) -> String {
     let t = sim.scenario().timescale;
     let mut out = String::from(
         "poolgate demo: the gateway in front of a simulated Anthropic upstream (no credentials, no network)\n\n",
@@ -248,14 +215,8 @@ fn intro(
     for a in sim.accounts() {
         let _ = writeln!(out, "  {:<9}{}", a.name, a.note);
     }
-    let _ = writeln!(
-        out,
-        "Policy chain: {chain}\n\nPoint a client at the gateway:"
-    );
-    let _ = writeln!(
-        out,
-        "  ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY={client_key} claude"
-    );
+    let _ = writeln!(out, "Policy chain: {chain}\n\nPoint a client at the gateway:");
+    let _ = writeln!(out, "  ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY={client_key} claude");
     let _ = writeln!(
         out,
         "  curl {base}/v1/messages -H 'x-api-key: {client_key}' -H 'anthropic-version: 2023-06-01' \\\n    \
@@ -263,14 +224,8 @@ fn intro(
          -d '{{\"model\":\"claude-sonnet-4-5\",\"max_tokens\":200,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'"
     );
     let _ = writeln!(out, "What the gateway knows and decided (admin token):");
-    let _ = writeln!(
-        out,
-        "  curl -H 'authorization: Bearer {admin_token}' {base}/status"
-    );
-    let _ = writeln!(
-        out,
-        "  curl -H 'authorization: Bearer {admin_token}' '{base}/admin/decisions?limit=5'\n"
-    );
+    let _ = writeln!(out, "  curl -H 'authorization: Bearer {admin_token}' {base}/status");
+    let _ = writeln!(out, "  curl -H 'authorization: Bearer {admin_token}' '{base}/admin/decisions?limit=5'\n");
     out
 }
 
@@ -289,17 +244,11 @@ struct KeyDir(PathBuf);
 
 impl KeyDir {
     fn create() -> Result<KeyDir> {
-        let path = std::env::temp_dir().join(format!(
-            "poolgate-demo-{}-{}",
-            std::process::id(),
-            random_hex(4)?
-        ));
+        let path = std::env::temp_dir().join(format!("poolgate-demo-{}-{}", std::process::id(), random_hex(4)?));
         let mut builder = std::fs::DirBuilder::new();
         #[cfg(unix)]
         std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-        builder
-            .create(&path)
-            .with_context(|| format!("cannot create {}", path.display()))?;
+        builder.create(&path).with_context(|| format!("cannot create {}", path.display()))?;
         Ok(KeyDir(path))
     }
 
@@ -310,9 +259,7 @@ impl KeyDir {
         options.write(true).create_new(true);
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let mut file = options
-            .open(&path)
-            .with_context(|| format!("cannot create {}", path.display()))?;
+        let mut file = options.open(&path).with_context(|| format!("cannot create {}", path.display()))?;
         file.write_all(secret.as_bytes())?;
         Ok(path)
     }

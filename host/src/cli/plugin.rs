@@ -174,7 +174,10 @@ fn test(args: TestArgs) -> Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(d)?);
             } else {
                 for s in &d.stages {
-                    let err = s.error.as_ref().map_or(String::new(), |e| format!(" error={}: {}", e.cause.as_str(), e.message));
+                    let err = s
+                        .error
+                        .as_ref()
+                        .map_or(String::new(), |e| format!(" error={}: {}", e.cause.as_str(), e.message));
                     println!("      stage {}: reason={:?} order={}{err}", s.stage, s.reason, s.order.join(" > "));
                 }
             }

@@ -28,7 +28,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let (_, case) = cases.remove(0);
     let engine = PolicyEngine::new(config.cache_dir())?;
-    let chain = Chain::load(&engine, config.stage_specs()?, case.pool(), Arc::new(MemoryState::default()), config.breaker())?;
+    let chain =
+        Chain::load(&engine, config.stage_specs()?, case.pool(), Arc::new(MemoryState::default()), config.breaker())?;
     for (req, account, outcome) in case.observations() {
         chain.observe(&req, account, &outcome);
     }

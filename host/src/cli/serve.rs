@@ -31,7 +31,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         config.server.listen = l.clone();
     }
     if let Some(f) = &args.log_format {
-        config.server.log_format = if f == "json" { crate::config::LogFormat::Json } else { crate::config::LogFormat::Text };
+        config.server.log_format =
+            if f == "json" { crate::config::LogFormat::Json } else { crate::config::LogFormat::Text };
     }
     super::init_tracing(config.server.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -72,7 +73,12 @@ pub async fn serve(config: Config, path: Option<PathBuf>) -> Result<()> {
     }
     let g = running.gateway.generation();
     tracing::info!(addr = %running.addr, accounts = g.accounts.len(), stages = g.chain.len(), "poolgate listening");
-    eprintln!("poolgate listening on http://{} ({} accounts, {} chain stages)", running.addr, g.accounts.len(), g.chain.len());
+    eprintln!(
+        "poolgate listening on http://{} ({} accounts, {} chain stages)",
+        running.addr,
+        g.accounts.len(),
+        g.chain.len()
+    );
     drop(g);
     server::termination().await;
     running.stop();

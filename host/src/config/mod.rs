@@ -186,10 +186,10 @@ impl Config {
             }
         }
         for account in &mut self.accounts {
-            if let Some(f) = &account.token_file {
-                if f.is_relative() {
-                    account.token_file = Some(base.join(f));
-                }
+            if let Some(f) = &account.token_file
+                && f.is_relative()
+            {
+                account.token_file = Some(base.join(f));
             }
         }
     }

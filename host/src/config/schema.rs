@@ -147,7 +147,11 @@ mod tests {
         let mut config = Config::default();
         config.server.admin_token_env = Some("X".into());
         config.server.admin_token_sha256 = Some("X".into());
-        config.server.client_keys.push(crate::config::ClientKey { name: "n".into(), sha256: Some("s".into()), key_env: Some("e".into()) });
+        config.server.client_keys.push(crate::config::ClientKey {
+            name: "n".into(),
+            sha256: Some("s".into()),
+            key_env: Some("e".into()),
+        });
         config.policy.cache_dir = Some("/tmp".into());
         config.policy.instances = Some(1);
         config.policy.chain.push(crate::config::StageConfig {
@@ -171,7 +175,8 @@ mod tests {
         fn walk(v: &toml::Value, fields: &[Field], path: &str) {
             let t = v.as_table().unwrap();
             for (k, v) in t {
-                let field = fields.iter().find(|f| f.name == k).unwrap_or_else(|| panic!("{path}.{k} is not in the schema"));
+                let field =
+                    fields.iter().find(|f| f.name == k).unwrap_or_else(|| panic!("{path}.{k} is not in the schema"));
                 match field.kind {
                     Kind::Table(sub) => walk(v, sub, &format!("{path}.{k}")),
                     Kind::Tables(sub, _) => {
@@ -183,7 +188,11 @@ mod tests {
                 }
             }
             for f in fields {
-                assert!(t.contains_key(f.name), "{path}.{} is in the schema but not written by the config types", f.name);
+                assert!(
+                    t.contains_key(f.name),
+                    "{path}.{} is in the schema but not written by the config types",
+                    f.name
+                );
             }
         }
         walk(&value, ROOT, "");

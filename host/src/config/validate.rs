@@ -119,12 +119,19 @@ impl Walker<'_> {
             Kind::OneOf(options) => match v.as_str() {
                 Some(s) if options.contains(&s) => {}
                 Some(s) => self.push(path, span, format!("`{s}` is not allowed; use one of: {}", options.join(", "))),
-                None => self.push(path, span, format!("expected one of {}, found {}", options.join(", "), v.type_str())),
+                None => {
+                    self.push(path, span, format!("expected one of {}, found {}", options.join(", "), v.type_str()))
+                }
             },
-            Kind::Int(min, max) => match v.as_integer().and_then(|i| i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()).ok()) {
+            Kind::Int(min, max) => match v
+                .as_integer()
+                .and_then(|i| i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()).ok())
+            {
                 Some(n) if (min..=max).contains(&n) => {}
                 Some(n) => self.push(path, span, format!("{n} is out of range; allowed: {min} to {max}")),
-                None => self.push(path, span, format!("expected an integer from {min} to {max}, found {}", v.type_str())),
+                None => {
+                    self.push(path, span, format!("expected an integer from {min} to {max}, found {}", v.type_str()))
+                }
             },
             Kind::Float(min, max) => {
                 let n = v
@@ -134,7 +141,9 @@ impl Walker<'_> {
                 match n {
                     Some(n) if (min..=max).contains(&n) => {}
                     Some(n) => self.push(path, span, format!("{n} is out of range; allowed: {min} to {max}")),
-                    None => self.push(path, span, format!("expected a number from {min} to {max}, found {}", v.type_str())),
+                    None => {
+                        self.push(path, span, format!("expected a number from {min} to {max}, found {}", v.type_str()))
+                    }
                 }
             }
             Kind::AnyTable => {
@@ -160,11 +169,17 @@ impl Walker<'_> {
                                 }
                                 self.table(&here, t, fields);
                             }
-                            None => self.push(&here, item.span(), format!("expected a table ([[{path}]]), found {}", item.get_ref().type_str())),
+                            None => self.push(
+                                &here,
+                                item.span(),
+                                format!("expected a table ([[{path}]]), found {}", item.get_ref().type_str()),
+                            ),
                         }
                     }
                 }
-                None => self.push(path, span, format!("expected an array of tables ([[{path}]]), found {}", v.type_str())),
+                None => {
+                    self.push(path, span, format!("expected an array of tables ([[{path}]]), found {}", v.type_str()))
+                }
             },
         }
     }
@@ -265,11 +280,11 @@ fn prune(table: &mut toml::Table, path: &str) {
             cur.remove(key);
         }
         (key, Some(i)) => {
-            if let Some(toml::Value::Array(a)) = cur.get_mut(key) {
-                if i < a.len() {
-                    // Keep indices stable for the other problems: blank, don't shift.
-                    a[i] = toml::Value::Table(toml::Table::new());
-                }
+            if let Some(toml::Value::Array(a)) = cur.get_mut(key)
+                && i < a.len()
+            {
+                // Keep indices stable for the other problems: blank, don't shift.
+                a[i] = toml::Value::Table(toml::Table::new());
             }
         }
     }
@@ -284,7 +299,10 @@ fn split_index(part: &str) -> (&str, Option<usize>) {
 
 /// Prefixes a chain-loading error with the line of the stage it names.
 pub fn locate(message: &str, index: &LineIndex, file: &str) -> String {
-    let stage = message.split_once("policy.chain[").and_then(|(_, rest)| rest.split_once(']')).and_then(|(n, _)| n.parse::<usize>().ok());
+    let stage = message
+        .split_once("policy.chain[")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .and_then(|(n, _)| n.parse::<usize>().ok());
     match stage.and_then(|n| index.get(&format!("policy.chain[{n}]"))) {
         Some(line) => format!("{file}:{line}: {message}"),
         None => format!("{file}: {message}"),
@@ -323,11 +341,11 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<(), Pro
         } else if let Some(first) = seen.insert(a.id.as_str(), i) {
             add(format!("{here}.id"), format!("duplicate account id `{}` (also accounts[{first}])", a.id));
         }
-        if a.enabled {
-            if let Err(e) = a.credential() {
-                let key = if a.token_file.is_some() { "token_file" } else { "api_key_env" };
-                add(format!("{here}.{key}"), format!("{e:#}"));
-            }
+        if a.enabled
+            && let Err(e) = a.credential()
+        {
+            let key = if a.token_file.is_some() { "token_file" } else { "api_key_env" };
+            add(format!("{here}.{key}"), format!("{e:#}"));
         }
         match reqwest::Url::parse(a.base_url()) {
             Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
@@ -352,7 +370,10 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<(), Pro
     }
     let b = &config.policy.breaker;
     if b.max_cooldown_ms < b.cooldown_ms {
-        add("policy.breaker.max_cooldown_ms".into(), format!("{} is below cooldown_ms ({})", b.max_cooldown_ms, b.cooldown_ms));
+        add(
+            "policy.breaker.max_cooldown_ms".into(),
+            format!("{} is below cooldown_ms ({})", b.max_cooldown_ms, b.cooldown_ms),
+        );
     }
     if items.is_empty() {
         Ok(())
@@ -368,7 +389,9 @@ mod tests {
 
     fn problems(text: &str) -> Vec<String> {
         match parse(text, "t.toml") {
-            Ok((c, idx)) => meaning(&c, &idx, "t.toml").err().map_or_else(Vec::new, |p| p.items.iter().map(|i| format!("{}@{:?}: {}", i.path, i.line, i.message)).collect()),
+            Ok((c, idx)) => meaning(&c, &idx, "t.toml").err().map_or_else(Vec::new, |p| {
+                p.items.iter().map(|i| format!("{}@{:?}: {}", i.path, i.line, i.message)).collect()
+            }),
             Err(p) => p.items.iter().map(|i| format!("{}@{:?}: {}", i.path, i.line, i.message)).collect(),
         }
     }
@@ -422,7 +445,12 @@ plugin = "/nonexistent/x.wasm"
         let p = problems(text);
         assert_eq!(p.len(), 6, "{p:#?}");
         let all = p.join("\n");
-        assert!(all.contains("accounts[0].api_key_env@Some(4): environment variable POOLGATE_TEST_SURELY_UNSET_VAR is not set"), "{all}");
+        assert!(
+            all.contains(
+                "accounts[0].api_key_env@Some(4): environment variable POOLGATE_TEST_SURELY_UNSET_VAR is not set"
+            ),
+            "{all}"
+        );
         assert!(all.contains("accounts[1].id@Some(7): duplicate account id `a` (also accounts[0])"), "{all}");
         assert!(all.contains("accounts[1].token_file@Some(8): cannot read /nonexistent/token"), "{all}");
         assert!(all.contains("accounts[1].base_url@Some(9)"), "{all}");

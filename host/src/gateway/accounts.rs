@@ -78,9 +78,7 @@ impl AccountState {
     /// Takes an in-flight slot if fewer than `max` are taken.
     pub fn try_take(&self, max: Option<u32>) -> bool {
         let max = max.unwrap_or(u32::MAX);
-        self.in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
-            .is_ok()
+        self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_ok()
     }
 
     /// Gives a slot back.
@@ -148,7 +146,14 @@ impl AccountState {
 
     /// Records how an attempt ended: merges its quota reading, updates streaks and
     /// applies the cooldown plan.
-    pub fn record(&self, answer: Answer, reading: &QuotaReading, family: Option<&str>, cfg: &CooldownConfig, now: u64) -> Change {
+    pub fn record(
+        &self,
+        answer: Answer,
+        reading: &QuotaReading,
+        family: Option<&str>,
+        cfg: &CooldownConfig,
+        now: u64,
+    ) -> Change {
         let mut l = self.learned.lock();
         let auth_cooling = l.cooldown.is_some_and(|c| c.reason == CooldownReason::Auth && c.until_ms > now);
         match answer {
@@ -327,7 +332,13 @@ mod tests {
         let a = AccountState::new("a");
         let cfg = CooldownConfig::default();
         let weekly = QuotaReading {
-            windows: vec![WindowReading { name: "7d".into(), utilization: 1.0, resets_at_ms: Some(NOW + 3_600_000), status: Status::Rejected, observed_at_ms: Some(NOW) }],
+            windows: vec![WindowReading {
+                name: "7d".into(),
+                utilization: 1.0,
+                resets_at_ms: Some(NOW + 3_600_000),
+                status: Status::Rejected,
+                observed_at_ms: Some(NOW),
+            }],
             ..Default::default()
         };
         a.record(Answer::Status(429), &weekly, None, &cfg, NOW);
@@ -339,11 +350,21 @@ mod tests {
     fn a_per_model_429_gates_the_family_without_rejecting_the_account() {
         let a = AccountState::new("a");
         let cfg = CooldownConfig::default();
-        let w = |name: &str, u, status| WindowReading { name: name.into(), utilization: u, resets_at_ms: Some(NOW + 3_600_000), status, observed_at_ms: Some(NOW) };
+        let w = |name: &str, u, status| WindowReading {
+            name: name.into(),
+            utilization: u,
+            resets_at_ms: Some(NOW + 3_600_000),
+            status,
+            observed_at_ms: Some(NOW),
+        };
         let fable_429 = QuotaReading {
             status: Some(Status::Rejected),
             reset_ms: Some(NOW + 3_600_000),
-            windows: vec![w("5h", 0.2, Status::Allowed), w("7d", 0.3, Status::Allowed), w("7d_oi", 1.0, Status::Rejected)],
+            windows: vec![
+                w("5h", 0.2, Status::Allowed),
+                w("7d", 0.3, Status::Allowed),
+                w("7d_oi", 1.0, Status::Rejected),
+            ],
             ..Default::default()
         };
         assert_eq!(a.record(Answer::Status(429), &fable_429, Some("fable"), &cfg, NOW), Change::Gated("fable".into()));
@@ -351,7 +372,10 @@ mod tests {
         assert_ne!(s.status, Status::Rejected, "the top-level rejection was about fable only");
         assert!(s.usable(Some("sonnet"), NOW + 1));
         assert!(!s.usable(Some("fable"), NOW + 1));
-        assert!(s.windows.iter().any(|w| w.name == "7d_oi" && w.status == Status::Rejected), "the bucket reading is kept");
+        assert!(
+            s.windows.iter().any(|w| w.name == "7d_oi" && w.status == Status::Rejected),
+            "the bucket reading is kept"
+        );
     }
 
     #[test]
@@ -369,9 +393,31 @@ mod tests {
     fn readings_merge_by_window_name() {
         let a = AccountState::new("a");
         let cfg = CooldownConfig::default();
-        let w = |name: &str, u| WindowReading { name: name.into(), utilization: u, resets_at_ms: None, status: Status::Allowed, observed_at_ms: Some(NOW) };
-        a.record(Answer::Status(200), &QuotaReading { windows: vec![w("5h", 0.1), w("7d", 0.2)], status: Some(Status::Allowed), ..Default::default() }, None, &cfg, NOW);
-        a.record(Answer::Status(200), &QuotaReading { windows: vec![w("5h", 0.3)], status: Some(Status::Allowed), ..Default::default() }, None, &cfg, NOW + 1);
+        let w = |name: &str, u| WindowReading {
+            name: name.into(),
+            utilization: u,
+            resets_at_ms: None,
+            status: Status::Allowed,
+            observed_at_ms: Some(NOW),
+        };
+        a.record(
+            Answer::Status(200),
+            &QuotaReading {
+                windows: vec![w("5h", 0.1), w("7d", 0.2)],
+                status: Some(Status::Allowed),
+                ..Default::default()
+            },
+            None,
+            &cfg,
+            NOW,
+        );
+        a.record(
+            Answer::Status(200),
+            &QuotaReading { windows: vec![w("5h", 0.3)], status: Some(Status::Allowed), ..Default::default() },
+            None,
+            &cfg,
+            NOW + 1,
+        );
         let s = a.snapshot(&AccountConfig { id: "a".into(), enabled: true, ..Default::default() });
         let by = |n: &str| s.windows.iter().find(|x| x.name == n).unwrap().utilization;
         assert_eq!((by("5h"), by("7d")), (0.3, 0.2));

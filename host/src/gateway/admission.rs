@@ -81,7 +81,10 @@ impl Admission {
     }
 
     fn try_take(self: &Arc<Self>, slots: &[Slot<'_>]) -> Option<Lease> {
-        slots.iter().find(|(a, max)| a.try_take(*max)).map(|(a, _)| Lease { account: Arc::clone(a), queue: Arc::clone(self) })
+        slots
+            .iter()
+            .find(|(a, max)| a.try_take(*max))
+            .map(|(a, _)| Lease { account: Arc::clone(a), queue: Arc::clone(self) })
     }
 
     /// Wakes the oldest live waiter.
@@ -97,12 +100,17 @@ impl Admission {
     /// Takes a slot on the first account of `slots` (in order) with room, waiting
     /// in line up to `timeout` when all are full. An empty `slots` is refused at
     /// once by the caller, never queued.
-    pub async fn acquire(self: &Arc<Self>, slots: &[Slot<'_>], max_queued: usize, timeout: Duration) -> Result<Lease, Refused> {
+    pub async fn acquire(
+        self: &Arc<Self>,
+        slots: &[Slot<'_>],
+        max_queued: usize,
+        timeout: Duration,
+    ) -> Result<Lease, Refused> {
         // Newcomers go behind anyone already waiting.
-        if self.depth() == 0 {
-            if let Some(lease) = self.try_take(slots) {
-                return Ok(lease);
-            }
+        if self.depth() == 0
+            && let Some(lease) = self.try_take(slots)
+        {
+            return Ok(lease);
         }
         let deadline = tokio::time::Instant::now() + timeout;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -193,7 +201,8 @@ mod tests {
         let _held = q.acquire(&[(&a, Some(1))], 1, Duration::from_secs(1)).await.unwrap();
         let q2 = q.clone();
         let a2 = a.clone();
-        let waiting = tokio::spawn(async move { q2.acquire(&[(&a2, Some(1))], 1, Duration::from_millis(500)).await.map(|_| ()) });
+        let waiting =
+            tokio::spawn(async move { q2.acquire(&[(&a2, Some(1))], 1, Duration::from_millis(500)).await.map(|_| ()) });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(q.acquire(&[(&a, Some(1))], 1, Duration::from_secs(1)).await.unwrap_err(), Refused::QueueFull);
         waiting.abort();
@@ -207,10 +216,12 @@ mod tests {
         let hold_b = q.acquire(&[(&b, Some(1))], 10, Duration::from_secs(1)).await.unwrap();
         // First waiter can only use b; second can use a.
         let (q1, b1) = (q.clone(), b.clone());
-        let only_b = tokio::spawn(async move { q1.acquire(&[(&b1, Some(1))], 10, Duration::from_secs(2)).await.is_ok() });
+        let only_b =
+            tokio::spawn(async move { q1.acquire(&[(&b1, Some(1))], 10, Duration::from_secs(2)).await.is_ok() });
         tokio::time::sleep(Duration::from_millis(10)).await;
         let (q2, a2) = (q.clone(), a.clone());
-        let only_a = tokio::spawn(async move { q2.acquire(&[(&a2, Some(1))], 10, Duration::from_secs(2)).await.is_ok() });
+        let only_a =
+            tokio::spawn(async move { q2.acquire(&[(&a2, Some(1))], 10, Duration::from_secs(2)).await.is_ok() });
         tokio::time::sleep(Duration::from_millis(10)).await;
         drop(hold_a);
         assert!(only_a.await.unwrap(), "the freed slot on a reached the waiter that can use it");

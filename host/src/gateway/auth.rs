@@ -46,7 +46,8 @@ impl ClientKeys {
             let d = match (&k.sha256, &k.key_env) {
                 (Some(h), None) => parse_hex(h).with_context(|| format!("[{i}] (`{}`).sha256", k.name))?,
                 (None, Some(var)) => {
-                    let v = std::env::var(var).with_context(|| format!("[{i}] (`{}`): environment variable {var} is not set", k.name))?;
+                    let v = std::env::var(var)
+                        .with_context(|| format!("[{i}] (`{}`): environment variable {var} is not set", k.name))?;
                     if v.trim().is_empty() {
                         bail!("[{i}] (`{}`): environment variable {var} is empty", k.name);
                     }
@@ -122,7 +123,12 @@ mod tests {
 
     #[test]
     fn accepts_a_key_by_hash_from_either_header() {
-        let keys = ClientKeys::from_config(&[ClientKey { name: "team".into(), sha256: Some(hex::encode(digest("s3cret"))), key_env: None }]).unwrap();
+        let keys = ClientKeys::from_config(&[ClientKey {
+            name: "team".into(),
+            sha256: Some(hex::encode(digest("s3cret"))),
+            key_env: None,
+        }])
+        .unwrap();
         let mut h = HeaderMap::new();
         h.insert("x-api-key", "s3cret".parse().unwrap());
         assert_eq!(keys.check(&h), Some("team"));
@@ -136,7 +142,9 @@ mod tests {
 
     #[test]
     fn a_malformed_hash_is_refused_with_its_position() {
-        let err = ClientKeys::from_config(&[ClientKey { name: "x".into(), sha256: Some("abc".into()), key_env: None }]).err().unwrap();
+        let err = ClientKeys::from_config(&[ClientKey { name: "x".into(), sha256: Some("abc".into()), key_env: None }])
+            .err()
+            .unwrap();
         assert!(format!("{err:#}").contains("[0] (`x`).sha256"), "{err:#}");
     }
 }

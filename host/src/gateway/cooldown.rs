@@ -157,23 +157,18 @@ pub fn plan(
                     reason: CooldownReason::WeeklyExhausted,
                 };
             }
-            if !overage_usable {
-                if let Some(reset) = exhausted(reading.window("5h"), now) {
-                    let fallback = reading.retry_after_ms.unwrap_or(cfg.window_without_reset_ms);
-                    return Plan::Cool {
-                        until_ms: until(now, reset, fallback, cfg.session_ceiling_ms),
-                        reason: CooldownReason::SessionExhausted,
-                    };
-                }
+            if !overage_usable && let Some(reset) = exhausted(reading.window("5h"), now) {
+                let fallback = reading.retry_after_ms.unwrap_or(cfg.window_without_reset_ms);
+                return Plan::Cool {
+                    until_ms: until(now, reset, fallback, cfg.session_ceiling_ms),
+                    reason: CooldownReason::SessionExhausted,
+                };
             }
             // A per-model bucket exhausted while the account-wide windows admit:
             // gate only the family this request belongs to (dario #1385).
             if let Some(family) = family {
-                let bucket_reset = reading
-                    .windows
-                    .iter()
-                    .filter(|w| w.name.starts_with("7d_"))
-                    .find_map(|w| exhausted(Some(w), now));
+                let bucket_reset =
+                    reading.windows.iter().filter(|w| w.name.starts_with("7d_")).find_map(|w| exhausted(Some(w), now));
                 if let Some(reset) = bucket_reset {
                     let fallback = reading.retry_after_ms.unwrap_or(cfg.window_without_reset_ms);
                     return Plan::GateModel {
@@ -218,13 +213,11 @@ pub fn plan(
                     reason: CooldownReason::WeeklyExhausted,
                 };
             }
-            if !overage_usable {
-                if let Some(reset) = exhausted(reading.window("5h"), now).filter(|r| r.is_some()) {
-                    return Plan::Cool {
-                        until_ms: until(now, reset, cfg.window_without_reset_ms, cfg.session_ceiling_ms),
-                        reason: CooldownReason::SessionExhausted,
-                    };
-                }
+            if !overage_usable && let Some(reset) = exhausted(reading.window("5h"), now).filter(|r| r.is_some()) {
+                return Plan::Cool {
+                    until_ms: until(now, reset, cfg.window_without_reset_ms, cfg.session_ceiling_ms),
+                    reason: CooldownReason::SessionExhausted,
+                };
             }
             Plan::Clear
         }
@@ -303,7 +296,10 @@ mod tests {
     #[test]
     fn unified_rejected_without_windows_uses_retry_after_or_the_default() {
         let mut r = reading(vec![window("5h", 0.5, Status::Allowed, None)], Some(Status::Rejected));
-        assert_eq!(plan429(&r, None), Plan::Cool { until_ms: NOW + 15 * MINUTE, reason: CooldownReason::UnifiedRejected });
+        assert_eq!(
+            plan429(&r, None),
+            Plan::Cool { until_ms: NOW + 15 * MINUTE, reason: CooldownReason::UnifiedRejected }
+        );
         r.retry_after_ms = Some(120_000);
         assert_eq!(plan429(&r, None), Plan::Cool { until_ms: NOW + 120_000, reason: CooldownReason::UnifiedRejected });
     }
@@ -348,7 +344,10 @@ mod tests {
     #[test]
     fn client_errors_change_nothing_and_do_not_fail_over() {
         let cfg = CooldownConfig::default();
-        assert_eq!(plan(Answer::Status(400), &QuotaReading::default(), None, Streaks::default(), &cfg, NOW), Plan::Keep);
+        assert_eq!(
+            plan(Answer::Status(400), &QuotaReading::default(), None, Streaks::default(), &cfg, NOW),
+            Plan::Keep
+        );
         assert!(!fails_over(400));
         assert!(!fails_over(404));
         assert!(fails_over(429) && fails_over(529) && fails_over(503) && fails_over(401));

@@ -64,7 +64,11 @@ impl Generation {
         let mut enabled = Vec::new();
         let mut disabled = Vec::new();
         for (i, account) in config.accounts.iter().enumerate() {
-            let state = states.lock().entry(account.id.clone()).or_insert_with(|| Arc::new(AccountState::new(&account.id))).clone();
+            let state = states
+                .lock()
+                .entry(account.id.clone())
+                .or_insert_with(|| Arc::new(AccountState::new(&account.id)))
+                .clone();
             if !account.enabled {
                 disabled.push((account.clone(), state));
                 continue;
@@ -72,11 +76,18 @@ impl Generation {
             let base = match reqwest::Url::parse(account.base_url()) {
                 Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Some(u),
                 Ok(u) => {
-                    problems.push(format!("accounts[{i}] (`{}`).base_url: `{u}` is not an http(s) URL with a host", account.id));
+                    problems.push(format!(
+                        "accounts[{i}] (`{}`).base_url: `{u}` is not an http(s) URL with a host",
+                        account.id
+                    ));
                     None
                 }
                 Err(e) => {
-                    problems.push(format!("accounts[{i}] (`{}`).base_url: `{}` is not a URL ({e})", account.id, account.base_url()));
+                    problems.push(format!(
+                        "accounts[{i}] (`{}`).base_url: `{}` is not a URL ({e})",
+                        account.id,
+                        account.base_url()
+                    ));
                     None
                 }
             };
@@ -108,9 +119,16 @@ impl Generation {
         let accounts: Vec<PoolAccount> = enabled
             .into_iter()
             .enumerate()
-            .map(|(i, (config, credential, state, base))| PoolAccount { index: i as u32, config, credential, state, base })
+            .map(|(i, (config, credential, state, base))| PoolAccount {
+                index: i as u32,
+                config,
+                credential,
+                state,
+                base,
+            })
             .collect();
-        let generation = Generation { number, config, chain, accounts, disabled, client_keys, admin, loaded_ms: now_ms() };
+        let generation =
+            Generation { number, config, chain, accounts, disabled, client_keys, admin, loaded_ms: now_ms() };
         generation.smoke_rank()?;
         Ok(generation)
     }

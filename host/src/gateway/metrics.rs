@@ -12,6 +12,9 @@ use parking_lot::Mutex;
 
 type Labels = Vec<(&'static str, String)>;
 
+/// A gauge family for [`Metrics::render`]: name, help, values by labels.
+pub type Gauge<'a> = (&'a str, &'a str, Vec<(Labels, f64)>);
+
 struct Counter {
     name: &'static str,
     help: &'static str,
@@ -36,8 +39,9 @@ impl Counter {
 }
 
 /// Latency buckets, seconds: from 10 µs (a chain) to 10 min (a long stream).
-const BUCKETS: [f64; 16] =
-    [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.05, 0.25, 1.0, 5.0, 30.0, 120.0, 600.0];
+const BUCKETS: [f64; 16] = [
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.05, 0.25, 1.0, 5.0, 30.0, 120.0, 600.0,
+];
 
 #[derive(Default, Clone)]
 struct HistogramData {
@@ -114,14 +118,29 @@ impl Default for Metrics {
     fn default() -> Self {
         Metrics {
             requests: Counter::new("poolgate_requests_total", "Client requests by serving account and final status."),
-            attempts: Counter::new("poolgate_upstream_attempts_total", "Upstream attempts by account and status (\"connect_error\" when no response)."),
-            failovers: Counter::new("poolgate_failovers_total", "Requests moved to the next account, by the account left and why."),
+            attempts: Counter::new(
+                "poolgate_upstream_attempts_total",
+                "Upstream attempts by account and status (\"connect_error\" when no response).",
+            ),
+            failovers: Counter::new(
+                "poolgate_failovers_total",
+                "Requests moved to the next account, by the account left and why.",
+            ),
             cooldowns: Counter::new("poolgate_cooldowns_total", "Cooldowns started, by account and cause."),
-            policy_errors: Counter::new("poolgate_policy_errors_total", "Chain stages that failed (routing_policy_error), by stage and cause."),
-            parked: Counter::new("poolgate_parked_total", "Requests answered locally with 429 because every account was cooling."),
+            policy_errors: Counter::new(
+                "poolgate_policy_errors_total",
+                "Chain stages that failed (routing_policy_error), by stage and cause.",
+            ),
+            parked: Counter::new(
+                "poolgate_parked_total",
+                "Requests answered locally with 429 because every account was cooling.",
+            ),
             reloads: Counter::new("poolgate_reloads_total", "Configuration reloads by result."),
             chain_duration: Histogram::new("poolgate_chain_duration_seconds", "Time to run the policy chain once."),
-            upstream_latency: Histogram::new("poolgate_upstream_latency_seconds", "Time from sending upstream to its response headers, by account."),
+            upstream_latency: Histogram::new(
+                "poolgate_upstream_latency_seconds",
+                "Time from sending upstream to its response headers, by account.",
+            ),
         }
     }
 }
@@ -174,9 +193,17 @@ impl Metrics {
     }
 
     /// Renders every family, plus the gauges passed in.
-    pub fn render(&self, gauges: &[(&str, &str, Vec<(Labels, f64)>)]) -> String {
+    pub fn render(&self, gauges: &[Gauge<'_>]) -> String {
         let mut out = String::with_capacity(8 * 1024);
-        for c in [&self.requests, &self.attempts, &self.failovers, &self.cooldowns, &self.policy_errors, &self.parked, &self.reloads] {
+        for c in [
+            &self.requests,
+            &self.attempts,
+            &self.failovers,
+            &self.cooldowns,
+            &self.policy_errors,
+            &self.parked,
+            &self.reloads,
+        ] {
             c.render(&mut out);
         }
         self.chain_duration.render(&mut out);
@@ -209,7 +236,11 @@ mod tests {
         m.chain_duration(0.00002);
         let text = m.render(&[("poolgate_in_flight", "In flight.", vec![(labels(&[("account", "a")]), 3.0)])]);
         assert!(text.contains("poolgate_requests_total{account=\"a\",status=\"200\"} 2"), "{text}");
-        assert!(text.contains("poolgate_policy_errors_total{cause=\"trap\",stage=\"builtin:x\"} 1") || text.contains("poolgate_policy_errors_total{stage=\"builtin:x\",cause=\"trap\"} 1"), "{text}");
+        assert!(
+            text.contains("poolgate_policy_errors_total{cause=\"trap\",stage=\"builtin:x\"} 1")
+                || text.contains("poolgate_policy_errors_total{stage=\"builtin:x\",cause=\"trap\"} 1"),
+            "{text}"
+        );
         assert!(text.contains("poolgate_chain_duration_seconds_bucket{le=\"0.000025\"} 1"), "{text}");
         assert!(text.contains("poolgate_chain_duration_seconds_count 1"));
         assert!(text.contains("poolgate_in_flight{account=\"a\"} 3"));

@@ -97,7 +97,11 @@ impl Gateway {
     }
 
     /// As [`Gateway::new`], with a given plugin state store.
-    pub fn with_state(config: Config, engine: Arc<PolicyEngine>, plugin_state: Arc<dyn StateStore>) -> Result<Arc<Gateway>> {
+    pub fn with_state(
+        config: Config,
+        engine: Arc<PolicyEngine>,
+        plugin_state: Arc<dyn StateStore>,
+    ) -> Result<Arc<Gateway>> {
         install_crypto();
         let states = Mutex::new(HashMap::new());
         let first = Generation::build(1, config, &engine, &plugin_state, &states)?;
@@ -133,14 +137,25 @@ impl Gateway {
     /// rewrites an error line to point into the file (identity when there is none).
     pub fn reload(&self, config: Config, trigger: &str, locate: &dyn Fn(&str) -> String) -> Result<u64, String> {
         let number = self.generation().number + 1;
+        let started = std::time::Instant::now();
         match Generation::build(number, config, &self.engine, &self.plugin_state, &self.states) {
             Ok(generation) => {
                 self.decisions.resize(generation.config.server.decisions_kept);
                 self.current.store(Arc::new(generation));
                 self.metrics.reload(true);
-                *self.last_reload.lock() =
-                    Some(ReloadStatus { at_ms: now_ms(), ok: true, trigger: trigger.into(), errors: Vec::new(), consecutive_failures: 0 });
-                tracing::info!(generation = number, trigger, "configuration reloaded");
+                *self.last_reload.lock() = Some(ReloadStatus {
+                    at_ms: now_ms(),
+                    ok: true,
+                    trigger: trigger.into(),
+                    errors: Vec::new(),
+                    consecutive_failures: 0,
+                });
+                tracing::info!(
+                    generation = number,
+                    trigger,
+                    build_ms = started.elapsed().as_millis() as u64,
+                    "configuration reloaded"
+                );
                 Ok(number)
             }
             Err(e) => {

@@ -192,8 +192,12 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
             Ok(lease) => lease,
             Err(refused) => {
                 let (what, msg) = match refused {
-                    Refused::QueueFull => ("queue_full", "poolgate: every account is at its in-flight limit and the queue is full"),
-                    Refused::Timeout => ("queue_timeout", "poolgate: timed out waiting for an account with in-flight room"),
+                    Refused::QueueFull => {
+                        ("queue_full", "poolgate: every account is at its in-flight limit and the queue is full")
+                    }
+                    Refused::Timeout => {
+                        ("queue_timeout", "poolgate: timed out waiting for an account with in-flight room")
+                    }
                 };
                 record.attempts.push(local_attempt(attempt, decision, what));
                 let mut r = rate_limited(msg, 1_000);
@@ -228,7 +232,17 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
             Err(e) => {
                 tracing::warn!(request = id, account = %account.config.id, error = %e, "upstream connection failed");
                 gw.metrics.attempt(&account.config.id, None);
-                note(&gw, account, account.state.record(Answer::ConnectFailed, &quota::QuotaReading::default(), family, &cfg.cooldowns, now_ms()));
+                note(
+                    &gw,
+                    account,
+                    account.state.record(
+                        Answer::ConnectFailed,
+                        &quota::QuotaReading::default(),
+                        family,
+                        &cfg.cooldowns,
+                        now_ms(),
+                    ),
+                );
                 gw.metrics.failover(&account.config.id, "connect_error");
                 this.outcome = "connect_error".into();
                 record.attempts.push(this);
@@ -242,7 +256,11 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
         let status = response.status();
         let reading = quota::parse(response.headers(), now_ms());
         gw.metrics.attempt(&account.config.id, Some(status.as_u16()));
-        note(&gw, account, account.state.record(Answer::Status(status.as_u16()), &reading, family, &cfg.cooldowns, now_ms()));
+        note(
+            &gw,
+            account,
+            account.state.record(Answer::Status(status.as_u16()), &reading, family, &cfg.cooldowns, now_ms()),
+        );
         this.status = Some(status.as_u16());
 
         if fails_over(status.as_u16()) {
@@ -273,7 +291,17 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
             None => Bytes::new(),
             Some(Err(e)) if status.is_success() => {
                 tracing::warn!(request = id, account = %account.config.id, error = %e, "upstream failed before the first byte");
-                note(&gw, account, account.state.record(Answer::ConnectFailed, &quota::QuotaReading::default(), family, &cfg.cooldowns, now_ms()));
+                note(
+                    &gw,
+                    account,
+                    account.state.record(
+                        Answer::ConnectFailed,
+                        &quota::QuotaReading::default(),
+                        family,
+                        &cfg.cooldowns,
+                        now_ms(),
+                    ),
+                );
                 gw.metrics.failover(&account.config.id, "stream_error");
                 this.outcome = "failover".into();
                 record.attempts.push(this);
@@ -287,7 +315,12 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
         this.outcome = "served".into();
         record.attempts.push(this);
         record.status = status.as_u16();
-        let policy_error = record.attempts.iter().rev().find_map(|a| a.decision.policy_errors.first()).map(|e| format!("{}:{}", e.stage, e.cause.as_str()));
+        let policy_error = record
+            .attempts
+            .iter()
+            .rev()
+            .find_map(|a| a.decision.policy_errors.first())
+            .map(|e| format!("{}:{}", e.stage, e.cause.as_str()));
         headers.retain_forwardable();
         let finish = Finish {
             gateway: gw.clone(),
@@ -347,11 +380,19 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
             finish_local(&gw, &generation, r, record, "upstream_error", started, last_attempt)
         }
         Some(Failed::Unreachable(why)) => {
-            let r = error(StatusCode::BAD_GATEWAY, "api_error", &format!("poolgate: the upstream could not be reached ({why})"));
+            let r = error(
+                StatusCode::BAD_GATEWAY,
+                "api_error",
+                &format!("poolgate: the upstream could not be reached ({why})"),
+            );
             finish_local(&gw, &generation, r, record, "unreachable", started, last_attempt)
         }
         None => {
-            let r = error(StatusCode::SERVICE_UNAVAILABLE, "overloaded_error", "poolgate: no account could take the request");
+            let r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded_error",
+                "poolgate: no account could take the request",
+            );
             finish_local(&gw, &generation, r, record, "no_account", started, last_attempt)
         }
     }
@@ -401,7 +442,12 @@ fn finish_local(
 }
 
 /// Sends the request to `account`, resolving at the upstream's response headers.
-async fn send(gw: &Gateway, generation: &Generation, account: &PoolAccount, incoming: &Incoming) -> Result<reqwest::Response, String> {
+async fn send(
+    gw: &Gateway,
+    generation: &Generation,
+    account: &PoolAccount,
+    incoming: &Incoming,
+) -> Result<reqwest::Response, String> {
     // The base URL was parsed at load; only the path and query change per request.
     let mut url = account.base.clone();
     let prefix = url.path().trim_end_matches('/');
@@ -415,7 +461,12 @@ async fn send(gw: &Gateway, generation: &Generation, account: &PoolAccount, inco
     let mut headers = HeaderMap::with_capacity(incoming.headers.len() + 2);
     for (name, value) in &incoming.headers {
         let n = name.as_str();
-        if !forwardable(name) || n == "authorization" || n == "x-api-key" || n.starts_with("x-poolgate-") || n == "anthropic-beta" {
+        if !forwardable(name)
+            || n == "authorization"
+            || n == "x-api-key"
+            || n.starts_with("x-poolgate-")
+            || n == "anthropic-beta"
+        {
             continue;
         }
         headers.append(name.clone(), value.clone());
@@ -427,12 +478,16 @@ async fn send(gw: &Gateway, generation: &Generation, account: &PoolAccount, inco
     let credential = account.credential.expose();
     match account.config.kind {
         AccountKind::ApiKey => {
-            headers.insert("x-api-key", HeaderValue::from_str(credential).map_err(|_| "credential is not a valid header value")?);
+            headers.insert(
+                "x-api-key",
+                HeaderValue::from_str(credential).map_err(|_| "credential is not a valid header value")?,
+            );
         }
         AccountKind::Oauth => {
             headers.insert(
                 header::AUTHORIZATION,
-                HeaderValue::from_str(&format!("Bearer {credential}")).map_err(|_| "credential is not a valid header value")?,
+                HeaderValue::from_str(&format!("Bearer {credential}"))
+                    .map_err(|_| "credential is not a valid header value")?,
             );
         }
     }
@@ -519,7 +574,8 @@ trait RetainForwardable {
 
 impl RetainForwardable for HeaderMap {
     fn retain_forwardable(&mut self) {
-        let drop: Vec<HeaderName> = self.keys().filter(|n| !forwardable(n) && n.as_str() != "content-length").cloned().collect();
+        let drop: Vec<HeaderName> =
+            self.keys().filter(|n| !forwardable(n) && n.as_str() != "content-length").cloned().collect();
         for n in drop {
             self.remove(n);
         }

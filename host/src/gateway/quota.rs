@@ -46,7 +46,8 @@ pub struct QuotaReading {
 impl QuotaReading {
     /// Whether the response carried any unified quota header.
     pub fn has_unified(&self) -> bool {
-        self.status.is_some() || self.windows.iter().any(|w| w.name == "5h" || w.name == "7d" || w.name.starts_with("7d_"))
+        self.status.is_some()
+            || self.windows.iter().any(|w| w.name == "5h" || w.name == "7d" || w.name.starts_with("7d_"))
     }
 
     /// Whether the response carried any quota information worth storing.
@@ -111,7 +112,7 @@ names! {
 pub fn parse_retry_after(value: &str, now_ms: u64) -> Option<u64> {
     let value = value.trim();
     if let Ok(secs) = value.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| (secs * 1000.0) as u64);
+        return (secs.is_finite() && secs >= 0.0).then_some((secs * 1000.0) as u64);
     }
     let at = httpdate::parse_http_date(value).ok()?;
     let at_ms = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64;
@@ -166,7 +167,9 @@ pub fn parse(headers: &HeaderMap, now_ms: u64) -> QuotaReading {
         ("output_tokens", &OUTPUT_LIMIT, &OUTPUT_REMAINING, &OUTPUT_RESET),
     ];
     for (family, limit, remaining, reset) in families {
-        let (Some(limit), Some(remaining)) = (header(headers, limit).and_then(number), header(headers, remaining).and_then(number)) else {
+        let (Some(limit), Some(remaining)) =
+            (header(headers, limit).and_then(number), header(headers, remaining).and_then(number))
+        else {
             continue;
         };
         if limit <= 0.0 {

@@ -160,10 +160,10 @@ impl Stream for Relay {
     type Item = Result<Bytes, std::io::Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if let Some(first) = self.first.take() {
-            if let Some(out) = self.pass(first) {
-                return self.out(out);
-            }
+        if let Some(first) = self.first.take()
+            && let Some(out) = self.pass(first)
+        {
+            return self.out(out);
         }
         if self.ended {
             return Poll::Ready(None);

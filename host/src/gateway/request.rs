@@ -49,14 +49,12 @@ pub fn body_facts(body: &[u8]) -> Result<BodyFacts, BadBody> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(BodyFacts::default());
     }
-    let peek: Peek = serde_json::from_slice(body).map_err(|e| BadBody(format!("request body is not valid JSON: {e}")))?;
-    let session = peek
-        .metadata
-        .and_then(|m| m.user_id)
-        .and_then(|v| match v {
-            serde_json::Value::String(s) => session_from_user_id(&s),
-            _ => None,
-        });
+    let peek: Peek =
+        serde_json::from_slice(body).map_err(|e| BadBody(format!("request body is not valid JSON: {e}")))?;
+    let session = peek.metadata.and_then(|m| m.user_id).and_then(|v| match v {
+        serde_json::Value::String(s) => session_from_user_id(&s),
+        _ => None,
+    });
     Ok(BodyFacts { model: peek.model, stream: peek.stream.unwrap_or(false), session })
 }
 
@@ -101,7 +99,8 @@ mod tests {
 
     #[test]
     fn reads_the_older_underscore_form() {
-        let id = "user_0123abcd_account_11111111-2222-3333-4444-555555555555_session_66666666-7777-8888-9999-000000000000";
+        let id =
+            "user_0123abcd_account_11111111-2222-3333-4444-555555555555_session_66666666-7777-8888-9999-000000000000";
         assert_eq!(session_from_user_id(id).as_deref(), Some("66666666-7777-8888-9999-000000000000"));
         assert_eq!(session_from_user_id("plain-user"), None);
     }

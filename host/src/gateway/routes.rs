@@ -69,7 +69,8 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
         }
     };
     let limit = generation.config.server.max_body_mb << 20;
-    let declared = headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    let declared =
+        headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     let too_large = || {
         error(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -197,7 +198,11 @@ async fn reload(State(s): State<AppState>, headers: HeaderMap) -> Response {
         return r;
     }
     let Some(reloader) = s.reloader.clone() else {
-        return error(StatusCode::CONFLICT, "invalid_request_error", "poolgate: this gateway was not started from a config file");
+        return error(
+            StatusCode::CONFLICT,
+            "invalid_request_error",
+            "poolgate: this gateway was not started from a config file",
+        );
     };
     // Compiling plugins can take seconds: keep it off the async workers.
     match tokio::task::spawn_blocking(move || reloader("admin")).await {
@@ -215,7 +220,8 @@ async fn metrics(State(s): State<AppState>) -> Response {
     let gw = &s.gateway;
     let g = gw.generation();
     let now = now_ms();
-    let in_flight = g.accounts.iter().map(|a| (labels(&[("account", &a.config.id)]), a.state.in_flight() as f64)).collect();
+    let in_flight =
+        g.accounts.iter().map(|a| (labels(&[("account", &a.config.id)]), a.state.in_flight() as f64)).collect();
     let cooling = g
         .accounts
         .iter()
@@ -231,7 +237,11 @@ async fn metrics(State(s): State<AppState>) -> Response {
         ("poolgate_in_flight", "Requests in flight, by account.", in_flight),
         ("poolgate_account_cooling", "1 while the account is cooling down.", cooling),
         ("poolgate_stage_breaker_open", "1 while a chain stage is bypassed by its breaker.", breakers),
-        ("poolgate_queue_depth", "Requests waiting for an in-flight slot.", vec![(Vec::new(), gw.admission.depth() as f64)]),
+        (
+            "poolgate_queue_depth",
+            "Requests waiting for an in-flight slot.",
+            vec![(Vec::new(), gw.admission.depth() as f64)],
+        ),
         ("poolgate_config_generation", "The configuration generation in force.", vec![(Vec::new(), g.number as f64)]),
     ]);
     ([(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()

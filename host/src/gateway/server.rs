@@ -82,7 +82,12 @@ pub fn check_exposure(addr: &SocketAddr, has_client_keys: bool) -> Result<()> {
 
 /// Serves until `shutdown` resolves, then stops accepting and waits up to
 /// `grace` for open requests and streams before returning.
-pub async fn serve(listener: TcpListener, state: AppState, grace: Duration, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    grace: Duration,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
@@ -92,7 +97,10 @@ pub async fn serve(listener: TcpListener, state: AppState, grace: Duration, shut
     });
     let deadline = async move {
         shutdown.await;
-        tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down: no new connections; waiting for in-flight requests");
+        tracing::info!(
+            grace_ms = grace.as_millis() as u64,
+            "shutting down: no new connections; waiting for in-flight requests"
+        );
         let _ = stop_tx.send(true);
         tokio::time::sleep(grace).await;
     };
@@ -107,7 +115,8 @@ pub async fn serve(listener: TcpListener, state: AppState, grace: Duration, shut
 pub async fn termination() {
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}

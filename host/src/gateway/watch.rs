@@ -2,11 +2,11 @@
 //! and SIGHUP reloads too (`POST /admin/reload` is in `routes`).
 //!
 //! Watching polls file fingerprints (size, modification time, inode, and the
-//! config's content hash) every 250 ms instead of subscribing to filesystem
+//! config's content hash) every 100 ms instead of subscribing to filesystem
 //! events: editors save by rename, Kubernetes swaps a `..data` symlink, and
 //! network filesystems drop events; a poll sees all of them the same way, costs
 //! a few `stat` calls, and has no platform quirks. A change is acted on once the
-//! files have stayed put for 200 ms (a copy in progress is not a config).
+//! files have stayed put for 150 ms (a copy in progress is not a config).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -19,16 +19,21 @@ use super::Gateway;
 use super::routes::Reloader;
 
 /// How often the files are looked at.
-pub const POLL: Duration = Duration::from_millis(250);
+pub const POLL: Duration = Duration::from_millis(100);
 /// How long files must stay unchanged before a reload.
-pub const SETTLE: Duration = Duration::from_millis(200);
+pub const SETTLE: Duration = Duration::from_millis(150);
 
+/// (size, mtime s, mtime ns, inode) of a file that exists.
+type Meta = (u64, i64, i64, u64);
+
+/// Per watched file: its path, metadata and (for the config) content hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Print(Vec<(PathBuf, Option<(u64, i64, i64, u64)>, Option<[u8; 32]>)>);
+struct Print(Vec<(PathBuf, Option<Meta>, Option<[u8; 32]>)>);
 
 fn print(config: &Path, plugins: &[PathBuf]) -> Print {
     let meta = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.len(), m.mtime(), m.mtime_nsec(), m.ino()));
-    let mut out = vec![(config.to_path_buf(), meta(config), std::fs::read(config).ok().map(|b| Sha256::digest(&b).into()))];
+    let mut out =
+        vec![(config.to_path_buf(), meta(config), std::fs::read(config).ok().map(|b| Sha256::digest(&b).into()))];
     out.extend(plugins.iter().map(|p| (p.clone(), meta(p), None)));
     Print(out)
 }
@@ -62,6 +67,7 @@ pub fn watch_files(gateway: &Arc<Gateway>, config: PathBuf, reload: Reloader) ->
             if now == last {
                 continue;
             }
+            let seen = std::time::Instant::now();
             // Wait for the writer to finish.
             loop {
                 tokio::time::sleep(SETTLE).await;
@@ -72,6 +78,7 @@ pub fn watch_files(gateway: &Arc<Gateway>, config: PathBuf, reload: Reloader) ->
                 now = again;
             }
             last = now;
+            tracing::debug!(settle_ms = seen.elapsed().as_millis() as u64, "config or plugin file changed; reloading");
             let reload = reload.clone();
             match tokio::task::spawn_blocking(move || reload("file-watch")).await {
                 Ok(Ok(generation)) => tracing::info!(generation, "reloaded after a file change"),

@@ -7,6 +7,6 @@ wasmtime::component::bindgen!({
 
 pub use poolgate::policy::host::Level;
 pub use poolgate::policy::types::{
-    Account, AccountInfo, ApiShape, Cooldown, CooldownReason, Freshness, Outcome, QuotaWindow, Ranking,
-    Request, WindowKind, WindowStatus,
+    Account, AccountInfo, ApiShape, Cooldown, CooldownReason, Freshness, Outcome, QuotaWindow, Ranking, Request,
+    WindowKind, WindowStatus,
 };

@@ -106,12 +106,7 @@ impl Breaker {
             Some(u) if now >= u => "half-open",
             Some(_) => "open",
         };
-        BreakerStatus {
-            state,
-            consecutive_failures: s.consecutive,
-            open_until_ms: s.open_until,
-            trips: s.trips,
-        }
+        BreakerStatus { state, consecutive_failures: s.consecutive, open_until_ms: s.open_until, trips: s.trips }
     }
 }
 

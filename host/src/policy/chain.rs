@@ -180,7 +180,8 @@ impl Chain {
                 Err(fault) => {
                     tracing::warn!(stage = %stage.name, cause = fault.cause.as_str(), message = %fault.message, "routing_policy_error: stage skipped");
                     reason = ROUTING_POLICY_ERROR.to_string();
-                    detail = Some(format!("stage `{}` failed ({}): {}", stage.name, fault.cause.as_str(), fault.message));
+                    detail =
+                        Some(format!("stage `{}` failed ({}): {}", stage.name, fault.cause.as_str(), fault.message));
                     policy_errors.push(PolicyError {
                         stage: stage.name.clone(),
                         cause: fault.cause,

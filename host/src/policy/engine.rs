@@ -53,15 +53,9 @@ impl PolicyEngine {
         let engine = Engine::new(&config).map_err(anyhow::Error::from)?;
         let mut linker = Linker::<Sandbox>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(anyhow::Error::from)?;
-        Policy::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)
-            .map_err(anyhow::Error::from)?;
+        Policy::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s).map_err(anyhow::Error::from)?;
         spawn_ticker(&engine);
-        Ok(Arc::new(PolicyEngine {
-            engine,
-            linker,
-            cache_dir,
-            compiled: Mutex::new(HashMap::new()),
-        }))
+        Ok(Arc::new(PolicyEngine { engine, linker, cache_dir, compiled: Mutex::new(HashMap::new()) }))
     }
 
     /// The default disk cache: `$XDG_CACHE_HOME/poolgate/components` (or the
@@ -97,10 +91,10 @@ impl PolicyEngine {
                     .map_err(anyhow::Error::from)
                     .with_context(|| format!("{label} is not a valid WebAssembly component"))?;
                 tracing::info!(plugin = label, elapsed_ms = started.elapsed().as_millis() as u64, "compiled plugin");
-                if let Some(path) = &cached {
-                    if let Err(e) = store_cached(&c, path) {
-                        tracing::warn!(plugin = label, error = %e, "could not write the compiled-plugin cache");
-                    }
+                if let Some(path) = &cached
+                    && let Err(e) = store_cached(&c, path)
+                {
+                    tracing::warn!(plugin = label, error = %e, "could not write the compiled-plugin cache");
                 }
                 c
             }
@@ -206,9 +200,7 @@ pub const WIT_TRACK: (u64, u64) = (0, 1);
 pub fn check_component(engine: &Engine, component: &Component) -> Result<()> {
     let ty = component.component_type();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
-    let ranker = exports
-        .iter()
-        .find(|n| n.starts_with("poolgate:policy/ranker"));
+    let ranker = exports.iter().find(|n| n.starts_with("poolgate:policy/ranker"));
     let Some(ranker) = ranker else {
         bail!(
             "it is not a poolgate policy component: it exports [{}], not `{WIT_PACKAGE}/ranker@{}.{}.x`",
@@ -255,7 +247,8 @@ pub fn import_granted(name: &str) -> bool {
     }
     // The WASI 0.2 interfaces a language runtime imports to start. They are linked
     // but grant nothing: no preopens, no environment, no sockets.
-    const WASI: [&str; 6] = ["wasi:cli/", "wasi:io/", "wasi:clocks/", "wasi:random/", "wasi:filesystem/", "wasi:sockets/"];
+    const WASI: [&str; 6] =
+        ["wasi:cli/", "wasi:io/", "wasi:clocks/", "wasi:random/", "wasi:filesystem/", "wasi:sockets/"];
     WASI.iter().any(|p| name.starts_with(p)) && name.contains("@0.2.")
 }
 

@@ -126,15 +126,7 @@ static ACCOUNT: LazyLock<AccountLayout> = LazyLock::new(|| {
 });
 
 static WINDOW: LazyLock<WindowLayout> = LazyLock::new(|| {
-    let f = fields(&[
-        u32::ABI,
-        WindowKind::ABI,
-        u32::ABI,
-        f64::ABI,
-        <Option<u64>>::ABI,
-        WindowStatus::ABI,
-        u64::ABI,
-    ]);
+    let f = fields(&[u32::ABI, WindowKind::ABI, u32::ABI, f64::ABI, <Option<u64>>::ABI, WindowStatus::ABI, u64::ABI]);
     let layout = WindowLayout {
         account: f.offsets[0],
         kind: f.offsets[1],

@@ -35,12 +35,7 @@ pub fn intern(name: &str) -> u32 {
 
 /// The name behind `id` (empty for an id never handed out).
 pub fn resolve(id: u32) -> Arc<str> {
-    TABLE
-        .read()
-        .names
-        .get(id as usize)
-        .cloned()
-        .unwrap_or_else(|| Arc::from(""))
+    TABLE.read().names.get(id as usize).cloned().unwrap_or_else(|| Arc::from(""))
 }
 
 #[cfg(test)]

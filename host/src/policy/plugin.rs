@@ -19,8 +19,8 @@ use wasmtime::component::{ComponentExportIndex, Func, TypedFunc};
 
 use super::bindings::{Account, AccountInfo, Outcome, Policy, PolicyPre, QuotaWindow, Ranking, Request};
 use super::engine::{CallGuard, EPOCH_TICK, PolicyEngine, check_component};
-use super::lowering::{FastAccount, FastWindow, fast_accounts, fast_windows};
 use super::fault::{Cause, Fault};
+use super::lowering::{FastAccount, FastWindow, fast_accounts, fast_windows};
 use super::sandbox::Sandbox;
 use super::state::StateStore;
 use crate::artifacts::BUILTINS;
@@ -49,21 +49,20 @@ impl PluginRef {
     pub fn default_scope(&self) -> String {
         match self {
             PluginRef::Builtin(name) => name.clone(),
-            PluginRef::Path(p) => p
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| p.display().to_string()),
+            PluginRef::Path(p) => {
+                p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| p.display().to_string())
+            }
         }
     }
 
     /// Reads the component's bytes.
     pub fn read(&self) -> Result<Vec<u8>> {
         match self {
-            PluginRef::Builtin(name) => BUILTINS
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, b)| b.to_vec())
-                .ok_or_else(|| anyhow!("unknown built-in `builtin:{name}`; built-ins are: {}", builtin_names().join(", "))),
+            PluginRef::Builtin(name) => {
+                BUILTINS.iter().find(|(n, _)| n == name).map(|(_, b)| b.to_vec()).ok_or_else(|| {
+                    anyhow!("unknown built-in `builtin:{name}`; built-ins are: {}", builtin_names().join(", "))
+                })
+            }
             PluginRef::Path(p) => std::fs::read(p).with_context(|| format!("cannot read plugin file {}", p.display())),
         }
     }
@@ -211,7 +210,8 @@ impl Plugin {
     }
 
     fn instantiate(&self) -> Result<Instance, Fault> {
-        let sandbox = Sandbox::new(self.label.clone(), self.scope.clone(), self.state.clone(), self.spec.limits.memory_bytes);
+        let sandbox =
+            Sandbox::new(self.label.clone(), self.scope.clone(), self.state.clone(), self.spec.limits.memory_bytes);
         let mut store = Store::new(&self.engine, sandbox);
         store.limiter(|s| &mut s.limiter);
         let _running = CallGuard::enter();
@@ -220,7 +220,7 @@ impl Plugin {
             let instance = self.pre.instance_pre().instantiate(&mut store)?;
             let policy = Policy::new(&mut store, &instance)?;
             let rank = instance
-                .get_func(&mut store, &self.rank_export)
+                .get_func(&mut store, self.rank_export)
                 .ok_or_else(|| wasmtime::format_err!("no `rank` export"))?;
             // Type-check once; calls then skip the check (see `rank`).
             rank.typed::<RankParams<'_>, RankResults>(&store)?;
@@ -229,10 +229,7 @@ impl Plugin {
         let (policy, rank) =
             instantiated.map_err(|e| Fault::new(Cause::Error, format!("instantiation failed: {}", first_line(&e))))?;
         let denied = |s: &Store<Sandbox>| s.data().limiter.denied;
-        match policy
-            .poolgate_policy_ranker()
-            .call_configure(&mut store, &self.spec.config_json, &self.pool)
-        {
+        match policy.poolgate_policy_ranker().call_configure(&mut store, &self.spec.config_json, &self.pool) {
             Ok(Ok(())) => {}
             Ok(Err(msg)) => return Err(Fault::new(Cause::Error, format!("configure refused its options: {msg}"))),
             Err(e) => {
@@ -260,11 +257,7 @@ impl Plugin {
 
     /// Runs `f` on an instance under the call deadline. A trap (including a
     /// deadline or memory trap) discards the instance.
-    fn call<T>(
-        &self,
-        req: &Request,
-        f: impl FnOnce(&mut Instance) -> wasmtime::Result<T>,
-    ) -> Result<T, Fault> {
+    fn call<T>(&self, req: &Request, f: impl FnOnce(&mut Instance) -> wasmtime::Result<T>) -> Result<T, Fault> {
         let mut inst = self.checkout()?;
         let _running = CallGuard::enter();
         inst.store.data_mut().begin_call(req.id, req.now_ms);
@@ -289,7 +282,7 @@ impl Plugin {
             let typed = unsafe { TypedFunc::<RankParams<'_>, RankResults>::new_unchecked(i.rank) };
             typed.call(&mut i.store, (req, fast_accounts(candidates), fast_windows(windows))).map(|(r,)| r)
         })?
-            .map_err(|msg| Fault::new(Cause::Error, truncate(msg, 300)))
+        .map_err(|msg| Fault::new(Cause::Error, truncate(msg, 300)))
     }
 
     /// Reports an outcome. Failures are logged, never propagated: observing must not

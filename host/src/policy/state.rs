@@ -48,12 +48,7 @@ struct Scope {
 
 impl Default for Scope {
     fn default() -> Self {
-        Scope {
-            entries: HashMap::new(),
-            order: BTreeMap::new(),
-            limit: DEFAULT_LIMIT,
-            next_seq: 0,
-        }
+        Scope { entries: HashMap::new(), order: BTreeMap::new(), limit: DEFAULT_LIMIT, next_seq: 0 }
     }
 }
 
@@ -92,7 +87,12 @@ impl StateStore for MemoryState {
 
     fn set(&self, scope: &str, key: &str, value: &str, ttl_ms: Option<u64>, now_ms: u64) {
         if key.len() > MAX_KEY_BYTES || value.len() > MAX_VALUE_BYTES {
-            tracing::warn!(scope, key_len = key.len(), value_len = value.len(), "plugin state write too large; dropped");
+            tracing::warn!(
+                scope,
+                key_len = key.len(),
+                value_len = value.len(),
+                "plugin state write too large; dropped"
+            );
             return;
         }
         let mut scopes = self.scopes.lock();
@@ -103,11 +103,7 @@ impl StateStore for MemoryState {
         s.order.insert(seq, key.to_string());
         s.entries.insert(
             key.to_string(),
-            Entry {
-                value: value.to_string(),
-                expires_at: ttl_ms.map(|t| now_ms.saturating_add(t)),
-                seq,
-            },
+            Entry { value: value.to_string(), expires_at: ttl_ms.map(|t| now_ms.saturating_add(t)), seq },
         );
         let limit = s.limit as usize;
         s.evict_to(limit);

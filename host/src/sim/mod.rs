@@ -100,9 +100,8 @@ impl SimUpstream {
     /// Binds an ephemeral loopback port and serves `scenario`. Every account
     /// gets a fresh random key; its windows start as the scenario says, from now.
     pub async fn start(scenario: Scenario) -> Result<SimUpstream> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .context("cannot bind the simulated upstream")?;
+        let listener =
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind the simulated upstream")?;
         let addr = listener.local_addr()?;
         let now = now_ms();
         let accounts = scenario
@@ -113,10 +112,7 @@ impl SimUpstream {
                     name: spec.name.clone(),
                     note: spec.note.clone(),
                     key: Secret::new(format!("sk-ant-sim-{}", random_hex(24)?))?,
-                    organization: uuid_like(
-                        splitmix(fnv(&spec.name)),
-                        splitmix(fnv(&spec.name) ^ 1),
-                    ),
+                    organization: uuid_like(splitmix(fnv(&spec.name)), splitmix(fnv(&spec.name) ^ 1)),
                     ledger: Mutex::new(Ledger::new(spec, &scenario.timescale, now)),
                     served: Default::default(),
                     refused: Default::default(),
@@ -132,19 +128,11 @@ impl SimUpstream {
             let shutdown = async move {
                 let _ = stopped.wait_for(|s| *s).await;
             };
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
-            {
+            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
                 tracing::warn!(error = %e, "simulated upstream failed");
             }
         });
-        Ok(SimUpstream {
-            addr,
-            shared,
-            stop,
-            task,
-        })
+        Ok(SimUpstream { addr, shared, stop, task })
     }
 
     /// `http://127.0.0.1:<port>`: the base URL to give the gateway's accounts.
@@ -167,11 +155,7 @@ impl SimUpstream {
         self.shared
             .accounts
             .iter()
-            .map(|a| SimAccount {
-                name: a.name.clone(),
-                note: a.note.clone(),
-                key: a.key.clone(),
-            })
+            .map(|a| SimAccount { name: a.name.clone(), note: a.note.clone(), key: a.key.clone() })
             .collect()
     }
 
@@ -240,19 +224,10 @@ pub fn splitmix(x: u64) -> u64 {
 /// A UUID-shaped string from two 64-bit values.
 pub fn uuid_like(a: u64, b: u64) -> String {
     let h = format!("{a:016x}{b:016x}");
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }
 
 /// FNV-1a: a stable hash of a name (organization ids stay the same across runs).
 fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }

@@ -130,25 +130,16 @@ impl Ledger {
 
     fn bucket_for(&self, family: Option<&str>) -> Option<&Window> {
         let family = family?;
-        self.buckets
-            .iter()
-            .find(|b| b.family == family)
-            .map(|b| &b.window)
+        self.buckets.iter().find(|b| b.family == family).map(|b| &b.window)
     }
 
     /// Whether a request of model `family` is admitted at `now_ms`. The weekly
     /// window is checked first: when both are spent, it is the longer wait.
     pub fn admit(&mut self, family: Option<&str>, now_ms: u64) -> Result<(), Refusal> {
         self.roll(now_ms);
-        let spent = [
-            Some(&self.seven_day),
-            Some(&self.five_hour),
-            self.bucket_for(family),
-        ];
+        let spent = [Some(&self.seven_day), Some(&self.five_hour), self.bucket_for(family)];
         match spent.into_iter().flatten().find(|w| w.exhausted()) {
-            Some(w) => Err(Refusal {
-                window: w.name.clone(),
-            }),
+            Some(w) => Err(Refusal { window: w.name.clone() }),
             None => Ok(()),
         }
     }
@@ -185,11 +176,7 @@ impl Ledger {
     /// names the exhausted window) or a served request. The top-level status is
     /// the admit decision for this request: a served request that crossed a
     /// limit still reads `allowed_warning`, while its window reads `rejected`.
-    pub fn headers(
-        &self,
-        family: Option<&str>,
-        refused: Option<&Refusal>,
-    ) -> Vec<(String, String)> {
+    pub fn headers(&self, family: Option<&str>, refused: Option<&Refusal>) -> Vec<(String, String)> {
         let reported = self.reported(family);
         let claim_window = match refused {
             Some(r) => reported.iter().find(|w| w.name == r.window).copied(),
@@ -197,11 +184,7 @@ impl Ledger {
         }
         .unwrap_or_else(|| {
             // The binding window of an admitted request: the fuller of 5h and 7d.
-            if self.seven_day.utilization() > self.five_hour.utilization() {
-                &self.seven_day
-            } else {
-                &self.five_hour
-            }
+            if self.seven_day.utilization() > self.five_hour.utilization() { &self.seven_day } else { &self.five_hour }
         });
         let status = match refused {
             Some(_) => "rejected",
@@ -214,18 +197,12 @@ impl Ledger {
             (unified("representative-claim"), claim(&claim_window.name)),
         ];
         for w in reported {
-            out.push((
-                unified(&format!("{}-utilization", w.name)),
-                fraction(w.utilization()),
-            ));
+            out.push((unified(&format!("{}-utilization", w.name)), fraction(w.utilization())));
             out.push((
                 unified(&format!("{}-status", w.name)),
                 if w.exhausted() { "rejected" } else { "allowed" }.to_string(),
             ));
-            out.push((
-                unified(&format!("{}-reset", w.name)),
-                w.reset_s().to_string(),
-            ));
+            out.push((unified(&format!("{}-reset", w.name)), w.reset_s().to_string()));
         }
         out
     }
@@ -266,18 +243,10 @@ mod tests {
         Ledger::new(&spec, &Timescale::default(), NOW)
     }
 
-    fn parsed(
-        l: &Ledger,
-        family: Option<&str>,
-        refused: Option<&Refusal>,
-        now: u64,
-    ) -> quota::QuotaReading {
+    fn parsed(l: &Ledger, family: Option<&str>, refused: Option<&Refusal>, now: u64) -> quota::QuotaReading {
         let mut h = http::HeaderMap::new();
         for (k, v) in l.headers(family, refused) {
-            h.insert(
-                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
+            h.insert(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
         }
         quota::parse(&h, now)
     }
@@ -300,16 +269,8 @@ mod tests {
     fn windows_reset_on_the_compressed_clock_and_keep_their_schedule() {
         let mut l = ledger(AccountSpec::new("a", 10_000, 100_000));
         l.charge(None, 5_000, NOW);
-        assert_eq!(
-            l.five_hour.resets_at_ms,
-            NOW + 60_000,
-            "a 5h window lasts 60 s by default"
-        );
-        assert_eq!(
-            l.seven_day.resets_at_ms,
-            NOW + 600_000,
-            "a 7d window lasts 10 min by default"
-        );
+        assert_eq!(l.five_hour.resets_at_ms, NOW + 60_000, "a 5h window lasts 60 s by default");
+        assert_eq!(l.seven_day.resets_at_ms, NOW + 600_000, "a 7d window lasts 10 min by default");
         l.admit(None, NOW + 59_999).unwrap();
         assert_eq!(l.five_hour.used, 5_000);
         l.admit(None, NOW + 60_000).unwrap();
@@ -323,66 +284,36 @@ mod tests {
 
     #[test]
     fn an_exhausted_session_window_refuses_until_its_reset_with_the_headers_that_say_so() {
-        let spec =
-            AccountSpec::new("a", 10_000, 100_000).five_hour(1.0, Duration::from_millis(20_500));
+        let spec = AccountSpec::new("a", 10_000, 100_000).five_hour(1.0, Duration::from_millis(20_500));
         let mut l = ledger(spec);
         let refusal = l.admit(Some("sonnet"), NOW).unwrap_err();
         assert_eq!(refusal.window, "5h");
         let h = l.headers(Some("sonnet"), Some(&refusal));
-        let get = |n: &str| {
-            h.iter()
-                .find(|(k, _)| k == &format!("anthropic-ratelimit-unified-{n}"))
-                .map(|(_, v)| v.as_str())
-        };
+        let get =
+            |n: &str| h.iter().find(|(k, _)| k == &format!("anthropic-ratelimit-unified-{n}")).map(|(_, v)| v.as_str());
         assert_eq!(get("status"), Some("rejected"));
         assert_eq!(get("representative-claim"), Some("five_hour"));
         assert_eq!(get("5h-status"), Some("rejected"));
         assert_eq!(get("5h-utilization"), Some("1"));
         // 20.5 s is rounded up to the next whole second, never down.
-        assert_eq!(
-            get("5h-reset"),
-            Some(((NOW + 21_000) / 1000).to_string().as_str())
-        );
+        assert_eq!(get("5h-reset"), Some(((NOW + 21_000) / 1000).to_string().as_str()));
         assert_eq!(get("reset"), get("5h-reset"));
         assert_eq!(get("7d-status"), Some("allowed"));
 
         // What the gateway makes of it: cool the account until the reset.
         let r = parsed(&l, Some("sonnet"), Some(&refusal), NOW);
         use crate::gateway::cooldown::{Answer, CooldownConfig, Plan, Streaks, plan};
-        let p = plan(
-            Answer::Status(429),
-            &r,
-            Some("sonnet"),
-            Streaks::default(),
-            &CooldownConfig::default(),
-            NOW,
-        );
-        assert_eq!(
-            p,
-            Plan::Cool {
-                until_ms: NOW + 21_000,
-                reason: crate::snapshot::CooldownReason::SessionExhausted
-            }
-        );
+        let p = plan(Answer::Status(429), &r, Some("sonnet"), Streaks::default(), &CooldownConfig::default(), NOW);
+        assert_eq!(p, Plan::Cool { until_ms: NOW + 21_000, reason: crate::snapshot::CooldownReason::SessionExhausted });
 
         assert!(l.admit(Some("sonnet"), NOW + 20_499).is_err());
-        assert!(
-            l.admit(Some("sonnet"), NOW + 20_500).is_ok(),
-            "served again once the window rolled over"
-        );
+        assert!(l.admit(Some("sonnet"), NOW + 20_500).is_ok(), "served again once the window rolled over");
     }
 
     #[test]
     fn a_spent_bucket_refuses_only_its_family_and_shows_only_on_its_answers() {
-        let mut l = ledger(
-            AccountSpec::new("a", 1_000_000, 10_000_000).bucket("oi", "fable", 10_000, 0.95),
-        );
-        assert!(
-            parsed(&l, Some("sonnet"), None, NOW)
-                .window("7d_oi")
-                .is_none(),
-            "invisible to other families"
-        );
+        let mut l = ledger(AccountSpec::new("a", 1_000_000, 10_000_000).bucket("oi", "fable", 10_000, 0.95));
+        assert!(parsed(&l, Some("sonnet"), None, NOW).window("7d_oi").is_none(), "invisible to other families");
         let r = parsed(&l, Some("fable"), None, NOW);
         assert_eq!(r.window("7d_oi").unwrap().utilization, 0.95);
         assert_eq!(r.status, Some(Status::AllowedWarning));
@@ -390,39 +321,20 @@ mod tests {
         // The request that crosses the limit is served; the next one is not.
         l.admit(Some("fable"), NOW).unwrap();
         l.charge(Some("fable"), 600, NOW);
-        assert_eq!(
-            parsed(&l, Some("fable"), None, NOW)
-                .window("7d_oi")
-                .unwrap()
-                .status,
-            Status::Rejected
-        );
+        assert_eq!(parsed(&l, Some("fable"), None, NOW).window("7d_oi").unwrap().status, Status::Rejected);
         let refusal = l.admit(Some("fable"), NOW).unwrap_err();
         assert_eq!(refusal.window, "7d_oi");
         l.admit(Some("sonnet"), NOW).unwrap();
         l.admit(Some("opus"), NOW).unwrap();
 
         let r = parsed(&l, Some("fable"), Some(&refusal), NOW);
-        assert_eq!(
-            r.representative_claim.as_deref(),
-            Some("seven_day_overage_included")
-        );
+        assert_eq!(r.representative_claim.as_deref(), Some("seven_day_overage_included"));
         assert_eq!(r.window("5h").unwrap().status, Status::Allowed);
         use crate::gateway::cooldown::{Answer, CooldownConfig, Plan, Streaks, plan};
-        let p = plan(
-            Answer::Status(429),
-            &r,
-            Some("fable"),
-            Streaks::default(),
-            &CooldownConfig::default(),
-            NOW,
-        );
+        let p = plan(Answer::Status(429), &r, Some("fable"), Streaks::default(), &CooldownConfig::default(), NOW);
         assert_eq!(
             p,
-            Plan::GateModel {
-                family: "fable".into(),
-                until_ms: NOW + 600_000
-            },
+            Plan::GateModel { family: "fable".into(), until_ms: NOW + 600_000 },
             "gates fable only, until the bucket resets"
         );
     }
@@ -435,10 +347,6 @@ mod tests {
         assert_eq!(r.representative_claim.as_deref(), Some("seven_day"));
         assert_eq!(r.reset_ms, Some(NOW + 600_000));
         l.charge(None, 50_000, NOW);
-        assert_eq!(
-            l.admit(None, NOW).unwrap_err().window,
-            "7d",
-            "both spent: the weekly window is the longer wait"
-        );
+        assert_eq!(l.admit(None, NOW).unwrap_err().window, "7d", "both spent: the weekly window is the longer wait");
     }
 }

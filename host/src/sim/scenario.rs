@@ -23,20 +23,14 @@ pub struct Timescale {
 impl Default for Timescale {
     /// A "5h" window of 60 s and a "7d" window of 10 min.
     fn default() -> Self {
-        Timescale {
-            five_hour: Duration::from_secs(60),
-            seven_day: Duration::from_secs(600),
-        }
+        Timescale { five_hour: Duration::from_secs(60), seven_day: Duration::from_secs(600) }
     }
 }
 
 impl Timescale {
     /// The real lengths: 5 hours and 7 days.
     pub fn real() -> Self {
-        Timescale {
-            five_hour: Duration::from_secs(5 * 3600),
-            seven_day: Duration::from_secs(7 * 86_400),
-        }
+        Timescale { five_hour: Duration::from_secs(5 * 3600), seven_day: Duration::from_secs(7 * 86_400) }
     }
 }
 
@@ -94,11 +88,7 @@ pub struct WindowSpec {
 impl WindowSpec {
     /// An unused window of `budget_tokens` that starts a fresh period.
     pub fn new(budget_tokens: u64) -> Self {
-        WindowSpec {
-            budget_tokens,
-            used: 0.0,
-            resets_in: None,
-        }
+        WindowSpec { budget_tokens, used: 0.0, resets_in: None }
     }
 }
 
@@ -162,15 +152,8 @@ impl AccountSpec {
 
     /// Adds a per-model bucket `name` spent by `family`, `used` full.
     pub fn bucket(mut self, name: &str, family: &str, budget_tokens: u64, used: f64) -> Self {
-        let window = WindowSpec {
-            used,
-            ..WindowSpec::new(budget_tokens)
-        };
-        self.buckets.push(BucketSpec {
-            name: name.to_string(),
-            family: family.to_string(),
-            window,
-        });
+        let window = WindowSpec { used, ..WindowSpec::new(budget_tokens) };
+        self.buckets.push(BucketSpec { name: name.to_string(), family: family.to_string(), window });
         self
     }
 }

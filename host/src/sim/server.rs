@@ -67,17 +67,8 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub fn new(scenario: Scenario, accounts: Vec<Arc<Account>>, seed: u64) -> Shared {
-        let by_key = accounts
-            .iter()
-            .map(|a| (a.key.expose().to_string(), a.clone()))
-            .collect();
-        Shared {
-            scenario,
-            accounts,
-            by_key,
-            next_id: AtomicU64::new(1),
-            seed,
-        }
+        let by_key = accounts.iter().map(|a| (a.key.expose().to_string(), a.clone())).collect();
+        Shared { scenario, accounts, by_key, next_id: AtomicU64::new(1), seed }
     }
 
     /// The account whose key the request presents.
@@ -129,10 +120,7 @@ fn error(status: StatusCode, kind: &str, message: &str, rid: &str) -> Response {
     let mut r = Response::new(Body::from(wire::error_body(kind, message, rid)));
     *r.status_mut() = status;
     let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     if let Ok(v) = HeaderValue::from_str(rid) {
         h.insert("request-id", v);
     }
@@ -140,12 +128,7 @@ fn error(status: StatusCode, kind: &str, message: &str, rid: &str) -> Response {
 }
 
 fn unauthorized(rid: &str) -> Response {
-    error(
-        StatusCode::UNAUTHORIZED,
-        "authentication_error",
-        "invalid x-api-key",
-        rid,
-    )
+    error(StatusCode::UNAUTHORIZED, "authentication_error", "invalid x-api-key", rid)
 }
 
 async fn read_body(body: Body, rid: &str) -> Result<Bytes, Response> {
@@ -159,12 +142,7 @@ async fn read_body(body: Body, rid: &str) -> Result<Bytes, Response> {
     })
 }
 
-fn with_headers(
-    mut r: Response,
-    account: &Account,
-    rid: &str,
-    quota: Vec<(String, String)>,
-) -> Response {
+fn with_headers(mut r: Response, account: &Account, rid: &str, quota: Vec<(String, String)>) -> Response {
     let h = r.headers_mut();
     if let Ok(v) = HeaderValue::from_str(rid) {
         h.insert("request-id", v);
@@ -173,10 +151,7 @@ fn with_headers(
         h.insert("anthropic-organization-id", v);
     }
     for (name, value) in quota {
-        if let (Ok(n), Ok(v)) = (
-            http::HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(&value),
-        ) {
+        if let (Ok(n), Ok(v)) = (http::HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(&value)) {
             h.insert(n, v);
         }
     }
@@ -198,18 +173,10 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) 
         Err(m) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", &m, &rid),
     };
     let Some(family) = model_family(&ask.model) else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "not_found_error",
-            &format!("model: {}", ask.model),
-            &rid,
-        );
+        return error(StatusCode::NOT_FOUND, "not_found_error", &format!("model: {}", ask.model), &rid);
     };
     let latency = s.scenario.latency;
-    let (low, high) = (
-        *s.scenario.reply_words.start(),
-        *s.scenario.reply_words.end(),
-    );
+    let (low, high) = (*s.scenario.reply_words.start(), *s.scenario.reply_words.end());
     let words = low + (random % u64::from(high.saturating_sub(low) + 1)) as u32;
     let reply = Reply::new(
         &ask,
@@ -236,8 +203,7 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) 
         Err(q) => {
             account.refused.fetch_add(1, Ordering::Relaxed);
             tokio::time::sleep(latency.rejection).await;
-            let msg =
-                "This request would exceed your account's rate limit. Please try again later.";
+            let msg = "This request would exceed your account's rate limit. Please try again later.";
             return with_headers(
                 error(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", msg, &rid),
                 &account,
@@ -248,9 +214,7 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) 
     };
     account.served.fetch_add(1, Ordering::Relaxed);
     let guard = InFlight::enter(account.clone());
-    let jitter = latency
-        .jitter
-        .mul_f64((random >> 11) as f64 / (1u64 << 53) as f64);
+    let jitter = latency.jitter.mul_f64((random >> 11) as f64 / (1u64 << 53) as f64);
     tokio::time::sleep(latency.first_byte + jitter).await;
 
     let events = reply.events();
@@ -268,10 +232,7 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) 
         );
         let mut r = Response::new(Body::from_stream(stream));
         let h = r.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream; charset=utf-8"),
-        );
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         r
     } else {
@@ -279,10 +240,7 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) 
         tokio::time::sleep(latency.per_event * events.len().saturating_sub(1) as u32).await;
         drop(guard);
         let mut r = Response::new(Body::from(reply.to_json()));
-        r.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         r
     };
     with_headers(response, &account, &rid, quota)
@@ -300,21 +258,14 @@ async fn count_tokens(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bo
     let parsed: Result<serde_json::Value, _> = serde_json::from_slice(&body);
     let problem = match &parsed {
         Err(e) => Some(format!("invalid JSON body: {e}")),
-        Ok(v) if v.get("model").and_then(|m| m.as_str()).is_none() => {
-            Some("model: Field required".to_string())
-        }
-        Ok(v) if !v.get("messages").is_some_and(|m| m.is_array()) => {
-            Some("messages: Field required".to_string())
-        }
+        Ok(v) if v.get("model").and_then(|m| m.as_str()).is_none() => Some("model: Field required".to_string()),
+        Ok(v) if !v.get("messages").is_some_and(|m| m.is_array()) => Some("messages: Field required".to_string()),
         Ok(_) => None,
     };
     if let Some(p) = problem {
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", &p, &rid);
     }
-    json(
-        format!("{{\"input_tokens\":{}}}", wire::input_tokens(&body)).into(),
-        &rid,
-    )
+    json(format!("{{\"input_tokens\":{}}}", wire::input_tokens(&body)).into(), &rid)
 }
 
 async fn models(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
@@ -325,33 +276,21 @@ async fn models(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     json(wire::models_page(), &rid)
 }
 
-async fn model(
-    State(s): State<Arc<Shared>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
+async fn model(State(s): State<Arc<Shared>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     let rid = request_id(s.next().0);
     if s.authenticate(&headers).is_none() {
         return unauthorized(&rid);
     }
     match wire::model_object(&id) {
         Some(body) => json(body, &rid),
-        None => error(
-            StatusCode::NOT_FOUND,
-            "not_found_error",
-            &format!("model: {id}"),
-            &rid,
-        ),
+        None => error(StatusCode::NOT_FOUND, "not_found_error", &format!("model: {id}"), &rid),
     }
 }
 
 fn json(body: Bytes, rid: &str) -> Response {
     let mut r = Response::new(Body::from(body));
     let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     if let Ok(v) = HeaderValue::from_str(rid) {
         h.insert("request-id", v);
     }
@@ -359,10 +298,5 @@ fn json(body: Bytes, rid: &str) -> Response {
 }
 
 async fn not_found(State(s): State<Arc<Shared>>) -> Response {
-    error(
-        StatusCode::NOT_FOUND,
-        "not_found_error",
-        "Not Found",
-        &request_id(s.next().0),
-    )
+    error(StatusCode::NOT_FOUND, "not_found_error", "Not Found", &request_id(s.next().0))
 }

@@ -17,21 +17,9 @@ use serde_json::{Value, json};
 
 /// The models `GET /v1/models` lists: (id, display name, created at).
 pub const MODELS: &[(&str, &str, &str)] = &[
-    (
-        "claude-opus-4-1-20250805",
-        "Claude Opus 4.1",
-        "2025-08-05T00:00:00Z",
-    ),
-    (
-        "claude-sonnet-4-5-20250929",
-        "Claude Sonnet 4.5",
-        "2025-09-29T00:00:00Z",
-    ),
-    (
-        "claude-haiku-4-5-20251001",
-        "Claude Haiku 4.5",
-        "2025-10-01T00:00:00Z",
-    ),
+    ("claude-opus-4-1-20250805", "Claude Opus 4.1", "2025-08-05T00:00:00Z"),
+    ("claude-sonnet-4-5-20250929", "Claude Sonnet 4.5", "2025-09-29T00:00:00Z"),
+    ("claude-haiku-4-5-20251001", "Claude Haiku 4.5", "2025-10-01T00:00:00Z"),
     ("claude-fable-5", "Claude Fable 5", "2026-06-01T00:00:00Z"),
 ];
 
@@ -51,30 +39,18 @@ pub struct Ask {
 /// Reads a Messages request, or says what is wrong in Anthropic's words.
 pub fn parse_messages(body: &[u8]) -> Result<Ask, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
-    let model = v
-        .get("model")
-        .and_then(Value::as_str)
-        .ok_or("model: Field required")?;
-    let max_tokens = v
-        .get("max_tokens")
-        .and_then(Value::as_u64)
-        .ok_or("max_tokens: Field required")?;
+    let model = v.get("model").and_then(Value::as_str).ok_or("model: Field required")?;
+    let max_tokens = v.get("max_tokens").and_then(Value::as_u64).ok_or("max_tokens: Field required")?;
     if !v.get("messages").is_some_and(Value::is_array) {
         return Err("messages: Field required".into());
     }
-    let tools = v
-        .get("tools")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+    let tools = v.get("tools").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
     let choice = v.get("tool_choice");
     let forced = match choice.and_then(|c| c.get("type")).and_then(Value::as_str) {
         Some("any") => tools.first(),
         Some("tool") => {
-            let name = choice
-                .and_then(|c| c.get("name"))
-                .and_then(Value::as_str)
-                .ok_or("tool_choice.name: Field required")?;
+            let name =
+                choice.and_then(|c| c.get("name")).and_then(Value::as_str).ok_or("tool_choice.name: Field required")?;
             Some(
                 tools
                     .iter()
@@ -86,14 +62,8 @@ pub fn parse_messages(body: &[u8]) -> Result<Ask, String> {
     };
     let forced_tool = match forced {
         Some(t) => {
-            let name = t
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or("tools.0.name: Field required")?;
-            Some((
-                name.to_string(),
-                sample_input(t.get("input_schema").unwrap_or(&Value::Null)),
-            ))
+            let name = t.get("name").and_then(Value::as_str).ok_or("tools.0.name: Field required")?;
+            Some((name.to_string(), sample_input(t.get("input_schema").unwrap_or(&Value::Null))))
         }
         None if choice.is_some_and(|c| c.get("type").and_then(Value::as_str) == Some("any")) => {
             return Err("tool_choice: `any` requires at least one tool".into());
@@ -173,28 +143,12 @@ const PROSE: &[&str] = &[
 impl Reply {
     /// The reply to `ask`: `words` words of prose (capped by `max_tokens`),
     /// then the forced tool call if there is one. `seed` picks the prose.
-    pub fn new(
-        ask: &Ask,
-        id: String,
-        tool_id: String,
-        input_tokens: u64,
-        words: u32,
-        seed: u64,
-    ) -> Reply {
-        let wanted = if ask.forced_tool.is_some() {
-            8
-        } else {
-            u64::from(words.max(1))
-        };
+    pub fn new(ask: &Ask, id: String, tool_id: String, input_tokens: u64, words: u32, seed: u64) -> Reply {
+        let wanted = if ask.forced_tool.is_some() { 8 } else { u64::from(words.max(1)) };
         let capped = wanted.min(ask.max_tokens.max(1));
         let text = prose(capped as usize, seed);
-        let tool = ask
-            .forced_tool
-            .clone()
-            .map(|(name, input)| (tool_id, name, input));
-        let tool_tokens = tool
-            .as_ref()
-            .map_or(0, |(_, _, input)| input.to_string().len() as u64 / 4 + 1);
+        let tool = ask.forced_tool.clone().map(|(name, input)| (tool_id, name, input));
+        let tool_tokens = tool.as_ref().map_or(0, |(_, _, input)| input.to_string().len() as u64 / 4 + 1);
         let stop_reason = match (&tool, capped < wanted) {
             (_, true) => "max_tokens",
             (Some(_), false) => "tool_use",
@@ -244,9 +198,7 @@ impl Reply {
         if let Some((id, name, input)) = &self.tool {
             content.push(json!({ "type": "tool_use", "id": id, "name": name, "input": input }));
         }
-        self.message(content, Some(self.stop_reason), self.output_tokens)
-            .to_string()
-            .into()
+        self.message(content, Some(self.stop_reason), self.output_tokens).to_string().into()
     }
 
     /// The events of a stream, in Anthropic's order: `message_start`, a text
@@ -255,10 +207,7 @@ impl Reply {
     /// `message_delta` with the stop reason and usage, `message_stop`.
     pub fn events(&self) -> Vec<Bytes> {
         let mut out = vec![
-            event(
-                "message_start",
-                json!({ "type": "message_start", "message": self.message(Vec::new(), None, 1) }),
-            ),
+            event("message_start", json!({ "type": "message_start", "message": self.message(Vec::new(), None, 1) })),
             event(
                 "content_block_start",
                 json!({ "type": "content_block_start", "index": 0, "content_block": { "type": "text", "text": "" } }),
@@ -266,13 +215,11 @@ impl Reply {
             event("ping", json!({ "type": "ping" })),
         ];
         for piece in pieces(&self.text) {
-            let delta = json!({ "type": "content_block_delta", "index": 0, "delta": { "type": "text_delta", "text": piece } });
+            let delta =
+                json!({ "type": "content_block_delta", "index": 0, "delta": { "type": "text_delta", "text": piece } });
             out.push(event("content_block_delta", delta));
         }
-        out.push(event(
-            "content_block_stop",
-            json!({ "type": "content_block_stop", "index": 0 }),
-        ));
+        out.push(event("content_block_stop", json!({ "type": "content_block_stop", "index": 0 })));
         if let Some((id, name, input)) = &self.tool {
             let start = json!({ "type": "content_block_start", "index": 1, "content_block": { "type": "tool_use", "id": id, "name": name, "input": {} } });
             out.push(event("content_block_start", start));
@@ -282,10 +229,7 @@ impl Reply {
                 let delta = json!({ "type": "content_block_delta", "index": 1, "delta": { "type": "input_json_delta", "partial_json": part } });
                 out.push(event("content_block_delta", delta));
             }
-            out.push(event(
-                "content_block_stop",
-                json!({ "type": "content_block_stop", "index": 1 }),
-            ));
+            out.push(event("content_block_stop", json!({ "type": "content_block_stop", "index": 1 })));
         }
         let delta = json!({
             "type": "message_delta",
@@ -346,22 +290,22 @@ fn split_json(json: &str) -> Vec<&str> {
 
 /// `{"type":"error","error":{"type":kind,"message":message},"request_id":…}`.
 pub fn error_body(kind: &str, message: &str, request_id: &str) -> Bytes {
-    json!({ "type": "error", "error": { "type": kind, "message": message }, "request_id": request_id }).to_string().into()
+    json!({ "type": "error", "error": { "type": kind, "message": message }, "request_id": request_id })
+        .to_string()
+        .into()
 }
 
 /// The `GET /v1/models` page.
 pub fn models_page() -> Bytes {
     let data: Vec<Value> = MODELS.iter().map(model).collect();
-    let page = json!({ "data": data, "has_more": false, "first_id": MODELS[0].0, "last_id": MODELS[MODELS.len() - 1].0 });
+    let page =
+        json!({ "data": data, "has_more": false, "first_id": MODELS[0].0, "last_id": MODELS[MODELS.len() - 1].0 });
     page.to_string().into()
 }
 
 /// One model object, by id.
 pub fn model_object(id: &str) -> Option<Bytes> {
-    MODELS
-        .iter()
-        .find(|m| m.0 == id)
-        .map(|m| model(m).to_string().into())
+    MODELS.iter().find(|m| m.0 == id).map(|m| model(m).to_string().into())
 }
 
 fn model(m: &(&str, &str, &str)) -> Value {
@@ -384,10 +328,7 @@ mod tests {
         let mut forced = base.clone();
         forced["tool_choice"] = json!({ "type": "any" });
         let (name, input) = ask(forced).unwrap().forced_tool.unwrap();
-        assert_eq!(
-            (name.as_str(), input),
-            ("get_weather", json!({ "city": "example", "unit": "c" }))
-        );
+        assert_eq!((name.as_str(), input), ("get_weather", json!({ "city": "example", "unit": "c" })));
         let mut named = base;
         named["tool_choice"] = json!({ "type": "tool", "name": "nope" });
         assert!(ask(named).unwrap_err().contains("no tool named `nope`"));
@@ -395,19 +336,9 @@ mod tests {
 
     #[test]
     fn missing_fields_are_refused_in_anthropics_words() {
-        assert_eq!(
-            ask(json!({ "max_tokens": 1, "messages": [] })).unwrap_err(),
-            "model: Field required"
-        );
-        assert_eq!(
-            ask(json!({ "model": "m", "messages": [] })).unwrap_err(),
-            "max_tokens: Field required"
-        );
-        assert!(
-            parse_messages(b"{")
-                .unwrap_err()
-                .starts_with("invalid JSON")
-        );
+        assert_eq!(ask(json!({ "max_tokens": 1, "messages": [] })).unwrap_err(), "model: Field required");
+        assert_eq!(ask(json!({ "model": "m", "messages": [] })).unwrap_err(), "max_tokens: Field required");
+        assert!(parse_messages(b"{").unwrap_err().starts_with("invalid JSON"));
     }
 
     #[test]
@@ -421,26 +352,16 @@ mod tests {
             .iter()
             .map(|e| {
                 let s = std::str::from_utf8(e).unwrap();
-                serde_json::from_str(s.lines().nth(1).unwrap().strip_prefix("data: ").unwrap())
-                    .unwrap()
+                serde_json::from_str(s.lines().nth(1).unwrap().strip_prefix("data: ").unwrap()).unwrap()
             })
             .collect();
         assert_eq!(datas.first().unwrap()["type"], "message_start");
         assert_eq!(datas.last().unwrap()["type"], "message_stop");
-        let text: String = datas
-            .iter()
-            .filter_map(|d| d["delta"]["text"].as_str())
-            .collect();
-        let partial: String = datas
-            .iter()
-            .filter_map(|d| d["delta"]["partial_json"].as_str())
-            .collect();
+        let text: String = datas.iter().filter_map(|d| d["delta"]["text"].as_str()).collect();
+        let partial: String = datas.iter().filter_map(|d| d["delta"]["partial_json"].as_str()).collect();
         let full: Value = serde_json::from_slice(&r.to_json()).unwrap();
         assert_eq!(text, full["content"][0]["text"].as_str().unwrap());
-        assert_eq!(
-            serde_json::from_str::<Value>(&partial).unwrap(),
-            full["content"][1]["input"]
-        );
+        assert_eq!(serde_json::from_str::<Value>(&partial).unwrap(), full["content"][1]["input"]);
         assert_eq!(full["stop_reason"], "tool_use");
         assert_eq!(full["usage"]["output_tokens"], r.output_tokens);
     }
@@ -449,10 +370,7 @@ mod tests {
     fn max_tokens_caps_the_reply() {
         let a = ask(json!({ "model": "m", "max_tokens": 5, "messages": [] })).unwrap();
         let r = Reply::new(&a, "msg".into(), "toolu".into(), 1, 200, 0);
-        assert_eq!(
-            (r.stop_reason, r.output_tokens, r.text.split(' ').count()),
-            ("max_tokens", 5, 5)
-        );
+        assert_eq!((r.stop_reason, r.output_tokens, r.text.split(' ').count()), ("max_tokens", 5, 5));
         assert_eq!(pieces("a b c d e f g h i"), ["a b c d ", "e f g h ", "i"]);
     }
 }

@@ -26,7 +26,11 @@ pub fn stage(plugin: &str, config: serde_json::Value, deadline_ms: u64) -> Stage
             scope: plugin_ref.default_scope(),
             plugin: plugin_ref,
             config_json: config.to_string(),
-            limits: Limits { deadline: Duration::from_millis(deadline_ms), memory_bytes: 32 << 20, ..Limits::default() },
+            limits: Limits {
+                deadline: Duration::from_millis(deadline_ms),
+                memory_bytes: 32 << 20,
+                ..Limits::default()
+            },
             max_idle: 2,
         },
     }

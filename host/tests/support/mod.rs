@@ -36,7 +36,8 @@ pub mod tempdir {
     fn rand_suffix() -> u64 {
         use std::sync::atomic::{AtomicU64, Ordering};
         static N: AtomicU64 = AtomicU64::new(0);
-        N.fetch_add(1, Ordering::Relaxed) ^ (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64)
+        N.fetch_add(1, Ordering::Relaxed)
+            ^ (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64)
     }
 }
 

@@ -48,9 +48,7 @@ pub struct Affinity {
 }
 
 fn skipped(candidates: &Candidates, why: String) -> Ranking {
-    candidates
-        .unchanged("")
-        .with_detail(format!("affinity skipped: {why}"))
+    candidates.unchanged("").with_detail(format!("affinity skipped: {why}"))
 }
 
 impl Ranker for Affinity {
@@ -59,10 +57,7 @@ impl Ranker for Affinity {
         let idle_ttl_ms = check_range("idle_ttl_ms", o.idle_ttl_ms, 60_000, 86_400_000)?;
         let max_sessions = check_range("max_sessions", o.max_sessions, 1, 1_000_000)?;
         state::limit(max_sessions);
-        Ok(Affinity {
-            idle_ttl_ms,
-            ladder: Ladder::new(o.session_soft_limit, None, o.buckets)?,
-        })
+        Ok(Affinity { idle_ttl_ms, ladder: Ladder::new(o.session_soft_limit, None, o.buckets)? })
     }
 
     fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {
@@ -78,28 +73,18 @@ impl Ranker for Affinity {
         if req.now_ms.saturating_sub(served_at) > self.idle_ttl_ms {
             return Ok(skipped(candidates, "expired".into()));
         }
-        let position = candidates
-            .pool()
-            .index_of(id)
-            .and_then(|i| candidates.position_of(i));
+        let position = candidates.pool().index_of(id).and_then(|i| candidates.position_of(i));
         let Some(position) = position else {
             // Tried already on this request, dropped by an earlier stage, or no
             // longer in the pool.
-            return Ok(skipped(
-                candidates,
-                format!("unusable (`{id}` is not a candidate)"),
-            ));
+            return Ok(skipped(candidates, format!("unusable (`{id}` is not a candidate)")));
         };
         let bound = candidates.get(position);
-        let metrics = self
-            .ladder
-            .metrics_of(&bound, model_family(&req.model), req.now_ms);
+        let metrics = self.ladder.metrics_of(&bound, model_family(&req.model), req.now_ms);
         if let Some(why) = metrics.precedence_skip() {
             return Ok(skipped(candidates, format!("{why} (`{id}`)")));
         }
-        Ok(candidates
-            .with_front(position, "session_affinity")
-            .with_detail(format!("session bound to `{id}`")))
+        Ok(candidates.with_front(position, "session_affinity").with_detail(format!("session bound to `{id}`")))
     }
 
     fn observe(&mut self, req: &Request, account: &AccountInfo, outcome: &Outcome) {

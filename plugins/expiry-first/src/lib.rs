@@ -37,13 +37,7 @@ pub struct ExpiryFirst {
 impl Ranker for ExpiryFirst {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
         let o: Options = config.parse_into()?;
-        Ok(ExpiryFirst {
-            ladder: Ladder::new(
-                o.session_soft_limit,
-                o.session_reset_tolerance_ms,
-                o.buckets,
-            )?,
-        })
+        Ok(ExpiryFirst { ladder: Ladder::new(o.session_soft_limit, o.session_reset_tolerance_ms, o.buckets)? })
     }
 
     fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {

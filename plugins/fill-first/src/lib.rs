@@ -80,13 +80,7 @@ impl FillFirst {
             (None, true) => a.resets_at_ms.unwrap_or(u64::MAX),
             (None, false) => u64::MAX,
         };
-        Key {
-            tier,
-            alias: a.info.alias.as_str(),
-            headroom,
-            recovery,
-            id: a.id,
-        }
+        Key { tier, alias: a.info.alias.as_str(), headroom, recovery, id: a.id }
     }
 }
 
@@ -106,10 +100,7 @@ impl Ranker for FillFirst {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
         let opts: Options = config.parse_into()?;
         check_range("floor", opts.floor, 0.0, 1.0)?;
-        Ok(FillFirst {
-            floor: opts.floor,
-            buckets: Buckets::new(opts.buckets),
-        })
+        Ok(FillFirst { floor: opts.floor, buckets: Buckets::new(opts.buckets) })
     }
 
     fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {
@@ -117,18 +108,13 @@ impl Ranker for FillFirst {
             return Ok(candidates.unchanged(""));
         }
         let family = model_family(&req.model);
-        let keys: Vec<Key> = candidates
-            .iter()
-            .map(|a| self.key(&a, family, req.now_ms))
-            .collect();
+        let keys: Vec<Key> = candidates.iter().map(|a| self.key(&a, family, req.now_ms)).collect();
         let mut order = candidates.input_order();
         order.sort_by(|&a, &b| compare(&keys[a as usize], &keys[b as usize]));
         let head = &keys[order[0] as usize];
         let detail = match head.tier {
             Tier::Filling => format!("filling `{}`", head.alias),
-            Tier::Drained => {
-                "every eligible seat is at or below the floor: most headroom first".into()
-            }
+            Tier::Drained => "every eligible seat is at or below the floor: most headroom first".into(),
             Tier::Ineligible => "no eligible seat".into(),
         };
         Ok(Ranking::new(order, "fill_first").with_detail(detail))

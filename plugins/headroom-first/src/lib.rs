@@ -34,9 +34,7 @@ pub struct HeadroomFirst {
 impl Ranker for HeadroomFirst {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
         let o: Options = config.parse_into()?;
-        Ok(HeadroomFirst {
-            ladder: Ladder::new(o.session_soft_limit, None, o.buckets)?,
-        })
+        Ok(HeadroomFirst { ladder: Ladder::new(o.session_soft_limit, None, o.buckets)? })
     }
 
     fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {

@@ -75,21 +75,12 @@ impl Headroom {
             (None, true) => a.resets_at_ms.unwrap_or(u64::MAX),
             (None, false) => u64::MAX,
         };
-        Key {
-            tier,
-            headroom,
-            recovery,
-            id: a.id,
-        }
+        Key { tier, headroom, recovery, id: a.id }
     }
 }
 
 fn compare(a: &Key, b: &Key) -> Ordering {
-    let recovery = if a.tier == Tier::Ineligible {
-        a.recovery.cmp(&b.recovery)
-    } else {
-        Ordering::Equal
-    };
+    let recovery = if a.tier == Tier::Ineligible { a.recovery.cmp(&b.recovery) } else { Ordering::Equal };
     a.tier
         .cmp(&b.tier)
         .then(recovery)
@@ -101,10 +92,7 @@ impl Ranker for Headroom {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
         let opts: Options = config.parse_into()?;
         check_range("floor", opts.floor, 0.0, 1.0)?;
-        Ok(Headroom {
-            floor: opts.floor,
-            buckets: Buckets::new(opts.buckets),
-        })
+        Ok(Headroom { floor: opts.floor, buckets: Buckets::new(opts.buckets) })
     }
 
     fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {
@@ -112,10 +100,7 @@ impl Ranker for Headroom {
         if candidates.is_empty() {
             return Ok(candidates.unchanged(""));
         }
-        let keys: Vec<Key> = candidates
-            .iter()
-            .map(|a| self.key(&a, family, req.now_ms))
-            .collect();
+        let keys: Vec<Key> = candidates.iter().map(|a| self.key(&a, family, req.now_ms)).collect();
         let mut order = candidates.input_order();
         order.sort_by(|&a, &b| compare(&keys[a as usize], &keys[b as usize]));
         let head = &keys[order[0] as usize];

@@ -31,33 +31,23 @@ pub struct PreferPrimary {
 impl Ranker for PreferPrimary {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
         let o: Options = config.parse_into()?;
-        Ok(PreferPrimary {
-            ladder: Ladder::new(o.session_soft_limit, None, o.buckets)?,
-        })
+        Ok(PreferPrimary { ladder: Ladder::new(o.session_soft_limit, None, o.buckets)? })
     }
 
     fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {
         // Several accounts marked primary: the first in configuration order.
         let Some(primary) = candidates.iter().filter(|c| c.primary).min_by_key(|c| c.id) else {
-            return Ok(candidates
-                .unchanged("")
-                .with_detail("prefer-primary skipped: no primary among the candidates"));
+            return Ok(candidates.unchanged("").with_detail("prefer-primary skipped: no primary among the candidates"));
         };
-        let metrics = self
-            .ladder
-            .metrics_of(&primary, model_family(&req.model), req.now_ms);
+        let metrics = self.ladder.metrics_of(&primary, model_family(&req.model), req.now_ms);
         if let Some(why) = metrics.precedence_skip() {
-            return Ok(candidates
-                .unchanged("")
-                .with_detail(format!("prefer-primary skipped: {why}")));
+            return Ok(candidates.unchanged("").with_detail(format!("prefer-primary skipped: {why}")));
         }
         if req.decided_by.as_deref() != Some("session_affinity") {
             return Ok(candidates.with_front(primary.position, "preferred_primary"));
         }
         if primary.position == 0 {
-            return Ok(candidates
-                .unchanged("")
-                .with_detail("the primary is the session's bound account"));
+            return Ok(candidates.unchanged("").with_detail("the primary is the session's bound account"));
         }
         let mut order = vec![0, primary.position];
         order.extend((1..candidates.len() as u32).filter(|&i| i != primary.position));

@@ -35,12 +35,7 @@ pub struct SkipExhausted {
 
 impl SkipExhausted {
     /// What says `a` is exhausted and until when, if anything trustworthy does.
-    fn exhausted(
-        &self,
-        a: &Candidate,
-        family: Option<&str>,
-        now: u64,
-    ) -> Option<(&'static str, u64)> {
+    fn exhausted(&self, a: &Candidate, family: Option<&str>, now: u64) -> Option<(&'static str, u64)> {
         if a.quota_freshness != Freshness::Fresh {
             return None;
         }
@@ -50,29 +45,20 @@ impl SkipExhausted {
         {
             return Some(("unified", r));
         }
-        let scoped = family
-            .into_iter()
-            .flat_map(|f| self.buckets.windows_for(a, f));
+        let scoped = family.into_iter().flat_map(|f| self.buckets.windows_for(a, f));
         a.windows
             .iter()
             .filter(|w| matches!(w.kind, WindowKind::FiveHour | WindowKind::SevenDay))
             .chain(scoped)
-            .filter(|w| {
-                w.status == WindowStatus::Rejected
-                    || (w.utilization.is_finite() && w.utilization >= 1.0)
-            })
-            .find_map(|w| {
-                future(w.resets_at_ms).map(|r| (poolgate_sdk::host::window_name(w.name), r))
-            })
+            .filter(|w| w.status == WindowStatus::Rejected || (w.utilization.is_finite() && w.utilization >= 1.0))
+            .find_map(|w| future(w.resets_at_ms).map(|r| (poolgate_sdk::host::window_name(w.name), r)))
     }
 }
 
 impl Ranker for SkipExhausted {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
         let o: Options = config.parse_into()?;
-        Ok(SkipExhausted {
-            buckets: Buckets::new(o.buckets),
-        })
+        Ok(SkipExhausted { buckets: Buckets::new(o.buckets) })
     }
 
     fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {
@@ -81,10 +67,7 @@ impl Ranker for SkipExhausted {
         let mut dropped = Vec::new();
         for c in candidates.iter() {
             match self.exhausted(&c, family, req.now_ms) {
-                Some((window, until)) => dropped.push(format!(
-                    "`{}` ({window} exhausted until {until})",
-                    c.info.id
-                )),
+                Some((window, until)) => dropped.push(format!("`{}` ({window} exhausted until {until})", c.info.id)),
                 None => kept.push(c.position),
             }
         }

@@ -40,10 +40,7 @@ impl Ranker for Spill {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
         let o: Options = config.parse_into()?;
         let threshold = check_range("spill_inflight", o.spill_inflight, 0, 100)?;
-        Ok(Spill {
-            threshold,
-            ladder: Ladder::new(o.session_soft_limit, None, o.buckets)?,
-        })
+        Ok(Spill { threshold, ladder: Ladder::new(o.session_soft_limit, None, o.buckets)? })
     }
 
     fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {
@@ -52,27 +49,21 @@ impl Ranker for Spill {
             return Ok(candidates.unchanged(""));
         }
         if let Some(by) = req.decided_by.as_deref().filter(|r| PINNED.contains(r)) {
-            return Ok(candidates
-                .unchanged("")
-                .with_detail(format!("spill skipped: the head is pinned by {by}")));
+            return Ok(candidates.unchanged("").with_detail(format!("spill skipped: the head is pinned by {by}")));
         }
         let head = candidates.get(0);
         if head.in_flight < n {
             return Ok(candidates.unchanged(""));
         }
         let family = model_family(&req.model);
-        let target = candidates.iter().skip(1).find(|c| {
-            c.in_flight < n
-                && self
-                    .ladder
-                    .metrics_of(c, family, req.now_ms)
-                    .precedence_skip()
-                    .is_none()
-        });
+        let target = candidates
+            .iter()
+            .skip(1)
+            .find(|c| c.in_flight < n && self.ladder.metrics_of(c, family, req.now_ms).precedence_skip().is_none());
         let Some(target) = target else {
-            return Ok(candidates.unchanged("").with_detail(format!(
-                "spill skipped: no eligible account below {n} in flight"
-            )));
+            return Ok(candidates
+                .unchanged("")
+                .with_detail(format!("spill skipped: no eligible account below {n} in flight")));
         };
         let mut order = vec![target.position, 0];
         order.extend((1..candidates.len() as u32).filter(|&i| i != target.position));

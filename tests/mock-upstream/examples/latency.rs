@@ -12,17 +12,10 @@ use serde_json::json;
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let mut args = std::env::args().skip(1);
-    let base = args
-        .next()
-        .unwrap_or_else(|| "http://127.0.0.1:9100".to_owned());
-    let n: usize = args
-        .next()
-        .map_or(1000, |s| s.parse().expect("N is a number"));
+    let base = args.next().unwrap_or_else(|| "http://127.0.0.1:9100".to_owned());
+    let n: usize = args.next().map_or(1000, |s| s.parse().expect("N is a number"));
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("client builds");
+    let client = reqwest::Client::builder().no_proxy().build().expect("client builds");
     for stream in [false, true] {
         let body = json!({
             "model": "claude-sonnet-4-5-20250929",

@@ -71,10 +71,7 @@ pub(crate) async fn serve(listener: TcpListener, router: Router) {
 
 async fn connection(stream: TcpStream, router: Router) {
     let control = Arc::new(ConnControl::default());
-    let io = TokioIo::new(Io {
-        stream,
-        control: control.clone(),
-    });
+    let io = TokioIo::new(Io { stream, control: control.clone() });
     let handle = control.clone();
     let service = router.map_request(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(handle.clone());
@@ -104,21 +101,13 @@ impl Drop for Io {
 }
 
 impl AsyncRead for Io {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for Io {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
     }
 

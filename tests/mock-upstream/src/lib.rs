@@ -70,13 +70,7 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Config {
-        Config {
-            accept_any: false,
-            latency_ms: 0,
-            chunk_delay_ms: 0,
-            default_quota: None,
-            record: true,
-        }
+        Config { accept_any: false, latency_ms: 0, chunk_delay_ms: 0, default_quota: None, record: true }
     }
 }
 
@@ -99,10 +93,7 @@ pub struct Recorded {
 impl Recorded {
     /// The first value of header `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 
     /// The body parsed as JSON (`Value::Null` if it is not JSON).
@@ -171,11 +162,7 @@ impl MockUpstream {
     /// The credentials that served each request, in arrival order (unknown credentials
     /// appear as `""`).
     pub fn served_by(&self) -> Vec<String> {
-        self.shared
-            .records()
-            .iter()
-            .map(|r| r.credential.clone())
-            .collect()
+        self.shared.records().iter().map(|r| r.credential.clone()).collect()
     }
 
     /// Forgets the requests received so far (accounts and their scripts stay).
@@ -197,8 +184,6 @@ impl Drop for MockUpstream {
 
 impl std::fmt::Debug for MockUpstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MockUpstream")
-            .field("addr", &self.addr)
-            .finish_non_exhaustive()
+        f.debug_struct("MockUpstream").field("addr", &self.addr).finish_non_exhaustive()
     }
 }

@@ -10,10 +10,7 @@ use clap::Parser;
 use poolgate_mock_upstream::{Config, MockUpstream, Quota};
 
 #[derive(Parser)]
-#[command(
-    version,
-    about = "A mock Anthropic Messages API upstream for poolgate's tests and benchmarks."
-)]
+#[command(version, about = "A mock Anthropic Messages API upstream for poolgate's tests and benchmarks.")]
 struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:9100")]
@@ -46,17 +43,12 @@ async fn main() {
         record: false,
     };
     if !config.accept_any && args.credentials.is_empty() {
-        eprintln!(
-            "poolgate-mock-upstream: no --credential and no --accept-any: every request gets a 401"
-        );
+        eprintln!("poolgate-mock-upstream: no --credential and no --accept-any: every request gets a 401");
     }
     let upstream = match MockUpstream::bind(args.listen, config).await {
         Ok(upstream) => upstream,
         Err(e) => {
-            eprintln!(
-                "poolgate-mock-upstream: failed to listen on `{}`: {e}",
-                args.listen
-            );
+            eprintln!("poolgate-mock-upstream: failed to listen on `{}`: {e}", args.listen);
             std::process::exit(1);
         }
     };

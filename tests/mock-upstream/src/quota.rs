@@ -57,11 +57,7 @@ pub struct Window {
 impl Window {
     /// A window with the given utilization, status and reset.
     pub fn new(utilization: f64, status: &str, reset_s: u64) -> Window {
-        Window {
-            utilization,
-            status: status.to_owned(),
-            reset_s,
-        }
+        Window { utilization, status: status.to_owned(), reset_s }
     }
 
     /// An `"allowed"` window.
@@ -76,18 +72,9 @@ impl Quota {
     pub fn unified(five_hour: f64, seven_day: f64) -> Quota {
         let now = now_s();
         let reset_5h = now + 5 * 3600;
-        let window = |u: f64, reset: u64| {
-            Window::new(u, if u >= 1.0 { "rejected" } else { "allowed" }, reset)
-        };
+        let window = |u: f64, reset: u64| Window::new(u, if u >= 1.0 { "rejected" } else { "allowed" }, reset);
         Quota {
-            status: Some(
-                if five_hour >= 1.0 || seven_day >= 1.0 {
-                    "rejected"
-                } else {
-                    "allowed"
-                }
-                .to_owned(),
-            ),
+            status: Some(if five_hour >= 1.0 || seven_day >= 1.0 { "rejected" } else { "allowed" }.to_owned()),
             reset_s: Some(reset_5h),
             representative_claim: Some("five_hour".to_owned()),
             five_hour: Some(window(five_hour, reset_5h)),
@@ -98,10 +85,7 @@ impl Quota {
 
     /// Adds `anthropic-ratelimit-unified-fallback-percentage` (a fraction, e.g. `0.5`).
     pub fn with_fallback_percentage(mut self, fraction: f64) -> Quota {
-        self.extra.push((
-            format!("{UNIFIED}fallback-percentage"),
-            format_fraction(fraction),
-        ));
+        self.extra.push((format!("{UNIFIED}fallback-percentage"), format_fraction(fraction)));
         self
     }
 
@@ -130,10 +114,7 @@ impl Quota {
             put("representative-claim", claim.clone());
         }
         let mut window = |label: &str, w: &Window| {
-            put(
-                &format!("{label}-utilization"),
-                format_fraction(w.utilization),
-            );
+            put(&format!("{label}-utilization"), format_fraction(w.utilization));
             put(&format!("{label}-status"), w.status.clone());
             put(&format!("{label}-reset"), w.reset_s.to_string());
         };
@@ -163,8 +144,7 @@ impl Quota {
         let mut q = self.clone();
         let reset = *q.reset_s.get_or_insert(now_s() + 3600);
         q.status = Some("rejected".to_owned());
-        q.representative_claim
-            .get_or_insert_with(|| "five_hour".to_owned());
+        q.representative_claim.get_or_insert_with(|| "five_hour".to_owned());
         if q.five_hour.is_none() && q.seven_day.is_none() {
             q.five_hour = Some(Window::new(1.0, "rejected", reset));
         }
@@ -189,9 +169,7 @@ impl Quota {
 
 /// Seconds since the Unix epoch.
 pub fn now_s() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// Formats epoch seconds as RFC 3339 UTC, e.g. `2026-11-20T12:00:00Z`, the format of the
@@ -200,12 +178,7 @@ pub fn rfc3339(epoch_s: u64) -> String {
     let days = (epoch_s / 86400) as i64;
     let secs = epoch_s % 86400;
     let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60
-    )
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
 }
 
 /// Howard Hinnant's days-to-civil algorithm: avoids a date crate for one format.
@@ -255,27 +228,12 @@ mod tests {
         let h = q.headers();
         let get = |n: &str| h.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
         assert_eq!(get("anthropic-ratelimit-unified-status"), Some("allowed"));
-        assert_eq!(
-            get("anthropic-ratelimit-unified-5h-utilization"),
-            Some("0.03")
-        );
-        assert_eq!(
-            get("anthropic-ratelimit-unified-7d-utilization"),
-            Some("1.0")
-        );
-        assert_eq!(
-            get("anthropic-ratelimit-unified-7d-status"),
-            Some("rejected")
-        );
+        assert_eq!(get("anthropic-ratelimit-unified-5h-utilization"), Some("0.03"));
+        assert_eq!(get("anthropic-ratelimit-unified-7d-utilization"), Some("1.0"));
+        assert_eq!(get("anthropic-ratelimit-unified-7d-status"), Some("rejected"));
         assert_eq!(get("anthropic-ratelimit-unified-7d_oi-reset"), Some("300"));
-        assert_eq!(
-            get("anthropic-ratelimit-unified-overage-disabled-reason"),
-            Some("org_level_disabled")
-        );
-        assert_eq!(
-            get("anthropic-ratelimit-unified-fallback-percentage"),
-            Some("0.5")
-        );
+        assert_eq!(get("anthropic-ratelimit-unified-overage-disabled-reason"), Some("org_level_disabled"));
+        assert_eq!(get("anthropic-ratelimit-unified-fallback-percentage"), Some("0.5"));
         assert_eq!(get("x-extra"), Some("1"));
         assert_eq!(q.render().len(), h.len());
     }

@@ -147,8 +147,8 @@ impl Account {
     /// # Panics
     /// If `org` is not a valid header value.
     pub fn set_org(&self, org: &str) {
-        self.script().org = HeaderValue::try_from(org)
-            .unwrap_or_else(|e| panic!("invalid organization id `{org}`: {e}"));
+        self.script().org =
+            HeaderValue::try_from(org).unwrap_or_else(|e| panic!("invalid organization id `{org}`: {e}"));
     }
 
     /// How many requests this account has answered (every authenticated request counts
@@ -181,11 +181,7 @@ impl Account {
             Some(step) => step,
             None => script.default.clone(),
         };
-        Taken {
-            step,
-            quota_headers: script.quota_headers.clone(),
-            org: script.org.clone(),
-        }
+        Taken { step, quota_headers: script.quota_headers.clone(), org: script.org.clone() }
     }
 
     /// A poisoned lock only means another test thread panicked; the script is still usable.
@@ -212,7 +208,5 @@ pub(crate) struct Taken {
 
 /// A stable, dependency-free hash for the default organization id.
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3))
 }

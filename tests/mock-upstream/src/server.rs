@@ -43,12 +43,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub fn new(config: Config) -> Shared {
-        Shared {
-            config,
-            accounts: Mutex::new(HashMap::new()),
-            records: Mutex::new(Vec::new()),
-            ids: AtomicU64::new(1),
-        }
+        Shared { config, accounts: Mutex::new(HashMap::new()), records: Mutex::new(Vec::new()), ids: AtomicU64::new(1) }
     }
 
     /// The account for `credential`, creating it.
@@ -76,10 +71,7 @@ impl Shared {
 
     /// A unique id with an Anthropic-looking prefix (`req_`, `msg_`, `toolu_`).
     fn id(&self, prefix: &str) -> String {
-        format!(
-            "{prefix}01mock{:018}",
-            self.ids.fetch_add(1, Ordering::Relaxed)
-        )
+        format!("{prefix}01mock{:018}", self.ids.fetch_add(1, Ordering::Relaxed))
     }
 }
 
@@ -158,22 +150,12 @@ async fn handle(shared: Arc<Shared>, endpoint: Endpoint, req: Request) -> Respon
     if shared.config.record {
         let recorded = Recorded {
             method: parts.method.to_string(),
-            path: parts
-                .uri
-                .path_and_query()
-                .map_or_else(|| parts.uri.path().to_owned(), |p| p.to_string()),
-            credential: account
-                .as_ref()
-                .map_or_else(String::new, |a| a.credential().to_owned()),
+            path: parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_owned(), |p| p.to_string()),
+            credential: account.as_ref().map_or_else(String::new, |a| a.credential().to_owned()),
             headers: parts
                 .headers
                 .iter()
-                .map(|(n, v)| {
-                    (
-                        n.as_str().to_owned(),
-                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                    )
-                })
+                .map(|(n, v)| (n.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
                 .collect(),
             body: body.clone(),
         };
@@ -187,12 +169,7 @@ async fn handle(shared: Arc<Shared>, endpoint: Endpoint, req: Request) -> Respon
         _ => {}
     }
     let Some(account) = account else {
-        return error(
-            &request_id,
-            401,
-            "authentication_error",
-            "invalid x-api-key",
-        );
+        return error(&request_id, 401, "authentication_error", "invalid x-api-key");
     };
     let taken = account.take();
     let step = taken.step.clone();
@@ -212,10 +189,7 @@ async fn handle(shared: Arc<Shared>, endpoint: Endpoint, req: Request) -> Respon
 }
 
 /// Plays one step. Boxed because [`Step::Delay`] nests steps.
-fn play<'a>(
-    ctx: &'a Ctx,
-    step: Step,
-) -> std::pin::Pin<Box<dyn Future<Output = Response> + Send + 'a>> {
+fn play<'a>(ctx: &'a Ctx, step: Step) -> std::pin::Pin<Box<dyn Future<Output = Response> + Send + 'a>> {
     Box::pin(async move {
         let default_gap = Duration::from_millis(ctx.shared.config.chunk_delay_ms);
         match step {
@@ -228,22 +202,11 @@ fn play<'a>(
                 }
                 reply(ctx, None, gap, None)
             }
-            Step::ResetMidStream { after_events } => {
-                reply(ctx, None, default_gap, Some(after_events))
-            }
-            Step::RateLimited {
-                unified,
-                retry_after,
-            } => rate_limited(ctx, unified, retry_after),
+            Step::ResetMidStream { after_events } => reply(ctx, None, default_gap, Some(after_events)),
+            Step::RateLimited { unified, retry_after } => rate_limited(ctx, unified, retry_after),
             Step::Overloaded => account_error(ctx, 529, "overloaded_error", "Overloaded"),
-            Step::ServerError(status) => {
-                account_error(ctx, status, "api_error", "Internal server error")
-            }
-            Step::Status {
-                status,
-                body,
-                headers,
-            } => custom(ctx, status, body, headers),
+            Step::ServerError(status) => account_error(ctx, status, "api_error", "Internal server error"),
+            Step::Status { status, body, headers } => custom(ctx, status, body, headers),
             Step::Delay { ms, then } => {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 play(ctx, *then).await
@@ -264,8 +227,7 @@ fn play<'a>(
 
 /// Whether a normal reply would be SSE: only a well-formed streaming Messages request.
 fn wants_stream(ctx: &Ctx) -> bool {
-    ctx.endpoint == Endpoint::Messages
-        && wire::parse_messages(&ctx.body).is_ok_and(|ask| ask.stream)
+    ctx.endpoint == Endpoint::Messages && wire::parse_messages(&ctx.body).is_ok_and(|ask| ask.stream)
 }
 
 /// The endpoint's normal reply, optionally spaced out by `gap` (SSE only) or cut after
@@ -276,11 +238,7 @@ fn reply(ctx: &Ctx, text: Option<&str>, gap: Duration, cut: Option<usize>) -> Re
             Ok(ask) => {
                 let stream = ask.stream;
                 let reply = Reply::new(ask, text, &|prefix| ctx.shared.id(prefix));
-                if stream {
-                    (Err(sse::events(&reply)), true)
-                } else {
-                    (Ok(reply.to_json()), false)
-                }
+                if stream { (Err(sse::events(&reply)), true) } else { (Ok(reply.to_json()), false) }
             }
             Err(msg) => return account_error(ctx, 400, "invalid_request_error", &msg),
         },
@@ -294,13 +252,8 @@ fn reply(ctx: &Ctx, text: Option<&str>, gap: Duration, cut: Option<usize>) -> Re
             // Promise the whole body, send half: the client sees a truncated message.
             let len = json.len();
             let half = json.slice(..len / 2);
-            let mut r = Response::new(Body::from_stream(Chunks::new(
-                vec![half],
-                gap,
-                Some((1, control)),
-            )));
-            r.headers_mut()
-                .insert(CONTENT_LENGTH, HeaderValue::from(len));
+            let mut r = Response::new(Body::from_stream(Chunks::new(vec![half], gap, Some((1, control)))));
+            r.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from(len));
             r
         }
         (Err(events), cut) => Response::new(Body::from_stream(Chunks::new(events, gap, cut))),
@@ -335,9 +288,7 @@ fn rate_limited(ctx: &Ctx, unified: bool, retry_after: Option<String>) -> Respon
     } else {
         // The bare burst limit: no rate-limit headers at all, and Anthropic's bare message.
         response = json_response(429, wire::error_body("rate_limit_error", "Error"));
-        response
-            .headers_mut()
-            .insert(REQUEST_ID, ctx.request_id.clone());
+        response.headers_mut().insert(REQUEST_ID, ctx.request_id.clone());
         response.headers_mut().insert(ORG_ID, ctx.taken.org.clone());
     }
     if let Some(value) = retry_after {
@@ -353,18 +304,10 @@ fn account_error(ctx: &Ctx, status: u16, kind: &str, message: &str) -> Response 
     response
 }
 
-fn custom(
-    ctx: &Ctx,
-    status: u16,
-    body: serde_json::Value,
-    extra: Vec<(String, String)>,
-) -> Response {
+fn custom(ctx: &Ctx, status: u16, body: serde_json::Value, extra: Vec<(String, String)>) -> Response {
     let (body, content_type) = match body {
         serde_json::Value::Null => (Bytes::new(), None),
-        serde_json::Value::String(raw) => (
-            Bytes::from(raw),
-            Some(HeaderValue::from_static("text/plain")),
-        ),
+        serde_json::Value::String(raw) => (Bytes::from(raw), Some(HeaderValue::from_static("text/plain"))),
         json => (Bytes::from(json.to_string()), Some(JSON)),
     };
     let mut response = Response::new(Body::from(body));
@@ -394,21 +337,16 @@ fn json_response(status: u16, body: Bytes) -> Response {
 /// An error that no account answered (no or unknown credential, unknown path).
 fn error(request_id: &HeaderValue, status: u16, kind: &str, message: &str) -> Response {
     let mut response = json_response(status, wire::error_body(kind, message));
-    response
-        .headers_mut()
-        .insert(REQUEST_ID, request_id.clone());
+    response.headers_mut().insert(REQUEST_ID, request_id.clone());
     response
 }
 
 fn respond_empty(request_id: &HeaderValue) -> Response {
     let mut response = Response::new(Body::empty());
-    response
-        .headers_mut()
-        .insert(REQUEST_ID, request_id.clone());
+    response.headers_mut().insert(REQUEST_ID, request_id.clone());
     response
 }
 
 fn status_code(status: u16) -> StatusCode {
-    StatusCode::from_u16(status)
-        .unwrap_or_else(|_| panic!("invalid HTTP status {status} in a step"))
+    StatusCode::from_u16(status).unwrap_or_else(|_| panic!("invalid HTTP status {status} in a step"))
 }

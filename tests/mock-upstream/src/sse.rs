@@ -38,10 +38,7 @@ pub(crate) fn events(reply: &Reply) -> Vec<Bytes> {
         usage: Usage::full(reply.input_tokens, 1),
     };
     let start = serde_json::to_string(&start).expect("message serializes");
-    out.push(event(
-        "message_start",
-        &format!(r#"{{"type":"message_start","message":{start}}}"#),
-    ));
+    out.push(event("message_start", &format!(r#"{{"type":"message_start","message":{start}}}"#)));
     out.push(event(
         "content_block_start",
         r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
@@ -56,10 +53,7 @@ pub(crate) fn events(reply: &Reply) -> Vec<Bytes> {
             ),
         ));
     }
-    out.push(event(
-        "content_block_stop",
-        r#"{"type":"content_block_stop","index":0}"#,
-    ));
+    out.push(event("content_block_stop", r#"{"type":"content_block_stop","index":0}"#));
     if let Some(tool) = &reply.tool {
         out.push(event(
             "content_block_start",
@@ -78,10 +72,7 @@ pub(crate) fn events(reply: &Reply) -> Vec<Bytes> {
                 ),
             ));
         }
-        out.push(event(
-            "content_block_stop",
-            r#"{"type":"content_block_stop","index":1}"#,
-        ));
+        out.push(event("content_block_stop", r#"{"type":"content_block_stop","index":1}"#));
     }
     out.push(event(
         "message_delta",
@@ -160,27 +151,13 @@ pub(crate) struct Chunks {
 impl Chunks {
     /// Sends `chunks` with `gap` between them; with `cut`, resets the connection after
     /// that many chunks (at most all of them) instead of finishing the body.
-    pub fn new(
-        chunks: Vec<Bytes>,
-        gap: Duration,
-        cut: Option<(usize, Arc<ConnControl>)>,
-    ) -> Chunks {
+    pub fn new(chunks: Vec<Bytes>, gap: Duration, cut: Option<(usize, Arc<ConnControl>)>) -> Chunks {
         let cut = cut.map(|(after, control)| (after.min(chunks.len()), control));
-        Chunks {
-            chunks: chunks.into_iter(),
-            sent: 0,
-            gap,
-            sleep: None,
-            paused: true,
-            yielded: false,
-            cut,
-        }
+        Chunks { chunks: chunks.into_iter(), sent: 0, gap, sleep: None, paused: true, yielded: false, cut }
     }
 
     fn cut_due(&self) -> bool {
-        self.cut
-            .as_ref()
-            .is_some_and(|(after, _)| *after == self.sent)
+        self.cut.as_ref().is_some_and(|(after, _)| *after == self.sent)
     }
 
     /// The pause between two chunks. Returning `Pending` is what makes hyper flush the
@@ -197,9 +174,7 @@ impl Chunks {
             }
             self.yielded = false;
         } else {
-            let sleep = self
-                .sleep
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep(self.gap)));
+            let sleep = self.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(self.gap)));
             ready!(sleep.as_mut().poll(cx));
             self.sleep = None;
         }

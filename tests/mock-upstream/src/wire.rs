@@ -22,26 +22,10 @@ const TOOL_PREAMBLE: &str = "Let me call the tool for that.";
 
 /// The models `GET /v1/models` lists, newest first: (id, display name, created at).
 pub const MODELS: &[(&str, &str, &str)] = &[
-    (
-        "claude-opus-4-1-20250805",
-        "Claude Opus 4.1",
-        "2025-08-05T00:00:00Z",
-    ),
-    (
-        "claude-sonnet-4-5-20250929",
-        "Claude Sonnet 4.5",
-        "2025-09-29T00:00:00Z",
-    ),
-    (
-        "claude-haiku-4-5-20251001",
-        "Claude Haiku 4.5",
-        "2025-10-01T00:00:00Z",
-    ),
-    (
-        "claude-3-5-haiku-20241022",
-        "Claude Haiku 3.5",
-        "2024-10-22T00:00:00Z",
-    ),
+    ("claude-opus-4-1-20250805", "Claude Opus 4.1", "2025-08-05T00:00:00Z"),
+    ("claude-sonnet-4-5-20250929", "Claude Sonnet 4.5", "2025-09-29T00:00:00Z"),
+    ("claude-haiku-4-5-20251001", "Claude Haiku 4.5", "2025-10-01T00:00:00Z"),
+    ("claude-3-5-haiku-20241022", "Claude Haiku 3.5", "2024-10-22T00:00:00Z"),
 ];
 
 /// The parts of a `POST /v1/messages` body that shape the reply.
@@ -100,8 +84,7 @@ pub(crate) struct Ask {
 
 /// Parses a Messages request, or says what is wrong in Anthropic's words.
 pub(crate) fn parse_messages(body: &[u8]) -> Result<Ask, String> {
-    let req: MessagesRequest<'_> =
-        serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+    let req: MessagesRequest<'_> = serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
     let model = req.model.ok_or("model: Field required")?;
     req.max_tokens.ok_or("max_tokens: Field required")?;
     req.messages.ok_or("messages: Field required")?;
@@ -176,45 +159,25 @@ pub(crate) struct Reply {
 impl Reply {
     /// The reply to `ask`; `text` overrides the default text.
     pub fn new(ask: Ask, text: Option<&str>, ids: &impl Fn(&str) -> String) -> Reply {
-        let tool = ask.tool.map(|(name, input)| ToolCall {
-            id: ids("toolu_"),
-            name,
-            json: input.to_string(),
-            input,
-        });
+        let tool = ask.tool.map(|(name, input)| ToolCall { id: ids("toolu_"), name, json: input.to_string(), input });
         let text = match (text, &tool) {
             (Some(t), _) => t.to_owned(),
             (None, Some(_)) => TOOL_PREAMBLE.to_owned(),
             (None, None) => DEFAULT_TEXT.to_owned(),
         };
         let output_tokens = output_tokens(&text, tool.as_ref().map(|t| t.json.as_str()));
-        Reply {
-            id: ids("msg_"),
-            model: ask.model,
-            text,
-            tool,
-            input_tokens: ask.input_tokens,
-            output_tokens,
-        }
+        Reply { id: ids("msg_"), model: ask.model, text, tool, input_tokens: ask.input_tokens, output_tokens }
     }
 
     pub fn stop_reason(&self) -> &'static str {
-        if self.tool.is_some() {
-            "tool_use"
-        } else {
-            "end_turn"
-        }
+        if self.tool.is_some() { "tool_use" } else { "end_turn" }
     }
 
     /// The non-streaming `message` object.
     pub fn to_json(&self) -> Bytes {
         let mut content = vec![Block::Text { text: &self.text }];
         if let Some(t) = &self.tool {
-            content.push(Block::ToolUse {
-                id: &t.id,
-                name: &t.name,
-                input: &t.input,
-            });
+            content.push(Block::ToolUse { id: &t.id, name: &t.name, input: &t.input });
         }
         let message = Message {
             id: &self.id,
@@ -226,9 +189,7 @@ impl Reply {
             stop_sequence: None,
             usage: Usage::full(self.input_tokens, self.output_tokens),
         };
-        serde_json::to_vec(&message)
-            .expect("message serializes")
-            .into()
+        serde_json::to_vec(&message).expect("message serializes").into()
     }
 }
 
@@ -250,14 +211,8 @@ pub(crate) struct Message<'a> {
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub(crate) enum Block<'a> {
-    Text {
-        text: &'a str,
-    },
-    ToolUse {
-        id: &'a str,
-        name: &'a str,
-        input: &'a Value,
-    },
+    Text { text: &'a str },
+    ToolUse { id: &'a str, name: &'a str, input: &'a Value },
 }
 
 /// The `usage` object.
@@ -271,12 +226,7 @@ pub(crate) struct Usage {
 
 impl Usage {
     pub fn full(input_tokens: u64, output_tokens: u64) -> Usage {
-        Usage {
-            input_tokens,
-            output_tokens,
-            cache_creation_input_tokens: 0,
-            cache_read_input_tokens: 0,
-        }
+        Usage { input_tokens, output_tokens, cache_creation_input_tokens: 0, cache_read_input_tokens: 0 }
     }
 }
 
@@ -294,10 +244,7 @@ pub(crate) fn error_body(kind: &str, message: &str) -> Bytes {
         kind: &'static str,
         error: Inner<'a>,
     }
-    let body = Envelope {
-        kind: "error",
-        error: Inner { kind, message },
-    };
+    let body = Envelope { kind: "error", error: Inner { kind, message } };
     serde_json::to_vec(&body).expect("error serializes").into()
 }
 
@@ -341,34 +288,14 @@ mod tests {
         assert!(ask.stream);
         let (name, input) = ask.tool.unwrap();
         assert_eq!(name, "get_weather");
-        assert_eq!(
-            input,
-            serde_json::json!({"city": "mock", "unit": "c", "days": 1})
-        );
+        assert_eq!(input, serde_json::json!({"city": "mock", "unit": "c", "days": 1}));
     }
 
     #[test]
     fn parse_reports_missing_fields_and_bad_json() {
-        assert!(
-            parse_messages(b"{")
-                .unwrap_err()
-                .starts_with("invalid JSON")
-        );
-        assert_eq!(
-            parse_messages(br#"{"max_tokens":1,"messages":[]}"#).unwrap_err(),
-            "model: Field required"
-        );
-        assert!(
-            parse_messages(br#"{"model":"m","max_tokens":1,"messages":[],"tools":null}"#)
-                .unwrap()
-                .tool
-                .is_none()
-        );
-        assert!(
-            parse_messages(br#"{"model":"m","max_tokens":1,"messages":[],"tools":[]}"#)
-                .unwrap()
-                .tool
-                .is_none()
-        );
+        assert!(parse_messages(b"{").unwrap_err().starts_with("invalid JSON"));
+        assert_eq!(parse_messages(br#"{"max_tokens":1,"messages":[]}"#).unwrap_err(), "model: Field required");
+        assert!(parse_messages(br#"{"model":"m","max_tokens":1,"messages":[],"tools":null}"#).unwrap().tool.is_none());
+        assert!(parse_messages(br#"{"model":"m","max_tokens":1,"messages":[],"tools":[]}"#).unwrap().tool.is_none());
     }
 }

@@ -114,7 +114,8 @@ pub fn c_bindings(wit: &Path, world: &str, out: &Path) -> Result<Vec<String>> {
 /// preview-1 adapter was needed.
 pub fn component(input: &Path, out: &Path) -> Result<bool> {
     let module = std::fs::read(input).with_context(|| format!("cannot read {}", input.display()))?;
-    let needs_adapter = imports_module(&module, wasi_preview1_component_adapter_provider::WASI_SNAPSHOT_PREVIEW1_ADAPTER_NAME)?;
+    let needs_adapter =
+        imports_module(&module, wasi_preview1_component_adapter_provider::WASI_SNAPSHOT_PREVIEW1_ADAPTER_NAME)?;
     let mut encoder = wit_component::ComponentEncoder::default();
     encoder.module(&module).context(
         "the module carries no component type: link the `<world>_component_type.o` that `poolgate-witgen c` wrote",

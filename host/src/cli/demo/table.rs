@@ -40,12 +40,7 @@ pub struct View {
 impl View {
     /// A view of `gateway`; times are shown relative to `start_ms`, and
     /// `families` labels per-model buckets by window name.
-    pub fn new(
-        gateway: Arc<Gateway>,
-        start_ms: u64,
-        title: String,
-        families: BTreeMap<String, String>,
-    ) -> View {
+    pub fn new(gateway: Arc<Gateway>, start_ms: u64, title: String, families: BTreeMap<String, String>) -> View {
         View {
             gateway,
             start_ms,
@@ -60,11 +55,7 @@ impl View {
 
     fn statuses(&mut self, now: u64) -> Vec<AccountStatus> {
         let g = self.gateway.generation();
-        let all: Vec<AccountStatus> = g
-            .accounts
-            .iter()
-            .map(|a| a.state.status(&a.config, now))
-            .collect();
+        let all: Vec<AccountStatus> = g.accounts.iter().map(|a| a.state.status(&a.config, now)).collect();
         for s in &all {
             let seen = self.seen.entry(s.alias.clone()).or_default();
             if let Some(c) = &s.cooldown {
@@ -78,10 +69,7 @@ impl View {
     }
 
     fn since(&self, at_ms: u64) -> String {
-        format!(
-            "+{:.1}s",
-            at_ms.saturating_sub(self.start_ms) as f64 / 1000.0
-        )
+        format!("+{:.1}s", at_ms.saturating_sub(self.start_ms) as f64 / 1000.0)
     }
 
     /// The live area: accounts (per-model buckets as sub-rows), recent
@@ -89,14 +77,8 @@ impl View {
     pub fn frame(&mut self, counts: Option<&Counts>) -> Vec<String> {
         let now = now_ms();
         let accounts = self.statuses(now);
-        let mut out = vec![
-            format!("{} · {}", self.title, self.since(now)),
-            String::new(),
-        ];
-        out.push(format!(
-            "{:<8}{:<18}{:<18}{:<7}{:<7}{}",
-            "ACCOUNT", "5H", "7D", "FLIGHT", "SERVED", "COOLDOWN"
-        ));
+        let mut out = vec![format!("{} · {}", self.title, self.since(now)), String::new()];
+        out.push(format!("{:<8}{:<18}{:<18}{:<7}{:<7}{}", "ACCOUNT", "5H", "7D", "FLIGHT", "SERVED", "COOLDOWN"));
         for s in &accounts {
             out.push(account_row(s, now));
             out.extend(bucket_rows(s, now, &self.families));
@@ -118,9 +100,7 @@ impl View {
         if let Some(c) = counts {
             out.push(totals(c));
         }
-        out.push(
-            "Bars: quota the gateway learned from the upstream's headers. Ctrl-C stops.".into(),
-        );
+        out.push("Bars: quota the gateway learned from the upstream's headers. Ctrl-C stops.".into());
         out
     }
 
@@ -140,9 +120,7 @@ impl View {
             }
         }
         let accounts = self.statuses(now);
-        if self.decisions_since_accounts
-            && now.saturating_sub(self.last_accounts_ms) >= PLAIN_ACCOUNTS_EVERY_MS
-        {
+        if self.decisions_since_accounts && now.saturating_sub(self.last_accounts_ms) >= PLAIN_ACCOUNTS_EVERY_MS {
             self.last_accounts_ms = now;
             self.decisions_since_accounts = false;
             for s in &accounts {
@@ -164,17 +142,11 @@ impl View {
         let now = now_ms();
         let accounts = self.statuses(now);
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "\ndemo over after {:.1}s",
-            now.saturating_sub(self.start_ms) as f64 / 1000.0
-        );
+        let _ = writeln!(out, "\ndemo over after {:.1}s", now.saturating_sub(self.start_ms) as f64 / 1000.0);
         if let Some(c) = counts {
             let _ = writeln!(out, "{}", totals(c));
             let per = |m: &BTreeMap<String, u64>| {
-                let each = accounts
-                    .iter()
-                    .map(|s| format!("{}={}", s.alias, m.get(&s.alias).copied().unwrap_or(0)));
+                let each = accounts.iter().map(|s| format!("{}={}", s.alias, m.get(&s.alias).copied().unwrap_or(0)));
                 each.collect::<Vec<_>>().join(" ")
             };
             let _ = writeln!(out, "served by account: {}", per(&c.served));
@@ -188,15 +160,7 @@ impl View {
             .filter(|(_, r)| !r.is_empty())
             .map(|(a, r)| format!("{a} ({})", r.iter().cloned().collect::<Vec<_>>().join(", ")))
             .collect();
-        let _ = writeln!(
-            out,
-            "cooldowns seen: {}",
-            if seen.is_empty() {
-                "none".to_string()
-            } else {
-                seen.join(" ")
-            }
-        );
+        let _ = writeln!(out, "cooldowns seen: {}", if seen.is_empty() { "none".to_string() } else { seen.join(" ") });
         out
     }
 }
@@ -236,19 +200,11 @@ impl Drop for Screen {
 }
 
 fn totals(c: &Counts) -> String {
-    let statuses: Vec<String> = c
-        .by_status
-        .iter()
-        .map(|(s, n)| format!("{n} × {s}"))
-        .collect();
+    let statuses: Vec<String> = c.by_status.iter().map(|(s, n)| format!("{n} × {s}")).collect();
     format!(
         "requests {} ({}) · sessions {} · tool calls {} · transport errors {}",
         c.requests,
-        if statuses.is_empty() {
-            "none yet".to_string()
-        } else {
-            statuses.join(", ")
-        },
+        if statuses.is_empty() { "none yet".to_string() } else { statuses.join(", ") },
         c.sessions,
         c.tool_calls,
         c.transport_errors
@@ -261,34 +217,21 @@ fn bar(utilization: Option<f64>) -> String {
         None => format!("[{:10}]    ?", ""),
         Some(u) => {
             let filled = ((u.clamp(0.0, 1.0) * 10.0).round() as usize).min(10);
-            format!(
-                "[{}{}] {:>3}%",
-                "#".repeat(filled),
-                "-".repeat(10 - filled),
-                (u * 100.0).round() as u64
-            )
+            format!("[{}{}] {:>3}%", "#".repeat(filled), "-".repeat(10 - filled), (u * 100.0).round() as u64)
         }
     }
 }
 
 /// A duration left, short: `8.2s`, `9m58s`.
 fn left(ms: u64) -> String {
-    if ms < 60_000 {
-        format!("{:.1}s", ms as f64 / 1000.0)
-    } else {
-        format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60)
-    }
+    if ms < 60_000 { format!("{:.1}s", ms as f64 / 1000.0) } else { format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60) }
 }
 
 /// The utilization of window `name`; a window past its reset reads as fresh,
 /// as the chain sees it.
 fn used(s: &AccountStatus, name: &str, now: u64) -> Option<f64> {
     let w = s.windows.iter().find(|w| w.name == name)?;
-    Some(if w.resets_at_ms.is_some_and(|r| r <= now) {
-        0.0
-    } else {
-        w.utilization
-    })
+    Some(if w.resets_at_ms.is_some_and(|r| r <= now) { 0.0 } else { w.utilization })
 }
 
 fn account_row(s: &AccountStatus, now: u64) -> String {
@@ -325,10 +268,7 @@ fn buckets(s: &AccountStatus, now: u64, families: &BTreeMap<String, String>) -> 
         .filter(|w| w.name.starts_with("7d_"))
         .map(|w| {
             let family = families.get(&w.name);
-            let gate = s
-                .model_gates
-                .iter()
-                .find(|g| Some(&g.family) == family && g.until_ms > now);
+            let gate = s.model_gates.iter().find(|g| Some(&g.family) == family && g.until_ms > now);
             BucketView {
                 label: family.map_or(w.name.clone(), |f| format!("{} ({f})", w.name)),
                 bar: bar(used(s, &w.name, now)),
@@ -341,25 +281,12 @@ fn buckets(s: &AccountStatus, now: u64, families: &BTreeMap<String, String>) -> 
 /// Buckets as sub-rows of the table: the bar under 7D, the gate under COOLDOWN.
 fn bucket_rows(s: &AccountStatus, now: u64, families: &BTreeMap<String, String>) -> Vec<String> {
     let rows = buckets(s, now, families).into_iter();
-    rows.map(|b| {
-        format!(
-            "  {:<24}{:<18}{:<14}{}",
-            b.label,
-            b.bar,
-            "",
-            b.gated.unwrap_or_default()
-        )
-    })
-    .collect()
+    rows.map(|b| format!("  {:<24}{:<18}{:<14}{}", b.label, b.bar, "", b.gated.unwrap_or_default())).collect()
 }
 
 /// The accounts a request went through: `alpha→bravo`.
 fn path(r: &RequestRecord) -> String {
-    r.attempts
-        .iter()
-        .filter_map(|a| a.account.as_deref())
-        .collect::<Vec<_>>()
-        .join("→")
+    r.attempts.iter().filter_map(|a| a.account.as_deref()).collect::<Vec<_>>().join("→")
 }
 
 fn short_session(r: &RequestRecord) -> &str {
@@ -367,11 +294,7 @@ fn short_session(r: &RequestRecord) -> &str {
 }
 
 fn status_text(r: &RequestRecord) -> String {
-    if r.outcome == "complete" {
-        r.status.to_string()
-    } else {
-        format!("{} {}", r.status, r.outcome)
-    }
+    if r.outcome == "complete" { r.status.to_string() } else { format!("{} {}", r.status, r.outcome) }
 }
 
 fn reason(r: &RequestRecord) -> &str {
@@ -379,11 +302,8 @@ fn reason(r: &RequestRecord) -> &str {
 }
 
 fn decision_row(r: &RequestRecord, at: &str) -> String {
-    let attempts = if r.attempts.len() > 1 {
-        format!("{} ({})", r.attempts.len(), path(r))
-    } else {
-        r.attempts.len().to_string()
-    };
+    let attempts =
+        if r.attempts.len() > 1 { format!("{} ({})", r.attempts.len(), path(r)) } else { r.attempts.len().to_string() };
     format!(
         "{:<8}{:<10}{:<19}{:<9}{:<17}{:<7}{}",
         at,
@@ -405,11 +325,7 @@ fn decision_fields(r: &RequestRecord) -> String {
         reason(r),
         status_text(r).replace(' ', "/"),
         r.attempts.len(),
-        if r.attempts.is_empty() {
-            "-".to_string()
-        } else {
-            path(r)
-        }
+        if r.attempts.is_empty() { "-".to_string() } else { path(r) }
     )
 }
 

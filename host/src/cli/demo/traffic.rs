@@ -62,34 +62,17 @@ impl Traffic {
     /// authenticating with `key`.
     pub fn start(base: &str, key: &str, sessions: u32) -> Result<Traffic> {
         crate::gateway::install_crypto();
-        let client = reqwest::Client::builder()
-            .tcp_nodelay(true)
-            .timeout(Duration::from_secs(120))
-            .build()?;
+        let client = reqwest::Client::builder().tcp_nodelay(true).timeout(Duration::from_secs(120)).build()?;
         let (stop, stopped) = watch::channel(false);
         let counts = Arc::new(Mutex::new(Counts::default()));
         let seed = crate::gateway::now_ms();
         let tasks = (0..sessions)
             .map(|n| {
-                let client = Client {
-                    http: client.clone(),
-                    url: format!("{base}/v1/messages"),
-                    key: key.to_string(),
-                };
-                tokio::spawn(session_loop(
-                    n,
-                    seed,
-                    client,
-                    counts.clone(),
-                    stopped.clone(),
-                ))
+                let client = Client { http: client.clone(), url: format!("{base}/v1/messages"), key: key.to_string() };
+                tokio::spawn(session_loop(n, seed, client, counts.clone(), stopped.clone()))
             })
             .collect();
-        Ok(Traffic {
-            stop,
-            tasks,
-            counts,
-        })
+        Ok(Traffic { stop, tasks, counts })
     }
 
     /// The counts so far.
@@ -101,10 +84,7 @@ impl Traffic {
     pub async fn stop(mut self) -> Counts {
         let _ = self.stop.send(true);
         let all = futures_util::future::join_all(self.tasks.iter_mut());
-        if tokio::time::timeout(Duration::from_secs(3), all)
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(Duration::from_secs(3), all).await.is_err() {
             for t in &self.tasks {
                 t.abort();
             }
@@ -130,13 +110,7 @@ struct Answer {
     tool: Option<(String, String)>,
 }
 
-async fn session_loop(
-    n: u32,
-    seed: u64,
-    client: Client,
-    counts: Arc<Mutex<Counts>>,
-    mut stop: watch::Receiver<bool>,
-) {
+async fn session_loop(n: u32, seed: u64, client: Client, counts: Arc<Mutex<Counts>>, mut stop: watch::Receiver<bool>) {
     let model = MODELS[n as usize % MODELS.len()];
     let family = model_family(model).unwrap_or("other").to_string();
     let mut rng = seed ^ (u64::from(n) << 32);
@@ -191,11 +165,7 @@ async fn session_loop(
                     if a.status == 200 {
                         let account = a.account.clone().unwrap_or_else(|| "?".into());
                         *c.served.entry(account.clone()).or_default() += 1;
-                        *c.by_family
-                            .entry(family.clone())
-                            .or_default()
-                            .entry(account)
-                            .or_default() += 1;
+                        *c.by_family.entry(family.clone()).or_default().entry(account).or_default() += 1;
                         c.tool_calls += u64::from(a.tool.is_some());
                         drop(c);
                         history.push(user);
@@ -206,9 +176,7 @@ async fn session_loop(
                         Duration::from_millis(200 + next() % 700)
                     } else {
                         // Claude Code waits as told (capped here to keep the demo lively).
-                        a.retry_after
-                            .unwrap_or(Duration::from_secs(1))
-                            .min(Duration::from_secs(3))
+                        a.retry_after.unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(3))
                     }
                 }
                 Err(()) => {
@@ -238,44 +206,21 @@ async fn send(client: &Client, session: &str, body: &Value) -> Result<Answer, ()
         .await
         .map_err(drop)?;
     let status = r.status().as_u16();
-    let header = |n: &str| {
-        r.headers()
-            .get(n)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    };
+    let header = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
     let account = header("x-poolgate-account");
-    let retry_after = header("retry-after")
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_secs);
+    let retry_after = header("retry-after").and_then(|v| v.parse::<u64>().ok()).map(Duration::from_secs);
     let sse = header("content-type").is_some_and(|t| t.starts_with("text/event-stream"));
     let bytes = r.bytes().await.map_err(drop)?;
-    let mut answer = Answer {
-        status,
-        account,
-        retry_after,
-        content: Vec::new(),
-        tool: None,
-    };
+    let mut answer = Answer { status, account, retry_after, content: Vec::new(), tool: None };
     if status != 200 {
         return Ok(answer);
     }
-    let message = if sse {
-        assemble(&bytes).ok_or(())?
-    } else {
-        serde_json::from_slice::<Value>(&bytes).map_err(drop)?
-    };
+    let message =
+        if sse { assemble(&bytes).ok_or(())? } else { serde_json::from_slice::<Value>(&bytes).map_err(drop)? };
     answer.content = message["content"].as_array().cloned().unwrap_or_default();
-    answer.tool = answer
-        .content
-        .iter()
-        .find(|b| b["type"] == "tool_use")
-        .map(|b| {
-            (
-                b["id"].as_str().unwrap_or_default().to_string(),
-                b["name"].as_str().unwrap_or_default().to_string(),
-            )
-        });
+    answer.tool = answer.content.iter().find(|b| b["type"] == "tool_use").map(|b| {
+        (b["id"].as_str().unwrap_or_default().to_string(), b["name"].as_str().unwrap_or_default().to_string())
+    });
     Ok(answer)
 }
 
@@ -291,9 +236,7 @@ fn assemble(sse: &[u8]) -> Option<Value> {
         let index = event["index"].as_u64().unwrap_or(0);
         match event["type"].as_str()? {
             "message_start" => message = event["message"].clone(),
-            "content_block_start" => message["content"]
-                .as_array_mut()?
-                .push(event["content_block"].clone()),
+            "content_block_start" => message["content"].as_array_mut()?.push(event["content_block"].clone()),
             "content_block_delta" => {
                 let block = message["content"].get_mut(index as usize)?;
                 if let Some(t) = event["delta"]["text"].as_str() {
@@ -348,10 +291,7 @@ mod tests {
             "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"file_\"}}\n\n",
             "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"path\\\":\\\"x\\\"}\"}}\n\n",
         );
-        assert!(
-            assemble(sse.as_bytes()).is_none(),
-            "no message_stop: incomplete"
-        );
+        assert!(assemble(sse.as_bytes()).is_none(), "no message_stop: incomplete");
         let done = format!("{sse}event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n");
         let m = assemble(done.as_bytes()).unwrap();
         assert_eq!(m["content"][0]["text"], "Hi there");

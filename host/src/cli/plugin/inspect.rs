@@ -185,7 +185,8 @@ fn func_sig(f: &wasmtime::component::types::ComponentFunc) -> String {
 
 /// Record, enum and variant names of the host's WIT, keyed by their field or
 /// case names (`record:id,now-ms,...`).
-static NAMES: LazyLock<HashMap<String, String>> = LazyLock::new(|| wit_names(include_str!("../../../../wit/policy.wit")));
+static NAMES: LazyLock<HashMap<String, String>> =
+    LazyLock::new(|| wit_names(include_str!("../../../../wit/policy.wit")));
 
 fn wit_names(wit: &str) -> HashMap<String, String> {
     let mut names = HashMap::new();

@@ -112,7 +112,13 @@ pub fn create(name: &str, lang: Lang, parent: &Path, sdk: Option<&Path>) -> Resu
     let (language, source, setup, note, timeout) = match lang {
         Lang::Rust => ("Rust", "src/lib.rs", "", "through poolgate-sdk", 25),
         Lang::Python => ("Python", "app.py", "", "a copy is in wit/policy.wit", 50),
-        Lang::Js => ("JavaScript", "ranker.js", "npm install                                     # once\n", "a copy is in wit/policy.wit", 50),
+        Lang::Js => (
+            "JavaScript",
+            "ranker.js",
+            "npm install                                     # once\n",
+            "a copy is in wit/policy.wit",
+            50,
+        ),
         Lang::C => ("C", "ranker.c", "", "a copy is in wit/policy.wit", 25),
     };
     let vars = [

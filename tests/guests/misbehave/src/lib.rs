@@ -28,11 +28,7 @@ impl Ranker for Misbehave {
         if o.fault == "configure" {
             return Err("option `fault`: refusing to configure, as asked".into());
         }
-        Ok(Misbehave {
-            fault: o.fault,
-            on_model: o.on_model,
-            addr: o.addr.unwrap_or_else(|| "127.0.0.1:9".into()),
-        })
+        Ok(Misbehave { fault: o.fault, on_model: o.on_model, addr: o.addr.unwrap_or_else(|| "127.0.0.1:9".into()) })
     }
 
     fn rank(&mut self, req: &Request, c: &Candidates) -> Result<Ranking, String> {
@@ -99,14 +95,26 @@ impl Ranker for Misbehave {
                 for a in c.iter() {
                     out += &format!(
                         "A{} p{} u{} c{:?} f{} m{:?} s{:?} r{:?} q{:?};",
-                        a.id, a.primary as u8, a.usable as u8,
+                        a.id,
+                        a.primary as u8,
+                        a.usable as u8,
                         a.cooldown.map(|x| (x.until_ms, x.reason as u8)),
-                        a.in_flight, a.max_in_flight, a.status as u8, a.resets_at_ms, a.quota_freshness as u8
+                        a.in_flight,
+                        a.max_in_flight,
+                        a.status as u8,
+                        a.resets_at_ms,
+                        a.quota_freshness as u8
                     );
                     for w in a.windows {
                         out += &format!(
                             "W{} k{} n{} x{} r{:?} s{} o{};",
-                            w.account, w.kind as u8, w.name, w.utilization.to_bits(), w.resets_at_ms, w.status as u8, w.observed_at_ms
+                            w.account,
+                            w.kind as u8,
+                            w.name,
+                            w.utilization.to_bits(),
+                            w.resets_at_ms,
+                            w.status as u8,
+                            w.observed_at_ms
                         );
                     }
                 }

@@ -7,7 +7,9 @@ mod bindings {
     wit_bindgen::generate!({ path: "wit", world: "policy" });
 }
 
-use bindings::exports::poolgate::policy::ranker::{Account, AccountInfo, Guest, Outcome, QuotaWindow, Ranking, Request};
+use bindings::exports::poolgate::policy::ranker::{
+    Account, AccountInfo, Guest, Outcome, QuotaWindow, Ranking, Request,
+};
 
 struct V2;
 

@@ -60,23 +60,12 @@ pub fn parse_sse(text: &str) -> Vec<Event> {
     let mut events = Vec::new();
     for block in text.split("\n\n").filter(|b| !b.is_empty()) {
         let lines: Vec<&str> = block.lines().collect();
-        assert_eq!(
-            lines.len(),
-            2,
-            "an event is one `event:` and one `data:` line: {block:?}"
-        );
-        let name = lines[0]
-            .strip_prefix("event: ")
-            .unwrap_or_else(|| panic!("no event line: {block:?}"));
-        let data = lines[1]
-            .strip_prefix("data: ")
-            .unwrap_or_else(|| panic!("no data line: {block:?}"));
+        assert_eq!(lines.len(), 2, "an event is one `event:` and one `data:` line: {block:?}");
+        let name = lines[0].strip_prefix("event: ").unwrap_or_else(|| panic!("no event line: {block:?}"));
+        let data = lines[1].strip_prefix("data: ").unwrap_or_else(|| panic!("no data line: {block:?}"));
         let data: Value = serde_json::from_str(data).unwrap();
         assert_eq!(data["type"], name, "the data's type names the event");
-        events.push(Event {
-            name: name.to_owned(),
-            data,
-        });
+        events.push(Event { name: name.to_owned(), data });
     }
     events
 }
