@@ -14,7 +14,18 @@ mod serve;
 /// poolgate — a gateway for LLM APIs that sends every request to the best account
 /// of a pool, as decided by a chain of sandboxed WebAssembly policy plugins.
 #[derive(Parser)]
-#[command(name = "poolgate", version, about, long_about = None)]
+#[command(
+    name = "poolgate",
+    version,
+    about,
+    after_help = "Examples:\n  \
+    poolgate demo --traffic                       # try it: simulated upstream, live decisions\n  \
+    poolgate check --config poolgate.toml         # validate a config (every problem, with its line)\n  \
+    poolgate serve --config poolgate.toml         # run the gateway\n  \
+    poolgate plugin new my-ranker --lang python   # start a plugin of your own\n\n\
+Point a client at it: ANTHROPIC_BASE_URL=http://127.0.0.1:8787 ANTHROPIC_API_KEY=<client key>.\n\
+Docs: docs/configuration.md, docs/strategies.md, docs/writing-plugins.md."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -30,6 +41,7 @@ enum Command {
     ///
     /// Example:
     ///   poolgate rank --config poolgate.toml --input case.json
+    #[command(verbatim_doc_comment)]
     Rank(rank::Args),
     /// Run the gateway: proxy the Anthropic API across the configured pool.
     ///
@@ -39,6 +51,7 @@ enum Command {
     ///
     /// Example:
     ///   poolgate serve --config poolgate.toml
+    #[command(verbatim_doc_comment)]
     Serve(serve::Args),
     /// Validate a config file exactly as `serve` would, without starting.
     ///
@@ -49,6 +62,7 @@ enum Command {
     ///
     /// Example:
     ///   poolgate check --config poolgate.toml
+    #[command(verbatim_doc_comment)]
     Check(check::Args),
     /// Try poolgate with no credentials and no network: the gateway in front of
     /// a simulated Anthropic upstream.
@@ -62,9 +76,15 @@ enum Command {
     ///
     /// Example:
     ///   poolgate demo --traffic
+    #[command(verbatim_doc_comment)]
     Demo(demo::Args),
-    /// Tools for plugin authors: run fixtures against a plugin.
-    #[command(subcommand)]
+    /// Tools for plugin authors: start, build, test and inspect a plugin.
+    ///
+    /// Example:
+    ///   poolgate plugin new least-busy --lang python
+    ///   poolgate plugin build least-busy
+    ///   poolgate plugin test <the .wasm it printed> least-busy/fixtures
+    #[command(subcommand, verbatim_doc_comment)]
     Plugin(plugin::Command),
 }
 

@@ -30,6 +30,7 @@ pub enum Command {
     ///   poolgate plugin new least-busy --lang python
     ///   poolgate plugin new least-busy --lang rust --dir ~/src
     ///   poolgate plugin build least-busy && poolgate plugin test least-busy/target/least-busy.wasm least-busy/fixtures
+    #[command(verbatim_doc_comment)]
     New(new::Args),
     /// Build a plugin directory into a component and check that poolgate can load it.
     ///
@@ -42,6 +43,7 @@ pub enum Command {
     /// Examples:
     ///   poolgate plugin build least-busy
     ///   poolgate plugin build examples/plugins/python
+    #[command(verbatim_doc_comment)]
     Build(BuildArgs),
     /// Run JSON fixture cases through a plugin and report pass/fail per case.
     ///
@@ -54,6 +56,7 @@ pub enum Command {
     /// Examples:
     ///   poolgate plugin test builtin:headroom plugins/headroom/fixtures
     ///   poolgate plugin test ./my_ranker.wasm fixtures/basic.json
+    #[command(verbatim_doc_comment)]
     Test(TestArgs),
     /// Print a component's world, imports and size, and say whether poolgate can load it.
     ///
@@ -67,6 +70,7 @@ pub enum Command {
     /// Examples:
     ///   poolgate plugin inspect target/examples/python/reset-soonest-python.wasm
     ///   poolgate plugin inspect ./my_ranker.wasm
+    #[command(verbatim_doc_comment)]
     Inspect(InspectArgs),
 }
 
