@@ -347,9 +347,8 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<(), Pro
             let key = if a.token_file.is_some() { "token_file" } else { "api_key_env" };
             add(format!("{here}.{key}"), format!("{e:#}"));
         }
-        match reqwest::Url::parse(a.base_url()) {
-            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
-            _ => add(format!("{here}.base_url"), format!("`{}` is not an http(s) URL with a host", a.base_url())),
+        if let Err(e) = crate::gateway::upstream::base_prefix(a.base_url()) {
+            add(format!("{here}.base_url"), e.to_string());
         }
     }
     let builtins = crate::policy::builtin_names();

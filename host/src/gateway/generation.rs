@@ -12,7 +12,8 @@ use parking_lot::Mutex;
 use super::accounts::AccountState;
 use super::auth::{AdminToken, ClientKeys};
 use super::now_ms;
-use crate::config::{AccountConfig, Config, Secret};
+use super::upstream::Target;
+use crate::config::{AccountConfig, Config};
 use crate::policy::bindings::{self as wit, AccountInfo};
 use crate::policy::{Candidates, Chain, PolicyEngine, StateStore};
 
@@ -22,10 +23,8 @@ pub struct PoolAccount {
     pub index: u32,
     /// Its configuration.
     pub config: AccountConfig,
-    /// Its credential.
-    pub credential: Secret,
-    /// Its base URL, parsed once.
-    pub base: reqwest::Url,
+    /// Where its requests go, with its credential.
+    pub target: Target,
     /// What the gateway has learned about it (shared across generations).
     pub state: Arc<AccountState>,
 }
@@ -73,30 +72,8 @@ impl Generation {
                 disabled.push((account.clone(), state));
                 continue;
             }
-            let base = match reqwest::Url::parse(account.base_url()) {
-                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Some(u),
-                Ok(u) => {
-                    problems.push(format!(
-                        "accounts[{i}] (`{}`).base_url: `{u}` is not an http(s) URL with a host",
-                        account.id
-                    ));
-                    None
-                }
-                Err(e) => {
-                    problems.push(format!(
-                        "accounts[{i}] (`{}`).base_url: `{}` is not a URL ({e})",
-                        account.id,
-                        account.base_url()
-                    ));
-                    None
-                }
-            };
-            match account.credential() {
-                Ok(credential) => {
-                    if let Some(base) = base {
-                        enabled.push((account.clone(), credential, state, base));
-                    }
-                }
+            match account.credential().and_then(|c| Target::new(account.base_url(), account.kind, &c)) {
+                Ok(target) => enabled.push((account.clone(), target, state)),
                 Err(e) => problems.push(format!("accounts[{i}] (`{}`): {e:#}", account.id)),
             }
         }
@@ -113,19 +90,13 @@ impl Generation {
         }
         let pool: Vec<AccountInfo> = enabled
             .iter()
-            .map(|(c, _, _, _)| AccountInfo { id: c.id.clone(), alias: c.alias().to_string(), primary: c.primary })
+            .map(|(c, _, _)| AccountInfo { id: c.id.clone(), alias: c.alias().to_string(), primary: c.primary })
             .collect();
         let chain = Chain::load(engine, config.stage_specs()?, pool, plugin_state.clone(), config.breaker())?;
         let accounts: Vec<PoolAccount> = enabled
             .into_iter()
             .enumerate()
-            .map(|(i, (config, credential, state, base))| PoolAccount {
-                index: i as u32,
-                config,
-                credential,
-                state,
-                base,
-            })
+            .map(|(i, (config, target, state))| PoolAccount { index: i as u32, config, target, state })
             .collect();
         let generation =
             Generation { number, config, chain, accounts, disabled, client_keys, admin, loaded_ms: now_ms() };

@@ -25,6 +25,7 @@ pub mod relay;
 pub mod request;
 pub mod routes;
 pub mod server;
+pub mod upstream;
 pub mod watch;
 
 use std::collections::HashMap;
@@ -82,7 +83,7 @@ pub struct Gateway {
     /// The last decision records.
     pub decisions: decisions::DecisionLog,
     /// The upstream HTTP client (pooled connections, TCP_NODELAY).
-    pub http: reqwest::Client,
+    pub http: upstream::Upstream,
     next_request: AtomicU64,
     /// The last reload's outcome.
     pub last_reload: Mutex<Option<ReloadStatus>>,
@@ -105,12 +106,7 @@ impl Gateway {
         install_crypto();
         let states = Mutex::new(HashMap::new());
         let first = Generation::build(1, config, &engine, &plugin_state, &states)?;
-        let http = reqwest::Client::builder()
-            .tcp_nodelay(true)
-            .connect_timeout(Duration::from_millis(first.config.gateway.connect_timeout_ms))
-            .pool_idle_timeout(Duration::from_secs(90))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
+        let http = upstream::Upstream::new(Duration::from_millis(first.config.gateway.connect_timeout_ms))?;
         let decisions = decisions::DecisionLog::new(first.config.server.decisions_kept);
         Ok(Arc::new(Gateway {
             current: ArcSwap::from_pointee(first),

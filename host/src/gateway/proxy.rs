@@ -17,7 +17,7 @@ use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 
 use super::admission::{Refused, Slot};
 use super::cooldown::{Answer, fails_over};
@@ -26,34 +26,9 @@ use super::errors::{error, final_error, rate_limited};
 use super::generation::{Generation, PoolAccount};
 use super::relay::{Finish, Relay};
 use super::request::{BodyFacts, body_facts, session_id};
-use super::{Gateway, accounts::Change, now_ms, quota};
-use crate::config::AccountKind;
+use super::{Gateway, accounts::Change, now_ms, quota, upstream};
 use crate::policy::bindings as wit;
 use crate::snapshot::model_family;
-
-/// The OAuth beta flag subscription tokens need.
-const OAUTH_BETA: &str = "oauth-2025-04-20";
-
-/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus
-/// those the gateway sets itself.
-const NOT_FORWARDED: [&str; 11] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-    "proxy-connection",
-];
-
-fn forwardable(name: &HeaderName) -> bool {
-    let n = name.as_str();
-    !NOT_FORWARDED.contains(&n)
-}
 
 /// The API a route serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,7 +190,11 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
         let alias = account.config.alias().to_string();
         let sent = Instant::now();
         account.state.attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let result = send(&gw, &generation, account, &incoming).await;
+        let timeout = Duration::from_millis(cfg.gateway.response_timeout_ms);
+        let result = gw
+            .http
+            .send(&account.target, &incoming.method, &incoming.uri, &incoming.headers, &incoming.body, timeout)
+            .await;
         let upstream_ms = sent.elapsed().as_millis() as u64;
         let mut this = Attempt {
             attempt,
@@ -265,7 +244,7 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
 
         if fails_over(status.as_u16()) {
             let headers = response.headers().clone();
-            let body = read_small(response).await;
+            let body = upstream::read_small(response).await;
             this.outcome = "failover".into();
             record.attempts.push(this);
             gw.metrics.failover(&account.config.id, status.as_str());
@@ -283,9 +262,9 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
 
         // Commit only once the first byte is here: until then, nothing has
         // reached the client and the request can still move.
-        let sse = is_sse(response.headers());
+        let sse = upstream::is_sse(response.headers());
         let mut headers = response.headers().clone();
-        let mut stream = response.bytes_stream();
+        let mut stream = Box::pin(upstream::body_stream(response));
         let first = match stream.next().await {
             Some(Ok(b)) => b,
             None => Bytes::new(),
@@ -321,7 +300,7 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
             .rev()
             .find_map(|a| a.decision.policy_errors.first())
             .map(|e| format!("{}:{}", e.stage, e.cause.as_str()));
-        headers.retain_forwardable();
+        upstream::retain_forwardable(&mut headers);
         let finish = Finish {
             gateway: gw.clone(),
             generation: generation.clone(),
@@ -334,7 +313,7 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
         let reason = finish.record.reason.clone();
         let attempts = finish.record.attempts.len();
         let length = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
-        let body = Body::from_stream(Relay::new(first, Box::pin(stream), sse, length, finish));
+        let body = Body::from_stream(Relay::new(first, stream, sse, length, finish));
         let mut out = Response::new(body);
         *out.status_mut() = status;
         *out.headers_mut() = headers;
@@ -375,7 +354,7 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
         Some(Failed::Answer { status, mut headers, body }) => {
             let mut r = Response::new(Body::from(body));
             *r.status_mut() = status;
-            headers.retain_forwardable();
+            upstream::retain_forwardable(&mut headers);
             *r.headers_mut() = headers;
             finish_local(&gw, &generation, r, record, "upstream_error", started, last_attempt)
         }
@@ -441,147 +420,6 @@ fn finish_local(
     with_attempt_headers(tag(r, id, alias.as_deref(), Some(&reason)), attempts, None)
 }
 
-/// Sends the request to `account`, resolving at the upstream's response headers.
-async fn send(
-    gw: &Gateway,
-    generation: &Generation,
-    account: &PoolAccount,
-    incoming: &Incoming,
-) -> Result<reqwest::Response, String> {
-    // The base URL was parsed at load; only the path and query change per request.
-    let mut url = account.base.clone();
-    let prefix = url.path().trim_end_matches('/');
-    if prefix.is_empty() {
-        url.set_path(incoming.uri.path());
-    } else {
-        let joined = format!("{prefix}{}", incoming.uri.path());
-        url.set_path(&joined);
-    }
-    url.set_query(incoming.uri.query());
-    let mut headers = HeaderMap::with_capacity(incoming.headers.len() + 2);
-    for (name, value) in &incoming.headers {
-        let n = name.as_str();
-        if !forwardable(name)
-            || n == "authorization"
-            || n == "x-api-key"
-            || n.starts_with("x-poolgate-")
-            || n == "anthropic-beta"
-        {
-            continue;
-        }
-        headers.append(name.clone(), value.clone());
-    }
-    let betas = beta_header(&incoming.headers, account.config.kind);
-    if let Some(b) = betas {
-        headers.insert("anthropic-beta", b);
-    }
-    let credential = account.credential.expose();
-    match account.config.kind {
-        AccountKind::ApiKey => {
-            headers.insert(
-                "x-api-key",
-                HeaderValue::from_str(credential).map_err(|_| "credential is not a valid header value")?,
-            );
-        }
-        AccountKind::Oauth => {
-            headers.insert(
-                header::AUTHORIZATION,
-                HeaderValue::from_str(&format!("Bearer {credential}"))
-                    .map_err(|_| "credential is not a valid header value")?,
-            );
-        }
-    }
-    let request = gw.http.request(incoming.method.clone(), url).headers(headers).body(incoming.body.clone());
-    let timeout = Duration::from_millis(generation.config.gateway.response_timeout_ms);
-    match tokio::time::timeout(timeout, request.send()).await {
-        Ok(Ok(r)) => Ok(r),
-        Ok(Err(e)) => Err(without_url(&e)),
-        Err(_) => Err(format!("no response headers within {} ms", timeout.as_millis())),
-    }
-}
-
-/// An error message without the URL (the URL is fine, but keeping messages
-/// uniform makes logs greppable).
-fn without_url(e: &reqwest::Error) -> String {
-    let kind = if e.is_connect() {
-        "connect"
-    } else if e.is_timeout() {
-        "timeout"
-    } else if e.is_request() {
-        "request"
-    } else {
-        "transport"
-    };
-    let mut msg = format!("{kind} error");
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    msg
-}
-
-/// The `anthropic-beta` list to send: the client's flags, with the OAuth flag
-/// added for subscription tokens and removed for API keys (an API key with the
-/// OAuth flag is refused upstream).
-fn beta_header(client: &HeaderMap, kind: AccountKind) -> Option<HeaderValue> {
-    let mut flags: Vec<String> = client
-        .get_all("anthropic-beta")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|f| f.trim().to_string())
-        .filter(|f| !f.is_empty() && f != OAUTH_BETA)
-        .collect();
-    flags.dedup();
-    if kind == AccountKind::Oauth {
-        flags.push(OAUTH_BETA.into());
-    }
-    if flags.is_empty() {
-        return None;
-    }
-    HeaderValue::from_str(&flags.join(",")).ok()
-}
-
-fn is_sse(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
-}
-
-/// Reads an error body, at most 64 KiB, waiting at most a few seconds.
-async fn read_small(response: reqwest::Response) -> Bytes {
-    let read = async {
-        let mut out = Vec::new();
-        let mut stream = response.bytes_stream();
-        while let Some(Ok(chunk)) = stream.next().await {
-            let room = (64 * 1024usize).saturating_sub(out.len());
-            out.extend_from_slice(&chunk[..chunk.len().min(room)]);
-            if room <= chunk.len() {
-                break;
-            }
-        }
-        Bytes::from(out)
-    };
-    tokio::time::timeout(Duration::from_secs(5), read).await.unwrap_or_default()
-}
-
-trait RetainForwardable {
-    fn retain_forwardable(&mut self);
-}
-
-impl RetainForwardable for HeaderMap {
-    fn retain_forwardable(&mut self) {
-        let drop: Vec<HeaderName> =
-            self.keys().filter(|n| !forwardable(n) && n.as_str() != "content-length").cloned().collect();
-        for n in drop {
-            self.remove(n);
-        }
-    }
-}
-
 /// Adds the explanation headers every response carries.
 pub fn tag(mut r: Response, id: u64, alias: Option<&str>, reason: Option<&str>) -> Response {
     let h = r.headers_mut();
@@ -604,33 +442,4 @@ fn with_attempt_headers(mut r: Response, attempts: usize, policy_error: Option<&
         h.insert("x-poolgate-policy-error", v);
     }
     r
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_oauth_beta_flag_follows_the_account_kind() {
-        let mut h = HeaderMap::new();
-        h.append("anthropic-beta", "claude-code-20250219, oauth-2025-04-20".parse().unwrap());
-        h.append("anthropic-beta", "interleaved-thinking-2025-05-14".parse().unwrap());
-        let api = beta_header(&h, AccountKind::ApiKey).unwrap();
-        assert_eq!(api, "claude-code-20250219,interleaved-thinking-2025-05-14");
-        let oauth = beta_header(&h, AccountKind::Oauth).unwrap();
-        assert_eq!(oauth, "claude-code-20250219,interleaved-thinking-2025-05-14,oauth-2025-04-20");
-        assert_eq!(beta_header(&HeaderMap::new(), AccountKind::Oauth).unwrap(), OAUTH_BETA);
-        assert!(beta_header(&HeaderMap::new(), AccountKind::ApiKey).is_none());
-    }
-
-    #[test]
-    fn hop_by_hop_headers_are_not_forwarded() {
-        let mut h = HeaderMap::new();
-        h.insert("connection", "keep-alive".parse().unwrap());
-        h.insert("transfer-encoding", "chunked".parse().unwrap());
-        h.insert("anthropic-version", "2023-06-01".parse().unwrap());
-        h.retain_forwardable();
-        assert!(h.get("connection").is_none() && h.get("transfer-encoding").is_none());
-        assert!(h.get("anthropic-version").is_some());
-    }
 }

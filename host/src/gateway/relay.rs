@@ -68,7 +68,7 @@ impl Finish {
     }
 }
 
-type Upstream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+type Upstream = Pin<Box<dyn Stream<Item = Result<Bytes, hyper::Error>> + Send>>;
 
 /// Passes SSE chunks on at event boundaries: a chunk that ends inside an event
 /// is held until the event completes. Chunks that end on a boundary (the normal

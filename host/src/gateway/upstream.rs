@@ -1,0 +1,310 @@
+//! The upstream side of a request: one HTTP client shared by every account,
+//! each account's target (base URL and credential header, prepared at load),
+//! and how a client request becomes the request an account receives.
+//!
+//! The client is hyper's pooled client with rustls and the platform's trust
+//! store, not a higher-level HTTP library: the gateway never follows redirects,
+//! never retries inside the client (failover is its own, across accounts) and
+//! already holds the path it forwards, so URL parsing, redirect and retry layers
+//! would be work done on every request for nothing (docs/benchmarks.md,
+//! "Gateway overhead").
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, header};
+use http_body_util::{BodyDataStream, Full};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::config::{AccountKind, Secret};
+
+/// The OAuth beta flag subscription tokens need.
+const OAUTH_BETA: &str = "oauth-2025-04-20";
+
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus
+/// those the client sets itself.
+const NOT_FORWARDED: [&str; 11] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "proxy-connection",
+];
+
+fn forwardable(name: &HeaderName) -> bool {
+    !NOT_FORWARDED.contains(&name.as_str())
+}
+
+/// An upstream answer, at its headers; the body streams.
+pub type UpstreamResponse = http::Response<Incoming>;
+
+/// The HTTP client every account's requests go through.
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+impl Upstream {
+    /// A pooled client: TCP_NODELAY, `connect_timeout` per connection attempt,
+    /// HTTP/2 where TLS negotiates it, idle connections kept 90 s.
+    pub fn new(connect_timeout: Duration) -> Result<Upstream> {
+        let mut tcp = HttpConnector::new();
+        tcp.set_nodelay(true);
+        tcp.enforce_http(false);
+        tcp.set_connect_timeout(Some(connect_timeout));
+        let tls = <rustls::ClientConfig as rustls_platform_verifier::ConfigVerifierExt>::with_platform_verifier()
+            .context("loading the platform's TLS trust store")?;
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_all_versions()
+            .wrap_connector(tcp);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_timer(TokioTimer::new())
+            .build(connector);
+        Ok(Upstream { client })
+    }
+
+    /// Sends `incoming` to `target`, resolving at the response headers or after
+    /// `timeout`. The error says what failed (never the credential).
+    pub async fn send(
+        &self,
+        target: &Target,
+        method: &Method,
+        uri: &Uri,
+        client_headers: &HeaderMap,
+        body: &Bytes,
+        timeout: Duration,
+    ) -> Result<UpstreamResponse, String> {
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let uri: Uri = format!("{}{path}", target.prefix).parse().map_err(|e| format!("request error: {e}"))?;
+        let mut request = Request::new(Full::new(body.clone()));
+        *request.method_mut() = method.clone();
+        *request.uri_mut() = uri;
+        *request.headers_mut() = target.headers(client_headers);
+        match tokio::time::timeout(timeout, self.client.request(request)).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => Err(describe(&e)),
+            Err(_) => Err(format!("no response headers within {} ms", timeout.as_millis())),
+        }
+    }
+}
+
+/// Where an account's requests go and how they authenticate, prepared once
+/// per generation so a request only joins strings.
+pub struct Target {
+    /// Scheme, authority and base path, without a trailing slash.
+    prefix: String,
+    kind: AccountKind,
+    /// `x-api-key` or `authorization`, marked sensitive.
+    credential: (HeaderName, HeaderValue),
+}
+
+impl Target {
+    /// The target for an account with base URL `base` (http or https, with a
+    /// host) and `credential`.
+    pub fn new(base: &str, kind: AccountKind, credential: &Secret) -> Result<Target> {
+        let prefix = base_prefix(base)?;
+        let (name, value) = match kind {
+            AccountKind::ApiKey => (HeaderName::from_static("x-api-key"), credential.expose().to_string()),
+            AccountKind::Oauth => (header::AUTHORIZATION, format!("Bearer {}", credential.expose())),
+        };
+        let mut value = HeaderValue::from_str(&value)
+            .map_err(|_| anyhow::anyhow!("the credential holds characters a header cannot carry"))?;
+        value.set_sensitive(true);
+        Ok(Target { prefix, kind, credential: (name, value) })
+    }
+
+    /// The headers to send: the client's, minus hop-by-hop headers, its own
+    /// credentials and `x-poolgate-*`; the `anthropic-beta` list fitted to the
+    /// account kind; the account's credential.
+    fn headers(&self, client: &HeaderMap) -> HeaderMap {
+        let mut headers = HeaderMap::with_capacity(client.len() + 2);
+        for (name, value) in client {
+            let n = name.as_str();
+            if !forwardable(name)
+                || n == "authorization"
+                || n == "x-api-key"
+                || n == "anthropic-beta"
+                || n.starts_with("x-poolgate-")
+            {
+                continue;
+            }
+            headers.append(name.clone(), value.clone());
+        }
+        if let Some(b) = beta_header(client, self.kind) {
+            headers.insert("anthropic-beta", b);
+        }
+        headers.insert(self.credential.0.clone(), self.credential.1.clone());
+        headers
+    }
+}
+
+/// The part of a base URL every request path is appended to: scheme,
+/// authority and path, without a trailing slash. Refuses anything but an
+/// http(s) URL with a host (config validation uses the same rule).
+pub fn base_prefix(base: &str) -> Result<String> {
+    let refuse = || anyhow::anyhow!("`{base}` is not an http(s) URL with a host");
+    let uri: Uri = base.trim().parse().map_err(|_| refuse())?;
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return Err(refuse());
+    };
+    if !matches!(scheme, "http" | "https") || authority.host().is_empty() {
+        return Err(refuse());
+    }
+    Ok(format!("{scheme}://{authority}{}", uri.path().trim_end_matches('/')))
+}
+
+/// What failed, from the error's chain of causes.
+fn describe(e: &hyper_util::client::legacy::Error) -> String {
+    let mut msg = String::from(if e.is_connect() { "connect error" } else { "transport error" });
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
+
+/// The `anthropic-beta` list to send: the client's flags, with the OAuth flag
+/// added for subscription tokens and removed for API keys (an API key with the
+/// OAuth flag is refused upstream).
+fn beta_header(client: &HeaderMap, kind: AccountKind) -> Option<HeaderValue> {
+    let mut flags: Vec<&str> = client
+        .get_all("anthropic-beta")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|f| !f.is_empty() && *f != OAUTH_BETA)
+        .collect();
+    flags.dedup();
+    if kind == AccountKind::Oauth {
+        flags.push(OAUTH_BETA);
+    }
+    if flags.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(&flags.join(",")).ok()
+}
+
+/// The body of an upstream response as a stream of data chunks.
+pub fn body_stream(response: UpstreamResponse) -> impl Stream<Item = Result<Bytes, hyper::Error>> + Send {
+    BodyDataStream::new(response.into_body())
+}
+
+/// Whether the response is an event stream.
+pub fn is_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+}
+
+/// Reads an error body, at most 64 KiB, waiting at most a few seconds.
+pub async fn read_small(response: UpstreamResponse) -> Bytes {
+    let read = async {
+        let mut out = Vec::new();
+        let mut stream = std::pin::pin!(body_stream(response));
+        while let Some(Ok(chunk)) = stream.next().await {
+            let room = (64 * 1024usize).saturating_sub(out.len());
+            out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            if room <= chunk.len() {
+                break;
+            }
+        }
+        Bytes::from(out)
+    };
+    tokio::time::timeout(Duration::from_secs(5), read).await.unwrap_or_default()
+}
+
+/// Removes the headers that must not travel from an upstream response to the
+/// client (hop-by-hop ones; `content-length` stays, the relay needs it).
+pub fn retain_forwardable(headers: &mut HeaderMap) {
+    let drop: Vec<HeaderName> =
+        headers.keys().filter(|n| !forwardable(n) && n.as_str() != "content-length").cloned().collect();
+    for n in drop {
+        headers.remove(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(s: &str) -> Secret {
+        Secret::new(s.into()).unwrap()
+    }
+
+    #[test]
+    fn the_oauth_beta_flag_follows_the_account_kind() {
+        let mut h = HeaderMap::new();
+        h.append("anthropic-beta", "claude-code-20250219, oauth-2025-04-20".parse().unwrap());
+        h.append("anthropic-beta", "interleaved-thinking-2025-05-14".parse().unwrap());
+        let api = beta_header(&h, AccountKind::ApiKey).unwrap();
+        assert_eq!(api, "claude-code-20250219,interleaved-thinking-2025-05-14");
+        let oauth = beta_header(&h, AccountKind::Oauth).unwrap();
+        assert_eq!(oauth, "claude-code-20250219,interleaved-thinking-2025-05-14,oauth-2025-04-20");
+        assert_eq!(beta_header(&HeaderMap::new(), AccountKind::Oauth).unwrap(), OAUTH_BETA);
+        assert!(beta_header(&HeaderMap::new(), AccountKind::ApiKey).is_none());
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_not_forwarded() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "keep-alive".parse().unwrap());
+        h.insert("transfer-encoding", "chunked".parse().unwrap());
+        h.insert("anthropic-version", "2023-06-01".parse().unwrap());
+        retain_forwardable(&mut h);
+        assert!(h.get("connection").is_none() && h.get("transfer-encoding").is_none());
+        assert!(h.get("anthropic-version").is_some());
+    }
+
+    #[test]
+    fn the_account_credential_replaces_the_clients() {
+        let t = Target::new("https://api.example.test/base/", AccountKind::Oauth, &secret("tok")).unwrap();
+        assert_eq!(t.prefix, "https://api.example.test/base");
+        let mut client = HeaderMap::new();
+        client.insert("x-api-key", "gateway-key".parse().unwrap());
+        client.insert("authorization", "Bearer gateway-key".parse().unwrap());
+        client.insert("x-poolgate-debug", "1".parse().unwrap());
+        client.insert("connection", "close".parse().unwrap());
+        client.insert("anthropic-version", "2023-06-01".parse().unwrap());
+        let h = t.headers(&client);
+        assert_eq!(h.get("authorization").unwrap(), "Bearer tok");
+        assert!(h.get("authorization").unwrap().is_sensitive());
+        assert!(h.get("x-api-key").is_none() && h.get("x-poolgate-debug").is_none() && h.get("connection").is_none());
+        assert_eq!(h.get("anthropic-version").unwrap(), "2023-06-01");
+        assert_eq!(h.get("anthropic-beta").unwrap(), OAUTH_BETA);
+
+        let k = Target::new("http://127.0.0.1:9", AccountKind::ApiKey, &secret("sk-1")).unwrap();
+        assert_eq!(k.prefix, "http://127.0.0.1:9");
+        let h = k.headers(&client);
+        assert_eq!(h.get("x-api-key").unwrap(), "sk-1");
+        assert!(h.get("authorization").is_none());
+    }
+
+    #[test]
+    fn a_base_url_without_a_host_or_with_another_scheme_is_refused() {
+        for bad in ["ftp://example.test", "/just/a/path", "not a url"] {
+            assert!(Target::new(bad, AccountKind::ApiKey, &secret("k")).is_err(), "{bad}");
+        }
+        let e = Target::new("http://h", AccountKind::ApiKey, &secret("bad\nkey")).err().unwrap();
+        assert!(e.to_string().contains("header"), "{e}");
+        assert!(!e.to_string().contains("bad\nkey"), "the credential is never in an error");
+    }
+}
