@@ -37,11 +37,16 @@ pub enum Status {
 impl Status {
     /// Parses a header value; anything unrecognised is `Unknown`.
     pub fn parse(s: &str) -> Status {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "allowed" => Status::Allowed,
-            "allowed_warning" | "allowed-warning" => Status::AllowedWarning,
-            "rejected" | "throttled" => Status::Rejected,
-            _ => Status::Unknown,
+        let s = s.trim();
+        let is = |name: &str| s.eq_ignore_ascii_case(name);
+        if is("allowed") {
+            Status::Allowed
+        } else if is("allowed_warning") || is("allowed-warning") {
+            Status::AllowedWarning
+        } else if is("rejected") || is("throttled") {
+            Status::Rejected
+        } else {
+            Status::Unknown
         }
     }
 

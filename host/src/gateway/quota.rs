@@ -14,7 +14,7 @@
 //!   milliseconds (neurolink's guard);
 //! - the top-level `status` is authoritative and kept separately from the windows.
 
-use http::{HeaderMap, HeaderName};
+use http::HeaderMap;
 
 use crate::snapshot::{Status, WindowReading};
 
@@ -66,46 +66,38 @@ pub fn epoch_to_ms(v: u64) -> u64 {
     if v > 4_102_444_800 { v } else { v.saturating_mul(1000) }
 }
 
-fn header<'a>(h: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
-    h.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty())
-}
-
-fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    h.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty())
-}
-
 fn number(s: &str) -> Option<f64> {
     s.parse::<f64>().ok().filter(|v| v.is_finite())
 }
 
-macro_rules! names {
-    ($($id:ident = $name:literal;)*) => {
-        $(static $id: HeaderName = HeaderName::from_static($name);)*
-    };
+/// The API-key limit families: header infix and window name.
+const KEY_FAMILIES: [(&str, &str); 4] = [
+    ("requests-", "requests"),
+    ("tokens-", "tokens"),
+    ("input-tokens-", "input_tokens"),
+    ("output-tokens-", "output_tokens"),
+];
+
+/// A unified window seen in the headers, before it is known to have a utilization.
+#[derive(Default)]
+struct Unified<'a> {
+    name: &'a str,
+    utilization: Option<f64>,
+    reset: Option<&'a str>,
+    status: Option<&'a str>,
 }
 
-// Looked up on every upstream answer: parsed once, not per response.
-names! {
-    ORGANIZATION = "anthropic-organization-id";
-    RETRY_AFTER = "retry-after";
-    STATUS = "anthropic-ratelimit-unified-status";
-    RESET = "anthropic-ratelimit-unified-reset";
-    CLAIM = "anthropic-ratelimit-unified-representative-claim";
-    OVERAGE_STATUS = "anthropic-ratelimit-unified-overage-status";
-    OVERAGE_REASON = "anthropic-ratelimit-unified-overage-disabled-reason";
-    FALLBACK = "anthropic-ratelimit-unified-fallback-percentage";
-    REQUESTS_LIMIT = "anthropic-ratelimit-requests-limit";
-    REQUESTS_REMAINING = "anthropic-ratelimit-requests-remaining";
-    REQUESTS_RESET = "anthropic-ratelimit-requests-reset";
-    TOKENS_LIMIT = "anthropic-ratelimit-tokens-limit";
-    TOKENS_REMAINING = "anthropic-ratelimit-tokens-remaining";
-    TOKENS_RESET = "anthropic-ratelimit-tokens-reset";
-    INPUT_LIMIT = "anthropic-ratelimit-input-tokens-limit";
-    INPUT_REMAINING = "anthropic-ratelimit-input-tokens-remaining";
-    INPUT_RESET = "anthropic-ratelimit-input-tokens-reset";
-    OUTPUT_LIMIT = "anthropic-ratelimit-output-tokens-limit";
-    OUTPUT_REMAINING = "anthropic-ratelimit-output-tokens-remaining";
-    OUTPUT_RESET = "anthropic-ratelimit-output-tokens-reset";
+/// One API-key family's `limit`, `remaining` and `reset`.
+#[derive(Default, Clone, Copy)]
+struct Keyed<'a> {
+    limit: Option<&'a str>,
+    remaining: Option<&'a str>,
+    reset: Option<&'a str>,
+}
+
+fn set<'a>(slot: &mut Option<&'a str>, value: &'a str) {
+    // The first value of a repeated header wins, as `HeaderMap::get` would.
+    slot.get_or_insert(value);
 }
 
 /// Parses `retry-after`: delta seconds or an HTTP date.
@@ -125,51 +117,96 @@ fn parse_rfc3339_ms(value: &str) -> Option<u64> {
     Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64)
 }
 
-/// Reads every quota header of a response observed at `now_ms`.
+/// Reads every quota header of a response observed at `now_ms`, in one pass
+/// over the headers (this runs on every upstream answer).
 pub fn parse(headers: &HeaderMap, now_ms: u64) -> QuotaReading {
-    let mut r = QuotaReading {
-        organization_id: header(headers, &ORGANIZATION).map(str::to_string),
-        retry_after_ms: header(headers, &RETRY_AFTER).and_then(|v| parse_retry_after(v, now_ms)),
-        ..Default::default()
-    };
-    r.status = header(headers, &STATUS).map(Status::parse);
-    r.reset_ms = header(headers, &RESET).and_then(|v| v.parse::<u64>().ok()).map(epoch_to_ms);
-    r.representative_claim = header(headers, &CLAIM).map(str::to_string);
-    r.overage_status = header(headers, &OVERAGE_STATUS).map(Status::parse);
-    r.overage_disabled_reason = header(headers, &OVERAGE_REASON).map(str::to_string);
-    r.fallback_percentage = header(headers, &FALLBACK).and_then(number);
-    // Per-window companions are looked up only for windows the answer has.
-    let u = |suffix: &str| header_str(headers, &format!("{UNIFIED}{suffix}"));
-
-    // Every `<window>-utilization` under the unified prefix is a window: 5h, 7d,
-    // overage and any 7d_<bucket>.
+    let (mut status, mut reset, mut claim, mut overage, mut reason, mut fallback, mut org, mut retry) =
+        (None, None, None, None, None, None, None, None);
+    let mut unified: Vec<Unified<'_>> = Vec::new();
+    let mut keyed = [Keyed::default(); 4];
     for (name, value) in headers {
-        let Some(rest) = name.as_str().strip_prefix(UNIFIED) else { continue };
-        let Some(window) = rest.strip_suffix("-utilization") else { continue };
-        let Some(utilization) = value.to_str().ok().and_then(number) else { continue };
-        if window.is_empty() || !window.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
-            continue;
+        let Some(value) = value.to_str().ok().map(str::trim).filter(|v| !v.is_empty()) else { continue };
+        let name = name.as_str();
+        if let Some(rest) = name.strip_prefix(UNIFIED) {
+            match rest {
+                "status" => set(&mut status, value),
+                "reset" => set(&mut reset, value),
+                "representative-claim" => set(&mut claim, value),
+                "overage-status" => set(&mut overage, value),
+                "overage-disabled-reason" => set(&mut reason, value),
+                "fallback-percentage" => set(&mut fallback, value),
+                _ => {}
+            }
+            // Every `<window>-utilization` is a window (5h, 7d, overage, any
+            // 7d_<bucket>); its `-reset` and `-status` are companions.
+            let (window, part) = if let Some(w) = rest.strip_suffix("-utilization") {
+                (w, Part::Utilization)
+            } else if let Some(w) = rest.strip_suffix("-reset") {
+                (w, Part::Reset)
+            } else if let Some(w) = rest.strip_suffix("-status") {
+                (w, Part::Status)
+            } else {
+                continue;
+            };
+            if window.is_empty() || !window.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+                continue;
+            }
+            let u = match unified.iter().position(|u| u.name == window) {
+                Some(i) => &mut unified[i],
+                None => {
+                    unified.push(Unified { name: window, ..Default::default() });
+                    unified.last_mut().expect("just pushed")
+                }
+            };
+            match part {
+                Part::Utilization => {
+                    if u.utilization.is_none() {
+                        u.utilization = number(value);
+                    }
+                }
+                Part::Reset => set(&mut u.reset, value),
+                Part::Status => set(&mut u.status, value),
+            }
+        } else if let Some(rest) = name.strip_prefix("anthropic-ratelimit-") {
+            for (k, (infix, _)) in KEY_FAMILIES.iter().enumerate() {
+                match rest.strip_prefix(infix) {
+                    Some("limit") => set(&mut keyed[k].limit, value),
+                    Some("remaining") => set(&mut keyed[k].remaining, value),
+                    Some("reset") => set(&mut keyed[k].reset, value),
+                    _ => {}
+                }
+            }
+        } else if name == "retry-after" {
+            set(&mut retry, value);
+        } else if name == "anthropic-organization-id" {
+            set(&mut org, value);
         }
+    }
+    let mut r = QuotaReading {
+        status: status.map(Status::parse),
+        reset_ms: reset.and_then(|v| v.parse::<u64>().ok()).map(epoch_to_ms),
+        representative_claim: claim.map(str::to_string),
+        windows: Vec::with_capacity(unified.len()),
+        overage_status: overage.map(Status::parse),
+        overage_disabled_reason: reason.map(str::to_string),
+        fallback_percentage: fallback.and_then(number),
+        organization_id: org.map(str::to_string),
+        retry_after_ms: retry.and_then(|v| parse_retry_after(v, now_ms)),
+    };
+    for u in unified {
+        let Some(utilization) = u.utilization else { continue };
         r.windows.push(WindowReading {
-            name: window.to_string(),
+            name: u.name.to_string(),
             utilization,
-            resets_at_ms: u(&format!("{window}-reset")).and_then(|v| v.parse::<u64>().ok()).map(epoch_to_ms),
-            status: u(&format!("{window}-status")).map_or(Status::Unknown, Status::parse),
+            resets_at_ms: u.reset.and_then(|v| v.parse::<u64>().ok()).map(epoch_to_ms),
+            status: u.status.map_or(Status::Unknown, Status::parse),
             observed_at_ms: Some(now_ms),
         });
     }
 
     // API-key accounts: limit/remaining/reset per family; utilization = 1 − remaining/limit.
-    let families: [(&str, &HeaderName, &HeaderName, &HeaderName); 4] = [
-        ("requests", &REQUESTS_LIMIT, &REQUESTS_REMAINING, &REQUESTS_RESET),
-        ("tokens", &TOKENS_LIMIT, &TOKENS_REMAINING, &TOKENS_RESET),
-        ("input_tokens", &INPUT_LIMIT, &INPUT_REMAINING, &INPUT_RESET),
-        ("output_tokens", &OUTPUT_LIMIT, &OUTPUT_REMAINING, &OUTPUT_RESET),
-    ];
-    for (family, limit, remaining, reset) in families {
-        let (Some(limit), Some(remaining)) =
-            (header(headers, limit).and_then(number), header(headers, remaining).and_then(number))
-        else {
+    for (Keyed { limit, remaining, reset }, (_, family)) in keyed.into_iter().zip(KEY_FAMILIES) {
+        let (Some(limit), Some(remaining)) = (limit.and_then(number), remaining.and_then(number)) else {
             continue;
         };
         if limit <= 0.0 {
@@ -179,13 +216,20 @@ pub fn parse(headers: &HeaderMap, now_ms: u64) -> QuotaReading {
         r.windows.push(WindowReading {
             name: family.to_string(),
             utilization,
-            resets_at_ms: header(headers, reset).and_then(parse_rfc3339_ms),
+            resets_at_ms: reset.and_then(parse_rfc3339_ms),
             status: if remaining <= 0.0 { Status::Rejected } else { Status::Allowed },
             observed_at_ms: Some(now_ms),
         });
     }
     r.windows.sort_by(|a, b| a.name.cmp(&b.name));
     r
+}
+
+/// Which companion of a unified window a header is.
+enum Part {
+    Utilization,
+    Reset,
+    Status,
 }
 
 #[cfg(test)]
@@ -234,6 +278,24 @@ mod tests {
         assert_eq!(r.overage_status, Some(Status::Rejected));
         assert_eq!(r.organization_id.as_deref(), Some("org-123"));
         assert!(r.has_unified());
+    }
+
+    #[test]
+    fn companions_may_come_before_their_window_and_the_first_repeat_wins() {
+        let h = headers(&[
+            ("anthropic-ratelimit-unified-7d_oi-reset", "1760500000"),
+            ("anthropic-ratelimit-unified-7d_oi-status", "rejected"),
+            ("anthropic-ratelimit-unified-7d_oi-utilization", "1.01"),
+            ("anthropic-ratelimit-unified-7d_oi-utilization", "0.2"),
+            ("anthropic-ratelimit-unified-5h-reset", "1760003600"),
+            ("retry-after", "7"),
+            ("retry-after", "99"),
+        ]);
+        let r = parse(&h, NOW);
+        let oi = r.window("7d_oi").unwrap();
+        assert_eq!((oi.utilization, oi.status, oi.resets_at_ms), (1.01, Status::Rejected, Some(1_760_500_000_000)));
+        assert!(r.window("5h").is_none(), "a reset without a utilization is no window");
+        assert_eq!(r.retry_after_ms, Some(7_000));
     }
 
     #[test]
