@@ -37,6 +37,7 @@ mod buckets;
 mod candidate;
 mod candidates;
 mod config;
+mod floor;
 pub mod host;
 pub mod metrics;
 #[doc(hidden)]
@@ -62,15 +63,16 @@ pub use buckets::Buckets;
 pub use candidate::{Candidate, ModelFamily, model_family};
 pub use candidates::{Candidates, Pool};
 pub use config::{Config, check_range};
+pub use floor::{Floor, Seat, Standing};
 
 /// Everything a ranker file usually needs.
 pub mod prelude {
     pub use crate::host::{log, state};
     pub use crate::metrics::{Ladder, SortMetrics};
     pub use crate::{
-        Account, AccountInfo, ApiShape, Buckets, Candidate, Candidates, Config, Cooldown, CooldownReason, Freshness,
-        ModelFamily, Outcome, Pool, QuotaWindow, Ranker, Ranking, Request, WindowKind, WindowStatus, check_range,
-        model_family,
+        Account, AccountInfo, ApiShape, Buckets, Candidate, Candidates, Config, Cooldown, CooldownReason, Floor,
+        Freshness, ModelFamily, Outcome, Pool, QuotaWindow, Ranker, Ranking, Request, Seat, Standing, WindowKind,
+        WindowStatus, check_range, model_family,
     };
 }
 
