@@ -30,7 +30,7 @@ async fn post(gw: &Gateway, body: &Value) -> reqwest::Response {
 }
 
 async fn status(gw: &Gateway) -> Value {
-    Gateway::client().get(format!("{}/status", gw.url)).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap()
+    gw.admin_json("/status", ADMIN).await
 }
 
 fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
@@ -393,15 +393,7 @@ async fn quota_headers_feed_the_chain_and_the_status_page() {
     assert!(b["reading_age_ms"].as_u64().unwrap() < 60_000);
     assert_eq!(st["chain"].as_array().unwrap().len(), 2, "the default chain: skip-exhausted → headroom");
 
-    let decisions: Value = Gateway::client()
-        .get(format!("{}/admin/decisions?limit=1", gw.url))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let decisions = gw.admin_json("/admin/decisions?limit=1", ADMIN).await;
     assert_eq!(decisions[0]["model"], "claude-fable-5");
     assert_eq!(decisions[0]["account"], "a");
     assert_eq!(decisions[0]["attempts"][0]["decision"]["order"][0], "a");

@@ -14,15 +14,7 @@ fn env2() -> Vec<(&'static str, &'static str)> {
 }
 
 async fn account_status(gw: &Gateway, id: &str) -> Value {
-    let st: Value = Gateway::client()
-        .get(format!("{}/status", gw.url))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let st = gw.admin_json("/status", ADMIN).await;
     st["accounts"].as_array().unwrap().iter().find(|a| a["id"] == id).unwrap().clone()
 }
 

@@ -52,7 +52,7 @@ struct Expect {
 }
 
 async fn status(url: &str) -> Value {
-    Gateway::client().get(format!("{url}/status")).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap()
+    support::admin_json(url, "/status", ADMIN).await
 }
 
 async fn newest_decision(url: &str) -> Option<Value> {

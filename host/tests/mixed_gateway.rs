@@ -5,7 +5,6 @@ mod example_plugins;
 mod support;
 
 use poolgate_mock_upstream::{MockUpstream, Quota, Window};
-use serde_json::Value;
 use support::{Gateway, message};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,15 +75,7 @@ async fn a_chain_of_four_languages_serves_requests_through_the_gateway() {
         assert_eq!(r.headers()["x-poolgate-reason"], "reset_soonest");
         let _ = r.bytes().await.unwrap();
     }
-    let d: Value = Gateway::client()
-        .get(format!("{}/admin/decisions?limit=1", gw.url))
-        .bearer_auth("mixed")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let d = gw.admin_json("/admin/decisions?limit=1", "mixed").await;
     let decision = &d[0]["attempts"][0]["decision"];
     assert_eq!(decision["policy_errors"].as_array().unwrap().len(), 0, "{decision:#}");
     let stages: Vec<&str> =

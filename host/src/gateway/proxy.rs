@@ -20,13 +20,14 @@ use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 
 use super::admission::{Refused, Slot};
-use super::cooldown::{Answer, fails_over};
+use super::cooldown::{Answer, CooldownConfig, fails_over};
 use super::decisions::{Attempt, RequestRecord};
 use super::errors::{error, final_error, rate_limited};
 use super::generation::{Generation, PoolAccount};
 use super::relay::{Finish, Relay};
 use super::request::{BodyFacts, body_facts, session_id};
 use super::{Gateway, accounts::Change, now_ms, quota, upstream};
+
 use crate::policy::bindings as wit;
 use crate::snapshot::model_family;
 
@@ -211,18 +212,7 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
             Err(e) => {
                 tracing::warn!(request = id, account = %account.config.id, error = %e, "upstream connection failed");
                 gw.metrics.attempt(&account.config.id, None);
-                note(
-                    &gw,
-                    account,
-                    account.state.record(
-                        Answer::ConnectFailed,
-                        &quota::QuotaReading::default(),
-                        family,
-                        &cfg.cooldowns,
-                        now_ms(),
-                    ),
-                );
-                gw.metrics.failover(&account.config.id, "connect_error");
+                connection_failed(&gw, account, family, &cfg.cooldowns, "connect_error");
                 this.outcome = "connect_error".into();
                 record.attempts.push(this);
                 drop(lease);
@@ -270,18 +260,7 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
             None => Bytes::new(),
             Some(Err(e)) if status.is_success() => {
                 tracing::warn!(request = id, account = %account.config.id, error = %e, "upstream failed before the first byte");
-                note(
-                    &gw,
-                    account,
-                    account.state.record(
-                        Answer::ConnectFailed,
-                        &quota::QuotaReading::default(),
-                        family,
-                        &cfg.cooldowns,
-                        now_ms(),
-                    ),
-                );
-                gw.metrics.failover(&account.config.id, "stream_error");
+                connection_failed(&gw, account, family, &cfg.cooldowns, "stream_error");
                 this.outcome = "failover".into();
                 record.attempts.push(this);
                 drop(lease);
@@ -375,6 +354,21 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
             finish_local(&gw, &generation, r, record, "no_account", started, last_attempt)
         }
     }
+}
+
+/// Cools `account` after its connection failed before anything reached the
+/// client, and counts the failover with `cause`.
+fn connection_failed(
+    gw: &Gateway,
+    account: &PoolAccount,
+    family: Option<&str>,
+    cooldowns: &CooldownConfig,
+    cause: &str,
+) {
+    let change =
+        account.state.record(Answer::ConnectFailed, &quota::QuotaReading::default(), family, cooldowns, now_ms());
+    note(gw, account, change);
+    gw.metrics.failover(&account.config.id, cause);
 }
 
 /// Reports a cooldown change to metrics and the log.

@@ -102,6 +102,11 @@ impl Gateway {
         reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
     }
 
+    /// GETs the admin route `path` (with its query) as `token`; the JSON body.
+    pub async fn admin_json(&self, path: &str, token: &str) -> serde_json::Value {
+        admin_json(&self.url, path, token).await
+    }
+
     /// Sends SIGTERM.
     pub fn terminate(&self) {
         let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
@@ -136,6 +141,11 @@ pub fn config(base_url: &str, accounts: &[(&str, &str)], extra: &str) -> String 
     }
     s.push_str(extra);
     s
+}
+
+/// GETs the admin route `path` of the gateway at `base` as `token`; the JSON body.
+pub async fn admin_json(base: &str, path: &str, token: &str) -> serde_json::Value {
+    Gateway::client().get(format!("{base}{path}")).bearer_auth(token).send().await.unwrap().json().await.unwrap()
 }
 
 /// A minimal Messages request body.
