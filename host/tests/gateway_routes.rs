@@ -40,6 +40,25 @@ async fn count_tokens_and_models_are_forwarded_to_an_account() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_routes_and_wrong_methods_answer_in_anthropics_error_shape() {
+    let mock = MockUpstream::start().await;
+    let gw = Gateway::start(&config(&mock.base_url(), &[("a", "KEY_A")], ""), &env2());
+    let client = Gateway::client();
+    for (request, status, kind) in [
+        (client.get(format!("{}/v1/nope", gw.url)), 404, "not_found_error"),
+        (client.get(format!("{}/v1/messages", gw.url)), 405, "invalid_request_error"),
+        (client.delete(format!("{}/v1/models", gw.url)), 405, "invalid_request_error"),
+    ] {
+        let r = request.send().await.unwrap();
+        assert_eq!(r.status(), status);
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["type"], "error");
+        assert_eq!(body["error"]["type"], kind, "{body}");
+    }
+    assert!(mock.requests().is_empty(), "nothing reached the upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_credential_cools_the_account_and_fails_over() {
     let mock = MockUpstream::start().await;
     mock.account("key-b");

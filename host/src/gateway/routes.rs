@@ -48,6 +48,7 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/decisions", get(decisions))
         .route("/admin/reload", post(reload))
         .fallback(not_found)
+        .method_not_allowed_fallback(wrong_method)
         .with_state(state)
 }
 
@@ -128,6 +129,11 @@ async fn readyz(State(s): State<AppState>) -> Response {
 
 async fn not_found(uri: Uri) -> Response {
     error(StatusCode::NOT_FOUND, "not_found_error", &format!("poolgate: no route for {}", uri.path()))
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> Response {
+    let msg = format!("poolgate: {method} is not allowed on {}", uri.path());
+    final_error(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", &msg)
 }
 
 fn admin_refused(s: &AppState, headers: &HeaderMap) -> Option<Response> {
