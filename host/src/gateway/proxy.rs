@@ -252,7 +252,7 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
 
         // Commit only once the first byte is here: until then, nothing has
         // reached the client and the request can still move.
-        let sse = upstream::is_sse(response.headers());
+        let sse = upstream::is_plain_sse(response.headers());
         let mut headers = response.headers().clone();
         let mut stream = Box::pin(upstream::body_stream(response));
         let first = match stream.next().await {

@@ -207,12 +207,21 @@ pub fn body_stream(response: UpstreamResponse) -> impl Stream<Item = Result<Byte
     BodyDataStream::new(response.into_body())
 }
 
-/// Whether the response is an event stream.
-pub fn is_sse(headers: &HeaderMap) -> bool {
-    headers
+/// Whether the response is an event stream the relay can read: SSE sent
+/// without a content coding. Clients such as Claude Code send `accept-encoding:
+/// gzip, br, …`, which is passed upstream; a compressed stream is relayed byte
+/// for byte without looking for event boundaries (they are not visible in
+/// compressed bytes, and an error event appended in plain text would corrupt it).
+pub fn is_plain_sse(headers: &HeaderMap) -> bool {
+    let sse = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    let coded = headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .any(|v| v.to_str().map_or(true, |v| v.split(',').any(|c| !c.trim().eq_ignore_ascii_case("identity"))));
+    sse && !coded
 }
 
 /// Reads an error body, at most 64 KiB, waiting at most a few seconds.
@@ -272,6 +281,22 @@ mod tests {
         retain_forwardable(&mut h);
         assert!(h.get("connection").is_none() && h.get("transfer-encoding").is_none());
         assert!(h.get("anthropic-version").is_some());
+    }
+
+    #[test]
+    fn only_an_uncompressed_event_stream_is_framed() {
+        let h = |pairs: &[(&str, &str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+            }
+            m
+        };
+        assert!(is_plain_sse(&h(&[("content-type", "text/event-stream; charset=utf-8")])));
+        assert!(is_plain_sse(&h(&[("content-type", "text/event-stream"), ("content-encoding", "identity")])));
+        assert!(!is_plain_sse(&h(&[("content-type", "text/event-stream"), ("content-encoding", "gzip")])));
+        assert!(!is_plain_sse(&h(&[("content-type", "text/event-stream"), ("content-encoding", "br")])));
+        assert!(!is_plain_sse(&h(&[("content-type", "application/json")])));
     }
 
     #[test]
