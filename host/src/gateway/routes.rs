@@ -181,6 +181,7 @@ async fn status(State(s): State<AppState>, headers: HeaderMap) -> Response {
             "last_reload": *gw.last_reload.lock(),
         },
         "chain": g.chain.status(now),
+        "builtins_ready": gw.engine.builtins_ready(),
         "queue_depth": gw.admission.depth(),
         "accounts": accounts,
     }))

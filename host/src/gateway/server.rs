@@ -39,7 +39,10 @@ impl Running {
     pub async fn start(config: Config, engine: Arc<PolicyEngine>, reloader: Option<MakeReloader>) -> Result<Running> {
         let listen = config.server.listen.clone();
         let grace = Duration::from_millis(config.server.shutdown_grace_ms);
+        let warm = engine.clone();
         let gateway = tokio::task::spawn_blocking(move || Gateway::new(config, engine)).await??;
+        // After the first generation: the chain's own built-ins are in memory by now.
+        warm.warm_builtins();
         let listener = bind(&listen).await?;
         let addr = listener.local_addr()?;
         check_exposure(&addr, !gateway.generation().client_keys.is_empty())?;

@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use parking_lot::Mutex;
@@ -35,6 +35,7 @@ pub struct PolicyEngine {
     linker: Linker<Sandbox>,
     cache_dir: Option<PathBuf>,
     compiled: Mutex<HashMap<String, Component>>,
+    builtins_ready: AtomicBool,
 }
 
 impl PolicyEngine {
@@ -55,7 +56,13 @@ impl PolicyEngine {
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(anyhow::Error::from)?;
         Policy::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s).map_err(anyhow::Error::from)?;
         spawn_ticker(&engine);
-        Ok(Arc::new(PolicyEngine { engine, linker, cache_dir, compiled: Mutex::new(HashMap::new()) }))
+        Ok(Arc::new(PolicyEngine {
+            engine,
+            linker,
+            cache_dir,
+            compiled: Mutex::new(HashMap::new()),
+            builtins_ready: AtomicBool::new(false),
+        }))
     }
 
     /// The default disk cache: `$XDG_CACHE_HOME/poolgate/components` (or the
@@ -72,6 +79,36 @@ impl PolicyEngine {
     /// The linker holding WASI and the poolgate host interface.
     pub fn linker(&self) -> &Linker<Sandbox> {
         &self.linker
+    }
+
+    /// Compiles every built-in on a background thread, so that a swap to one
+    /// is a cache lookup rather than a compile: a first compile on two busy
+    /// cores can take longer than the second a reload is allowed. Startup does
+    /// not wait for it; [`PolicyEngine::builtins_ready`] says when it is done.
+    /// With a warm disk cache this is a few milliseconds of deserializing.
+    pub fn warm_builtins(self: &Arc<Self>) {
+        let engine = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new().name("poolgate-warm".into()).spawn(move || {
+            let started = Instant::now();
+            for (name, bytes) in crate::artifacts::BUILTINS {
+                let Some(e) = engine.upgrade() else { return };
+                if let Err(err) = e.compile(bytes, &format!("builtin:{name}")) {
+                    tracing::warn!(plugin = name, error = %format!("{err:#}"), "could not compile a built-in");
+                }
+            }
+            if let Some(e) = engine.upgrade() {
+                e.builtins_ready.store(true, Ordering::Release);
+                tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "built-in plugins compiled");
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "could not start compiling the built-ins in the background");
+        }
+    }
+
+    /// Whether every built-in is compiled and in memory.
+    pub fn builtins_ready(&self) -> bool {
+        self.builtins_ready.load(Ordering::Acquire)
     }
 
     /// Compiles `bytes` (or takes them from a cache). `label` names the plugin in
