@@ -78,8 +78,9 @@ impl Upstream {
         Ok(Upstream { client })
     }
 
-    /// Sends `incoming` to `target`, resolving at the response headers or after
-    /// `timeout`. The error says what failed (never the credential).
+    /// Sends the client's request (method, path and query, headers, body) to
+    /// `target`, resolving at the response headers or after `timeout`. The
+    /// error says what failed (never the credential).
     pub async fn send(
         &self,
         target: &Target,
