@@ -136,6 +136,16 @@ impl Gateway {
         let started = std::time::Instant::now();
         match Generation::build(number, config, &self.engine, &self.plugin_state, &self.states) {
             Ok(generation) => {
+                let (was, now) = (&self.generation().config, &generation.config);
+                let restart_only = [
+                    ("server.listen", was.server.listen != now.server.listen),
+                    ("gateway.connect_timeout_ms", was.gateway.connect_timeout_ms != now.gateway.connect_timeout_ms),
+                ];
+                for (key, changed) in restart_only {
+                    if changed {
+                        tracing::warn!(key, "changed, but takes effect only at the next restart");
+                    }
+                }
                 self.decisions.resize(generation.config.server.decisions_kept);
                 self.current.store(Arc::new(generation));
                 self.metrics.reload(true);
