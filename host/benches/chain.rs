@@ -53,7 +53,7 @@ const CHAINS: [(&str, &[&str]); 3] = [
     ("3 mixed", &["builtin:skip-exhausted", "builtin:headroom", "builtin:affinity"]),
 ];
 
-fn chain(engine: &PolicyEngine, case: &Case, plugins: &[&str]) -> Chain {
+fn chain(engine: &Arc<PolicyEngine>, case: &Case, plugins: &[&str]) -> Chain {
     let specs = plugins
         .iter()
         .map(|p| {
@@ -70,7 +70,14 @@ fn chain(engine: &PolicyEngine, case: &Case, plugins: &[&str]) -> Chain {
             }
         })
         .collect();
-    Chain::load(engine, specs, case.pool(), Arc::new(MemoryState::default()), BreakerConfig::default()).unwrap()
+    poolgate::policy::block_on(Chain::load(
+        engine,
+        specs,
+        case.pool(),
+        Arc::new(MemoryState::default()),
+        BreakerConfig::default(),
+    ))
+    .unwrap()
 }
 
 /// Native Rust headroom ranking over the same records (the baseline).
@@ -120,7 +127,8 @@ fn native_chain(req: &Request, accounts: &[Account], windows: &[QuotaWindow], st
     order
 }
 
-fn criterion_groups(c: &mut Criterion, engine: &PolicyEngine) {
+fn criterion_groups(c: &mut Criterion, engine: &Arc<PolicyEngine>) {
+    let rt = runtime();
     let mut group = c.benchmark_group("chain");
     group.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
     for n in SIZES {
@@ -131,7 +139,7 @@ fn criterion_groups(c: &mut Criterion, engine: &PolicyEngine) {
             let label = label.replace(' ', "-");
             let ch = chain(engine, &case, plugins);
             group.bench_with_input(BenchmarkId::new(format!("wasm-{label}"), n), &n, |b, _| {
-                b.iter(|| black_box(ch.rank(req.clone(), cands.clone())))
+                b.iter(|| black_box(rt.block_on(ch.rank(req.clone(), cands.clone()))))
             });
             let stages = plugins.len();
             group.bench_with_input(BenchmarkId::new(format!("native-{label}"), n), &n, |b, _| {
@@ -148,6 +156,11 @@ fn percentiles(mut samples: Vec<Duration>) -> (f64, f64) {
     (at(0.5), at(0.99))
 }
 
+/// A single-threaded runtime: chain calls are asynchronous, as in `serve`.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
 fn measure(mut f: impl FnMut(), iters: usize) -> (f64, f64) {
     for _ in 0..iters / 10 {
         f();
@@ -162,7 +175,24 @@ fn measure(mut f: impl FnMut(), iters: usize) -> (f64, f64) {
     percentiles(samples)
 }
 
-fn summary(engine: &PolicyEngine) {
+/// As [`measure`], for a chain: every call awaited inside one runtime, timed
+/// from the call to its answer (what a request waits).
+fn measure_chain(ch: &Chain, req: &Request, cands: &poolgate::policy::Candidates, iters: usize) -> (f64, f64) {
+    runtime().block_on(async {
+        for _ in 0..iters / 10 {
+            black_box(ch.rank(req.clone(), cands.clone()).await);
+        }
+        let mut samples = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let t = Instant::now();
+            black_box(ch.rank(req.clone(), cands.clone()).await);
+            samples.push(t.elapsed());
+        }
+        percentiles(samples)
+    })
+}
+
+fn summary(engine: &Arc<PolicyEngine>) {
     println!("\nper-call latency (µs), {} iterations each; ratio = wasm p50 / native p50", 20_000);
     println!(
         "{:<8} {:>8} {:>10} {:>10} {:>12} {:>12} {:>8}",
@@ -174,12 +204,7 @@ fn summary(engine: &PolicyEngine) {
             let req = case.request();
             let cands = case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS);
             let ch = chain(engine, &case, plugins);
-            let (w50, w99) = measure(
-                || {
-                    black_box(ch.rank(req.clone(), cands.clone()));
-                },
-                20_000,
-            );
+            let (w50, w99) = measure_chain(&ch, &req, &cands, 20_000);
             let stages = plugins.len();
             let (n50, n99) = measure(
                 || {
@@ -193,10 +218,44 @@ fn summary(engine: &PolicyEngine) {
     for (label, plugins) in CHAINS {
         println!("{label}: {}", plugins.join(" → "));
     }
+    handoff();
+}
+
+/// The alternative to calling plugins on the async workers (what the chain
+/// above does): handing each chain run to a dedicated plugin thread and
+/// waiting for the answer. This measures the round trip alone, with no work
+/// on the other side — the least that design would add to every request.
+fn handoff() {
+    let (tx, rx) = std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<u64>>();
+    std::thread::spawn(move || {
+        for reply in rx {
+            let _ = reply.send(black_box(1));
+        }
+    });
+    let iters = 20_000;
+    let (p50, p99) = runtime().block_on(async {
+        let mut samples = Vec::with_capacity(iters);
+        for i in 0..iters + iters / 10 {
+            let t = Instant::now();
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            tx.send(reply).unwrap();
+            black_box(answer.await.unwrap());
+            if i >= iters / 10 {
+                samples.push(t.elapsed());
+            }
+        }
+        percentiles(samples)
+    });
+    println!("\nround trip to a dedicated plugin thread (no work): p50 {p50:.2} µs, p99 {p99:.2} µs");
 }
 
 fn main() {
     let engine = PolicyEngine::new(None).unwrap();
+    // CHAIN_SUMMARY_ONLY=1: just the table (a quick A/B of two builds).
+    if std::env::var_os("CHAIN_SUMMARY_ONLY").is_some() {
+        summary(&engine);
+        return;
+    }
     let mut c = Criterion::default().configure_from_args();
     criterion_groups(&mut c, &engine);
     c.final_summary();

@@ -45,7 +45,7 @@ fn pool(n: usize) -> Case {
     Case::parse(&case.to_string()).unwrap()
 }
 
-fn load(engine: &PolicyEngine, b: &Built, case: &Case) -> Plugin {
+fn load(engine: &Arc<PolicyEngine>, b: &Built, case: &Case) -> Plugin {
     let plugin = PluginRef::Path(b.wasm.clone());
     let spec = PluginSpec {
         scope: plugin.default_scope(),
@@ -55,7 +55,8 @@ fn load(engine: &PolicyEngine, b: &Built, case: &Case) -> Plugin {
         limits: Limits { deadline: Duration::from_secs(1), ..Limits::default() },
         max_idle: 1,
     };
-    Plugin::load(engine, spec, case.pool(), Arc::new(MemoryState::default())).expect("the example loads")
+    poolgate::policy::block_on(Plugin::load(engine, spec, case.pool(), Arc::new(MemoryState::default())))
+        .expect("the example loads")
 }
 
 struct Row {
@@ -101,23 +102,28 @@ fn measure(b: &Built) -> Row {
         let plugin = load(&restarted, b, &case);
         let c = case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS);
         let mut req = case.request();
-        let t = Instant::now();
-        plugin.rank(&req, &c.accounts, &c.windows).unwrap();
-        if n == SIZES[0] {
-            first_call = t.elapsed();
-        }
-        for _ in 0..100 {
-            plugin.rank(&req, &c.accounts, &c.windows).unwrap();
-        }
-        let mut samples = Vec::with_capacity(iters);
-        let started = Instant::now();
-        while samples.len() < iters && (samples.len() < 200 || started.elapsed() < budget) {
-            req.id += 1;
+        // Calls are asynchronous, as in `serve`: time them inside one runtime.
+        let samples = poolgate::policy::block_on(async {
             let t = Instant::now();
-            let r = plugin.rank(&req, &c.accounts, &c.windows).unwrap();
-            samples.push(t.elapsed());
-            std::hint::black_box(r);
-        }
+            plugin.rank(&req, &c.accounts, &c.windows).await.unwrap();
+            if n == SIZES[0] {
+                first_call = t.elapsed();
+            }
+            for _ in 0..100 {
+                plugin.rank(&req, &c.accounts, &c.windows).await.unwrap();
+            }
+            let mut samples = Vec::with_capacity(iters);
+            let started = Instant::now();
+            while samples.len() < iters && (samples.len() < 200 || started.elapsed() < budget) {
+                req.id += 1;
+                let t = Instant::now();
+                let r = plugin.rank(&req, &c.accounts, &c.windows).await.unwrap();
+                samples.push(t.elapsed());
+                std::hint::black_box(r);
+            }
+            samples
+        });
+        let mut samples = samples;
         samples.sort();
         let over = samples.iter().filter(|d| **d > deadline).count();
         calls.push((n, percentile(&samples, 0.5), percentile(&samples, 0.99), samples.len(), over));

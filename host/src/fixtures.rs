@@ -64,18 +64,24 @@ pub fn stages_for(case: &Case, plugin: &PluginRef, timeout: Duration) -> Vec<Sta
 
 /// Runs one case: a fresh chain and state store, the observations in order, then
 /// the ranking.
-pub fn run_case(engine: &PolicyEngine, plugin: &PluginRef, case: &Case, timeout: Duration) -> Result<Decision> {
+pub async fn run_case(
+    engine: &Arc<PolicyEngine>,
+    plugin: &PluginRef,
+    case: &Case,
+    timeout: Duration,
+) -> Result<Decision> {
     let chain = Chain::load(
         engine,
         stages_for(case, plugin, timeout),
         case.pool(),
         Arc::new(MemoryState::default()),
         BreakerConfig::default(),
-    )?;
+    )
+    .await?;
     for (req, account, outcome) in case.observations() {
-        chain.observe(&req, account, &outcome);
+        chain.observe(&req, account, &outcome).await;
     }
-    Ok(chain.rank(case.request(), case.candidates(DEFAULT_FRESHNESS_MS)))
+    Ok(chain.rank(case.request(), case.candidates(DEFAULT_FRESHNESS_MS)).await)
 }
 
 /// Compares a decision with a case's `expect`; each mismatch is one line.
@@ -119,19 +125,19 @@ pub fn check(case: &Case, decision: &Decision) -> Vec<String> {
     failures
 }
 
-/// Runs every case and judges it.
+/// Runs every case and judges it, on the same asynchronous path `serve` runs
+/// plugins on. Call from synchronous code (the CLI, tests).
 pub fn run_all(
-    engine: &PolicyEngine,
+    engine: &Arc<PolicyEngine>,
     plugin: &PluginRef,
     cases: &[(PathBuf, Case)],
     timeout: Duration,
 ) -> Vec<CaseResult> {
-    cases
-        .iter()
-        .enumerate()
-        .map(|(i, (file, case))| {
+    crate::policy::block_on(async {
+        let mut results = Vec::with_capacity(cases.len());
+        for (i, (file, case)) in cases.iter().enumerate() {
             let name = case.name.clone().unwrap_or_else(|| format!("case #{}", i + 1));
-            match run_case(engine, plugin, case, timeout) {
+            results.push(match run_case(engine, plugin, case, timeout).await {
                 Ok(decision) => {
                     CaseResult { file: file.clone(), name, failures: check(case, &decision), decision: Some(decision) }
                 }
@@ -141,14 +147,15 @@ pub fn run_all(
                     failures: vec![format!("chain failed to load: {e:#}")],
                     decision: None,
                 },
-            }
-        })
-        .collect()
+            });
+        }
+        results
+    })
 }
 
 /// Runs the fixtures at `path` against `plugin`, failing with a summary when any
 /// case fails (for tests).
-pub fn assert_fixtures(engine: &PolicyEngine, plugin: &str, path: &std::path::Path) -> Result<usize> {
+pub fn assert_fixtures(engine: &Arc<PolicyEngine>, plugin: &str, path: &std::path::Path) -> Result<usize> {
     let cases = crate::case::load_cases(path)?;
     if cases.is_empty() {
         bail!("no cases in {}", path.display());

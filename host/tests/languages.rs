@@ -45,7 +45,7 @@ fn example_passes_fixtures(lang: Lang) {
     );
 }
 
-fn load(engine: &PolicyEngine, wasm: &Path, config: &str) -> anyhow::Result<Plugin> {
+fn load(engine: &Arc<PolicyEngine>, wasm: &Path, config: &str) -> anyhow::Result<Plugin> {
     let case = fixture_pool();
     let plugin = PluginRef::Path(wasm.to_path_buf());
     let spec = PluginSpec {
@@ -55,7 +55,7 @@ fn load(engine: &PolicyEngine, wasm: &Path, config: &str) -> anyhow::Result<Plug
         limits: Limits::default(),
         max_idle: 1,
     };
-    Plugin::load(engine, spec, case.pool(), Arc::new(MemoryState::default()))
+    poolgate::policy::block_on(Plugin::load(engine, spec, case.pool(), Arc::new(MemoryState::default())))
 }
 
 #[test]
@@ -172,22 +172,24 @@ fn a_mixed_language_chain_serves_requests_end_to_end() {
     assert_eq!(deadlines, [50, 25, 25, 50]);
 
     let case = fixture_pool();
-    let chain = Chain::load(&engine, specs, case.pool(), Arc::new(MemoryState::default()), BreakerConfig::default())
-        .expect("the mixed chain loads");
+    use poolgate::policy::block_on;
+    let chain =
+        block_on(Chain::load(&engine, specs, case.pool(), Arc::new(MemoryState::default()), BreakerConfig::default()))
+            .expect("the mixed chain loads");
     let mut req = case.request();
     for i in 0..200u64 {
         req.id = i + 1;
         req.now_ms = case.now_ms + i;
-        let d = chain.rank(req.clone(), case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS));
+        let d = block_on(chain.rank(req.clone(), case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS)));
         assert!(d.policy_errors.is_empty(), "request {i}: {:?}", d.policy_errors);
         assert_eq!(d.order.head(), Some("early"), "request {i}");
-        chain.observe(&req, 0, &Outcome::Success);
+        block_on(chain.observe(&req, 0, &Outcome::Success));
     }
     // A 429 on `early`: the Python stage (rate_limit_penalty_ms) skips it next time.
     let early = case.accounts.iter().position(|a| a.id == "early").unwrap() as u32;
-    chain.observe(&req, early, &Outcome::RateLimited(None));
+    block_on(chain.observe(&req, early, &Outcome::RateLimited(None)));
     let next = Request { id: 999, now_ms: req.now_ms + 1, ..req.clone() };
-    let d = chain.rank(next, case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS));
+    let d = block_on(chain.rank(next, case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS)));
     assert!(d.policy_errors.is_empty(), "{:?}", d.policy_errors);
     assert_eq!(d.order.head(), Some("roomy"), "{d:?}");
 }
@@ -212,7 +214,8 @@ fn large_components_load_from_the_compile_cache_after_a_restart() {
         let case = fixture_pool();
         let c = case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS);
         let started = Instant::now();
-        plugin.rank(&case.request(), &c.accounts, &c.windows).unwrap_or_else(|f| panic!("{lang:?}: {f:?}"));
+        poolgate::policy::block_on(plugin.rank(&case.request(), &c.accounts, &c.windows))
+            .unwrap_or_else(|f| panic!("{lang:?}: {f:?}"));
         let first_call = started.elapsed();
         assert!(first_call < Duration::from_millis(poolgate::policy::DEFAULT_DEADLINE_MS), "{lang:?}: {first_call:?}");
         eprintln!(

@@ -119,7 +119,7 @@ fn a_guest_receives_exactly_what_the_host_holds() {
         let mut first: Vec<Account> = cands.accounts.clone();
         first.sort_by_key(|a| !a.usable);
         let want = expected(&first, &cands.windows);
-        let d = chain.rank(case.request(), cands);
+        let d = poolgate::policy::block_on(chain.rank(case.request(), cands));
         assert!(d.policy_errors.is_empty(), "{:?}", d.policy_errors);
         assert_eq!(d.detail.as_deref(), Some(want.as_str()), "round {round}");
     }

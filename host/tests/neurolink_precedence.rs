@@ -54,13 +54,13 @@ fn neurolink_chain(spill: u32) -> Vec<StageSpec> {
 }
 
 fn run(chain: &Chain, case: &Case) -> Decision {
-    chain.rank(case.request(), case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS))
+    poolgate::policy::block_on(chain.rank(case.request(), case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS)))
 }
 
 /// Reports a successful response of `case`'s request on `account`.
 fn served(chain: &Chain, case: &Case, account: &str) {
     let index = case.accounts.iter().position(|a| a.id == account).unwrap() as u32;
-    chain.observe(&case.request(), index, &Outcome::Success);
+    poolgate::policy::block_on(chain.observe(&case.request(), index, &Outcome::Success));
 }
 
 fn stage_detail<'d>(d: &'d Decision, name: &str) -> &'d str {

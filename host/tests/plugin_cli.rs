@@ -68,6 +68,28 @@ fn inspect_names_a_forbidden_import() {
     assert_eq!(out.matches("\n  - ").count(), 1, "{out}");
 }
 
+/// A 0.1.x component calling a host function this host lacks: its import
+/// names pass, so only linking against what the host provides catches it —
+/// and `inspect` does that, like loading does.
+#[test]
+fn inspect_and_load_refuse_a_host_function_this_host_lacks() {
+    let (ok, out) = inspect(&common::guest("wit-next"));
+    assert!(!ok, "{out}");
+    assert!(out.contains("an import this host does not provide"), "{out}");
+    assert!(out.contains("shiny-new"), "{out}");
+    let case = common::pool_case(2);
+    let err = poolgate::policy::block_on(poolgate::policy::Chain::load(
+        &common::ENGINE,
+        vec![common::stage(&common::guest("wit-next"), serde_json::json!({}), 25)],
+        case.pool(),
+        std::sync::Arc::new(poolgate::policy::MemoryState::default()),
+        poolgate::policy::BreakerConfig::default(),
+    ))
+    .err()
+    .expect("refused");
+    assert!(format!("{err:#}").contains("shiny-new"), "{err:#}");
+}
+
 #[test]
 fn inspect_refuses_a_core_module_and_a_non_wasm_file() {
     let dir = scratch("inspect");
@@ -83,13 +105,13 @@ fn inspect_refuses_a_core_module_and_a_non_wasm_file() {
 #[test]
 fn loading_a_wrong_version_component_fails_naming_both_versions() {
     let case = common::pool_case(2);
-    let err = poolgate::policy::Chain::load(
+    let err = poolgate::policy::block_on(poolgate::policy::Chain::load(
         &common::ENGINE,
         vec![common::stage(&common::guest("wit-v2"), serde_json::json!({}), 25)],
         case.pool(),
         std::sync::Arc::new(poolgate::policy::MemoryState::default()),
         poolgate::policy::BreakerConfig::default(),
-    )
+    ))
     .err()
     .expect("a 0.2.0 plugin is refused");
     let msg = format!("{err:#}");
@@ -100,13 +122,13 @@ fn loading_a_wrong_version_component_fails_naming_both_versions() {
 #[test]
 fn loading_a_component_with_a_forbidden_import_fails_naming_it() {
     let case = common::pool_case(2);
-    let err = poolgate::policy::Chain::load(
+    let err = poolgate::policy::block_on(poolgate::policy::Chain::load(
         &common::ENGINE,
         vec![common::stage(&common::guest("forbidden-import"), serde_json::json!({}), 25)],
         case.pool(),
         std::sync::Arc::new(poolgate::policy::MemoryState::default()),
         poolgate::policy::BreakerConfig::default(),
-    )
+    ))
     .err()
     .expect("a plugin importing wasi:http is refused");
     assert!(format!("{err:#}").contains("wasi:http/client@0.3.0"), "{err:#}");

@@ -146,13 +146,14 @@ fn load(name: &str, case: &Case) -> Plugin {
         limits: Limits { deadline: std::time::Duration::from_secs(1), ..Limits::default() },
         max_idle: 1,
     };
-    Plugin::load(&ENGINE, spec, case.pool(), Arc::new(MemoryState::default())).expect("plugin loads")
+    poolgate::policy::block_on(Plugin::load(&ENGINE, spec, case.pool(), Arc::new(MemoryState::default())))
+        .expect("plugin loads")
 }
 
 /// Ranks `accounts` (a subset of the case's, in any order) and answers with
 /// the pool indices in the plugin's order, plus its reason.
 fn rank(plugin: &Plugin, req: &Request, accounts: &[Account], windows: &[QuotaWindow]) -> (Vec<u32>, String) {
-    let r = plugin.rank(req, accounts, windows).expect("rank succeeds");
+    let r = poolgate::policy::block_on(plugin.rank(req, accounts, windows)).expect("rank succeeds");
     let ids = r.order.iter().map(|&i| accounts[i as usize].id).collect::<Vec<_>>();
     assert_eq!(ids.len(), accounts.len(), "a comparator drops nothing");
     (ids, r.reason)
@@ -274,7 +275,12 @@ fn a_bad_option_refuses_the_plugin_and_is_named() {
             limits: Limits::default(),
             max_idle: 1,
         };
-        let err = match Plugin::load(&ENGINE, spec, case.pool(), Arc::new(MemoryState::default())) {
+        let err = match poolgate::policy::block_on(Plugin::load(
+            &ENGINE,
+            spec,
+            case.pool(),
+            Arc::new(MemoryState::default()),
+        )) {
             Ok(_) => panic!("builtin:{name} accepted {config}"),
             Err(e) => format!("{e:#}"),
         };
@@ -302,7 +308,9 @@ fn a_bad_option_refuses_the_plugin_and_is_named() {
             limits: Limits::default(),
             max_idle: 1,
         };
-        if let Err(e) = Plugin::load(&ENGINE, spec, case.pool(), Arc::new(MemoryState::default())) {
+        if let Err(e) =
+            poolgate::policy::block_on(Plugin::load(&ENGINE, spec, case.pool(), Arc::new(MemoryState::default())))
+        {
             panic!("builtin:{name} refused {config}: {e:#}");
         }
     }

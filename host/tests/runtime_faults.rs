@@ -115,13 +115,13 @@ fn opening_a_socket_is_refused() {
 #[test]
 fn a_plugin_that_refuses_its_options_refuses_the_chain() {
     let case = pool_case(2);
-    let err = poolgate::policy::Chain::load(
+    let err = poolgate::policy::block_on(poolgate::policy::Chain::load(
         &ENGINE,
         vec![stage(&guest("misbehave"), json!({ "fault": "configure" }), 20)],
         case.pool(),
         std::sync::Arc::new(poolgate::policy::MemoryState::default()),
         Default::default(),
-    )
+    ))
     .err()
     .expect("refused");
     let msg = format!("{err:#}");
@@ -136,13 +136,13 @@ fn a_file_that_is_not_a_component_is_refused() {
     let path = dir.join("junk.wasm");
     std::fs::write(&path, b"not wasm at all").unwrap();
     let case = pool_case(2);
-    let err = poolgate::policy::Chain::load(
+    let err = poolgate::policy::block_on(poolgate::policy::Chain::load(
         &ENGINE,
         vec![stage(path.to_str().unwrap(), json!({}), 20)],
         case.pool(),
         std::sync::Arc::new(poolgate::policy::MemoryState::default()),
         Default::default(),
-    )
+    ))
     .err()
     .expect("refused");
     assert!(format!("{err:#}").contains("is not a valid WebAssembly component"), "{err:#}");
@@ -154,9 +154,12 @@ fn repeated_failures_open_the_breaker_and_the_stage_is_bypassed() {
     for _ in 0..5 {
         assert_eq!(rank(&chain, &case, "boom").policy_errors.len(), 1);
     }
-    // Open: the stage is skipped without being called.
+    // Open: the stage is skipped without being called — and the decision says
+    // so, as a policy error with cause `bypassed`, never as a healthy pool order.
     let d = rank(&chain, &case, "boom");
-    assert!(d.policy_errors.is_empty());
+    assert_eq!(d.reason, ROUTING_POLICY_ERROR);
+    assert_eq!(d.policy_errors.len(), 1);
+    assert_eq!(d.policy_errors[0].cause, Cause::Bypassed);
     let bypass = d.stages[0].bypassed.as_ref().expect("bypassed");
     assert_eq!(bypass.state, "open");
     assert_eq!(d.order, ["a0", "a1", "a2", "a3"]);
@@ -169,4 +172,67 @@ fn guest_stdio_does_not_break_the_call() {
     let d = rank(&chain, &case, "boom");
     assert!(d.policy_errors.is_empty(), "{d:?}");
     assert_eq!(d.reason, "printed");
+}
+
+/// Threads that keep every core busy for as long as the guard lives.
+struct Saturated(std::sync::Arc<std::sync::atomic::AtomicBool>, Vec<std::thread::JoinHandle<()>>);
+
+impl Saturated {
+    fn new() -> Saturated {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let threads = (0..cores * 2)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        x = std::hint::black_box(x.wrapping_add(1));
+                    }
+                })
+            })
+            .collect();
+        Saturated(stop, threads)
+    }
+}
+
+impl Drop for Saturated {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.1.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The budget counts the plugin's own work (fuel), so a plugin that needs
+/// microseconds never times out however often its thread is set aside — even
+/// with a 1 ms deadline on a machine whose every core is busy.
+#[test]
+fn a_fast_plugin_never_times_out_on_a_saturated_machine() {
+    let case = pool_case(16);
+    let chain = chain(&case, vec![stage("builtin:headroom", json!({}), 1), stage("builtin:headroom", json!({}), 1)]);
+    let _busy = Saturated::new();
+    let started = std::time::Instant::now();
+    let mut calls = 0;
+    while calls < 3_000 || started.elapsed() < std::time::Duration::from_secs(2) {
+        let d = rank(&chain, &case, "claude-sonnet-4-5");
+        assert!(d.policy_errors.is_empty(), "call {calls}: {:?}", d.policy_errors);
+        calls += 1;
+    }
+}
+
+/// And a runaway plugin is cut within its bounds on that saturated machine:
+/// the deadline does not stretch because a ticker thread waits for a core.
+#[test]
+fn an_endless_loop_is_cut_in_time_on_a_saturated_machine() {
+    let (case, chain) = faulty("loop", 25);
+    let _busy = Saturated::new();
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let d = rank(&chain, &case, "boom");
+        let took = started.elapsed();
+        assert_eq!(d.policy_errors[0].cause, Cause::Timeout, "{d:?}");
+        assert!(took < std::time::Duration::from_millis(500), "a 25 ms deadline took {took:?}");
+    }
 }

@@ -55,15 +55,40 @@ _opts = dict(DEFAULTS)
 _ids: list = []
 
 
+def _explained(method):
+    """An unexpected exception becomes `Err("<type>: <message> at <where>")`:
+    poolgate records it as the stage's cause (`error`) instead of an opaque
+    trap. `Err` raised on purpose passes through unchanged. (The traceback is
+    walked by hand: `traceback.format_exc` reads source files, which a
+    sandboxed plugin cannot.)"""
+
+    def wrapped(*args):
+        try:
+            return method(*args)
+        except Err:
+            raise
+        except Exception as e:
+            frames, tb = [], e.__traceback__
+            while tb is not None:
+                code = tb.tb_frame.f_code
+                frames.append(f"{code.co_name} ({code.co_filename}:{tb.tb_lineno})")
+                tb = tb.tb_next
+            raise Err(f"{type(e).__name__}: {e} at {' < '.join(reversed(frames[-4:]))}")
+
+    return wrapped
+
+
 class Ranker(exports.Ranker):
     """The exported `ranker` interface."""
 
+    @_explained
     def configure(self, config, pool):
         global _ids
         _opts.update(_options(config))
         _ids = [a.id for a in pool]
         host.log(host.Level.DEBUG, f"reset-soonest (python) configured for {len(pool)} accounts")
 
+    @_explained
     def rank(self, req, candidates, windows):
         # One pass over the flat window list: account pool index -> its 5h window.
         five_hour = {}
@@ -93,5 +118,7 @@ class Ranker(exports.Ranker):
         return Ranking(keep, "reset_soonest" if _opts["sort"] else "", detail)
 
     def observe(self, req, account, ended):
+        # `observe` returns nothing to put an `Err` in: an exception here is a
+        # trap, recorded as an `observe` failure of the stage.
         if _opts["rate_limit_penalty_ms"] > 0 and isinstance(ended, Outcome_RateLimited) and account < len(_ids):
             host.state_set("429:" + _ids[account], "1", _opts["rate_limit_penalty_ms"])

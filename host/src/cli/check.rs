@@ -28,7 +28,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
     let engine = PolicyEngine::new(config.cache_dir())?;
     let accounts: Vec<String> = config.accounts.iter().filter(|a| a.enabled).map(|a| a.id.clone()).collect();
-    match Gateway::new(config, engine) {
+    let bound = config.compile_limits().timeout + crate::gateway::RELOAD_TIMEOUT;
+    let loaded = crate::policy::block_on(async move {
+        match tokio::time::timeout(bound, Gateway::new(config, engine)).await {
+            Ok(r) => r,
+            Err(_) => Err(anyhow::anyhow!("loading the configuration took longer than {} s", bound.as_secs())),
+        }
+    });
+    match loaded {
         Ok(gw) => {
             let g = gw.generation();
             let stages: Vec<String> = g.chain.status(0).into_iter().map(|s| s.name).collect();

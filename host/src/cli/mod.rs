@@ -90,6 +90,19 @@ enum Command {
 
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
+    // The compiler child process (see `policy::compile`): not a user command.
+    if std::env::args().nth(1).as_deref() == Some(crate::policy::compile::SUBCOMMAND) {
+        return match crate::policy::engine::bare_engine() {
+            Ok(engine) => crate::policy::compile::run_child(&engine),
+            Err(e) => {
+                eprintln!("cannot build the plugin engine: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        crate::policy::compile::compile_in_subprocess(exe);
+    }
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Serve(_)) {
         init_tracing(crate::config::LogFormat::Text);

@@ -28,12 +28,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let (_, case) = cases.remove(0);
     let engine = PolicyEngine::new(config.cache_dir())?;
-    let chain =
-        Chain::load(&engine, config.stage_specs()?, case.pool(), Arc::new(MemoryState::default()), config.breaker())?;
-    for (req, account, outcome) in case.observations() {
-        chain.observe(&req, account, &outcome);
-    }
-    let decision = chain.rank(case.request(), case.candidates(config.policy.freshness_ms));
+    let decision = crate::policy::block_on(async {
+        let state = Arc::new(MemoryState::default());
+        let chain = Chain::load(&engine, config.stage_specs()?, case.pool(), state, config.breaker()).await?;
+        for (req, account, outcome) in case.observations() {
+            chain.observe(&req, account, &outcome).await;
+        }
+        anyhow::Ok(chain.rank(case.request(), case.candidates(config.policy.freshness_ms)).await)
+    })?;
     println!("{}", serde_json::to_string_pretty(&decision)?);
     Ok(ExitCode::SUCCESS)
 }

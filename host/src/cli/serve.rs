@@ -51,17 +51,22 @@ pub async fn serve(config: Config, path: Option<PathBuf>) -> Result<()> {
         Box::new(move |gw: &Arc<Gateway>| {
             // Weak: the hook lives in the gateway's own routes.
             let gw = Arc::downgrade(gw);
-            let r: Reloader = Arc::new(move |trigger: &str| {
-                let gw = gw.upgrade().ok_or("the gateway is shutting down")?;
-                let file = p.display().to_string();
-                match Config::load_indexed(&p) {
-                    Ok((config, index)) => gw.reload(config, trigger, &|m| validate::locate(m, &index, &file)),
-                    Err(e) => {
-                        let message = format!("{e:#}");
-                        gw.refuse_reload(trigger, &message);
-                        Err(message)
+            let r: Reloader = Arc::new(move |trigger: &'static str| {
+                let (gw, p) = (gw.clone(), p.clone());
+                Box::pin(async move {
+                    let gw = gw.upgrade().ok_or("the gateway is shutting down")?;
+                    let file = p.display().to_string();
+                    match Config::load_indexed(&p) {
+                        Ok((config, index)) => {
+                            gw.reload(config, trigger, &|m| validate::locate(m, &index, &file)).await
+                        }
+                        Err(e) => {
+                            let message = format!("{e:#}");
+                            gw.refuse_reload(trigger, &message);
+                            Err(message)
+                        }
                     }
-                }
+                })
             });
             r
         }) as server::MakeReloader

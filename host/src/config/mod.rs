@@ -59,6 +59,21 @@ pub struct PolicyConfig {
     /// Warm instances kept per plugin (default: one per CPU).
     #[serde(default)]
     pub instances: Option<usize>,
+    /// CPU budget of building one plugin instance (instantiate + configure), ms.
+    #[serde(default = "default_configure_timeout_ms")]
+    pub configure_timeout_ms: u64,
+    /// Largest plugin file accepted, MiB.
+    #[serde(default = "default_max_plugin_mb")]
+    pub max_plugin_mb: usize,
+    /// How long compiling one plugin may take, ms.
+    #[serde(default = "default_compile_timeout_ms")]
+    pub compile_timeout_ms: u64,
+    /// Size bound of the compiled-plugin disk cache, MiB.
+    #[serde(default = "default_cache_max_mb")]
+    pub cache_max_mb: usize,
+    /// Bounds of plugin state.
+    #[serde(default)]
+    pub state: StateToml,
     /// The per-stage circuit breaker.
     #[serde(default)]
     pub breaker: BreakerToml,
@@ -75,6 +90,11 @@ impl Default for PolicyConfig {
             cache_dir: None,
             freshness_ms: default_freshness_ms(),
             instances: None,
+            configure_timeout_ms: default_configure_timeout_ms(),
+            max_plugin_mb: default_max_plugin_mb(),
+            compile_timeout_ms: default_compile_timeout_ms(),
+            cache_max_mb: default_cache_max_mb(),
+            state: StateToml::default(),
             breaker: BreakerToml::default(),
             chain: Vec::new(),
         }
@@ -89,6 +109,44 @@ fn default_memory_mb() -> usize {
 }
 fn default_freshness_ms() -> u64 {
     crate::snapshot::DEFAULT_FRESHNESS_MS
+}
+
+fn default_configure_timeout_ms() -> u64 {
+    policy::DEFAULT_CONFIGURE_MS
+}
+fn default_max_plugin_mb() -> usize {
+    policy::compile::DEFAULT_MAX_PLUGIN_MB
+}
+fn default_compile_timeout_ms() -> u64 {
+    policy::compile::DEFAULT_COMPILE_TIMEOUT_MS
+}
+fn default_cache_max_mb() -> usize {
+    policy::compile::DEFAULT_CACHE_MAX_MB
+}
+
+/// `[policy.state]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateToml {
+    /// Bytes one plugin's state scope may hold, MiB.
+    #[serde(default = "default_scope_mb")]
+    pub max_scope_mb: usize,
+    /// Bytes all scopes together may hold, MiB.
+    #[serde(default = "default_total_mb")]
+    pub max_total_mb: usize,
+}
+
+impl Default for StateToml {
+    fn default() -> Self {
+        StateToml { max_scope_mb: default_scope_mb(), max_total_mb: default_total_mb() }
+    }
+}
+
+fn default_scope_mb() -> usize {
+    policy::state::DEFAULT_SCOPE_MB
+}
+fn default_total_mb() -> usize {
+    policy::state::DEFAULT_TOTAL_MB
 }
 
 /// `[policy.breaker]`.
@@ -231,7 +289,7 @@ impl Config {
                         limits: Limits {
                             deadline: std::time::Duration::from_millis(timeout),
                             memory_bytes: s.memory_mb.unwrap_or(p.memory_mb) << 20,
-                            ..Limits::default()
+                            configure_deadline: std::time::Duration::from_millis(p.configure_timeout_ms),
                         },
                         max_idle,
                     },
@@ -244,6 +302,22 @@ impl Config {
     pub fn breaker(&self) -> BreakerConfig {
         let b = &self.policy.breaker;
         BreakerConfig { failures: b.failures, cooldown_ms: b.cooldown_ms, max_cooldown_ms: b.max_cooldown_ms }
+    }
+
+    /// The limits plugins are compiled under.
+    pub fn compile_limits(&self) -> policy::CompileLimits {
+        let p = &self.policy;
+        policy::CompileLimits {
+            max_plugin_bytes: p.max_plugin_mb << 20,
+            timeout: std::time::Duration::from_millis(p.compile_timeout_ms),
+            cache_max_bytes: (p.cache_max_mb as u64) << 20,
+        }
+    }
+
+    /// The bounds of plugin state.
+    pub fn state_limits(&self) -> policy::StateLimits {
+        let s = &self.policy.state;
+        policy::StateLimits { scope_bytes: s.max_scope_mb << 20, total_bytes: s.max_total_mb << 20 }
     }
 
     /// The compiled-plugin cache directory (`None` when disabled).

@@ -92,6 +92,9 @@ pub const BREAKER: &[Field] = &[
     f("max_cooldown_ms", Kind::Int(0, MS_DAY)),
 ];
 
+/// `[policy.state]`.
+pub const STATE: &[Field] = &[f("max_scope_mb", Kind::Int(1, 4096)), f("max_total_mb", Kind::Int(1, 65_536))];
+
 /// `[[policy.chain]]`.
 pub const STAGE: &[Field] = &[
     f("plugin", Kind::Str),
@@ -109,6 +112,11 @@ pub const POLICY: &[Field] = &[
     f("cache_dir", Kind::Str),
     f("freshness_ms", Kind::Int(1_000, 30 * MS_DAY)),
     f("instances", Kind::Int(1, 1024)),
+    f("configure_timeout_ms", Kind::Int(10, 600_000)),
+    f("max_plugin_mb", Kind::Int(1, 4096)),
+    f("compile_timeout_ms", Kind::Int(100, 3_600_000)),
+    f("cache_max_mb", Kind::Int(1, 1_048_576)),
+    f("state", Kind::Table(STATE)),
     f("breaker", Kind::Table(BREAKER)),
     f("chain", Kind::Tables(STAGE, &["plugin"])),
 ];

@@ -367,6 +367,16 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<(), Pro
             }
         }
     }
+    let st = &config.policy.state;
+    if st.max_total_mb < st.max_scope_mb {
+        add(
+            "policy.state.max_total_mb".into(),
+            format!(
+                "{} is below max_scope_mb ({}): one scope could never fill its share",
+                st.max_total_mb, st.max_scope_mb
+            ),
+        );
+    }
     let b = &config.policy.breaker;
     if b.max_cooldown_ms < b.cooldown_ms {
         add(

@@ -11,11 +11,12 @@ use parking_lot::Mutex;
 
 use super::accounts::AccountState;
 use super::auth::{AdminToken, ClientKeys};
+use super::metrics::Metrics;
 use super::now_ms;
 use super::upstream::Target;
 use crate::config::{AccountConfig, Config};
 use crate::policy::bindings::{self as wit, AccountInfo};
-use crate::policy::{Candidates, Chain, PolicyEngine, StateStore};
+use crate::policy::{Candidates, Chain, Fault, Phase, PolicyEngine, StateStore};
 
 /// An account of this generation's pool.
 pub struct PoolAccount {
@@ -52,12 +53,13 @@ pub struct Generation {
 impl Generation {
     /// Loads `config`. Every problem with credentials is reported at once; the
     /// chain is compiled, instantiated, configured and smoke-ranked.
-    pub fn build(
+    pub async fn build(
         number: u64,
         config: Config,
-        engine: &PolicyEngine,
+        engine: &Arc<PolicyEngine>,
         plugin_state: &Arc<dyn StateStore>,
         states: &Mutex<HashMap<String, Arc<AccountState>>>,
+        metrics: &Arc<Metrics>,
     ) -> Result<Generation> {
         let mut problems = Vec::new();
         let mut enabled = Vec::new();
@@ -92,7 +94,11 @@ impl Generation {
             .iter()
             .map(|(c, _, _)| AccountInfo { id: c.id.clone(), alias: c.alias().to_string(), primary: c.primary })
             .collect();
-        let chain = Chain::load(engine, config.stage_specs()?, pool, plugin_state.clone(), config.breaker())?;
+        let chain = Chain::load(engine, config.stage_specs()?, pool, plugin_state.clone(), config.breaker()).await?;
+        let sink = metrics.clone();
+        chain.set_sink(Arc::new(move |stage: &str, phase: Phase, fault: &Fault| {
+            sink.policy_error(stage, phase, fault.cause.as_str())
+        }));
         let accounts: Vec<PoolAccount> = enabled
             .into_iter()
             .enumerate()
@@ -100,13 +106,14 @@ impl Generation {
             .collect();
         let generation =
             Generation { number, config, chain, accounts, disabled, client_keys, admin, loaded_ms: now_ms() };
-        generation.smoke_rank()?;
+        generation.smoke_rank().await?;
         Ok(generation)
     }
 
-    /// Ranks a synthetic request over the real pool once: a chain that cannot
+    /// Ranks a synthetic request over the real pool once, and tells the chain
+    /// it was served, on the same path a request takes: a chain that cannot
     /// answer it is refused before it takes traffic.
-    fn smoke_rank(&self) -> Result<()> {
+    async fn smoke_rank(&self) -> Result<()> {
         if self.accounts.is_empty() || self.chain.is_empty() {
             return Ok(());
         }
@@ -121,9 +128,18 @@ impl Generation {
             replayable: true,
             decided_by: None,
         };
-        let decision = self.chain.rank(req, self.candidates(None, now, &[]));
+        let decision = self.chain.rank(req.clone(), self.candidates(None, now, &[])).await;
         if let Some(e) = decision.policy_errors.first() {
             bail!("policy.chain: stage `{}` failed its smoke test ({}): {}", e.stage, e.cause.as_str(), e.message);
+        }
+        let head = decision.order.indices().first().copied().unwrap_or(0);
+        if let Some(e) = self.chain.observe(&req, head, &wit::Outcome::Success).await.first() {
+            bail!(
+                "policy.chain: stage `{}` failed its smoke test in observe ({}): {}",
+                e.stage,
+                e.cause.as_str(),
+                e.message
+            );
         }
         Ok(())
     }

@@ -108,6 +108,7 @@ pub struct Metrics {
     failovers: Counter,
     cooldowns: Counter,
     policy_errors: Counter,
+    background_errors: Counter,
     parked: Counter,
     reloads: Counter,
     chain_duration: Histogram,
@@ -129,7 +130,11 @@ impl Default for Metrics {
             cooldowns: Counter::new("poolgate_cooldowns_total", "Cooldowns started, by account and cause."),
             policy_errors: Counter::new(
                 "poolgate_policy_errors_total",
-                "Chain stages that failed (routing_policy_error), by stage and cause.",
+                "Chain stages that failed while ranking (routing_policy_error), by stage and cause.",
+            ),
+            background_errors: Counter::new(
+                "poolgate_policy_background_errors_total",
+                "Chain stages that failed outside a ranking: in observe, or building a new instance (configure).",
             ),
             parked: Counter::new(
                 "poolgate_parked_total",
@@ -167,9 +172,15 @@ impl Metrics {
         self.cooldowns.add(vec![("account", account.to_string()), ("reason", reason.to_string())], 1);
     }
 
-    /// A chain stage failed.
-    pub fn policy_error(&self, stage: &str, cause: &str) {
-        self.policy_errors.add(vec![("stage", stage.to_string()), ("cause", cause.to_string())], 1);
+    /// A chain stage failed in `phase`.
+    pub fn policy_error(&self, stage: &str, phase: crate::policy::Phase, cause: &str) {
+        let (stage, cause) = (stage.to_string(), cause.to_string());
+        match phase {
+            crate::policy::Phase::Rank => self.policy_errors.add(vec![("stage", stage), ("cause", cause)], 1),
+            other => self
+                .background_errors
+                .add(vec![("stage", stage), ("phase", other.as_str().to_string()), ("cause", cause)], 1),
+        }
     }
 
     /// A request was parked.
@@ -201,6 +212,7 @@ impl Metrics {
             &self.failovers,
             &self.cooldowns,
             &self.policy_errors,
+            &self.background_errors,
             &self.parked,
             &self.reloads,
         ] {
@@ -232,7 +244,7 @@ mod tests {
         let m = Metrics::default();
         m.request("a", 200);
         m.request("a", 200);
-        m.policy_error("builtin:x", "trap");
+        m.policy_error("builtin:x", crate::policy::Phase::Rank, "trap");
         m.chain_duration(0.00002);
         let text = m.render(&[("poolgate_in_flight", "In flight.", vec![(labels(&[("account", "a")]), 3.0)])]);
         assert!(text.contains("poolgate_requests_total{account=\"a\",status=\"200\"} 2"), "{text}");

@@ -67,6 +67,10 @@ pub struct ReloadStatus {
     pub consecutive_failures: u32,
 }
 
+/// How long a reload may take beyond the compile budget (instantiating and
+/// configuring every stage, each bounded by its own configure deadline).
+pub const RELOAD_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Everything the gateway shares across requests.
 pub struct Gateway {
     current: ArcSwap<Generation>,
@@ -79,7 +83,7 @@ pub struct Gateway {
     /// The admission queue.
     pub admission: Arc<admission::Admission>,
     /// Metrics.
-    pub metrics: metrics::Metrics,
+    pub metrics: Arc<metrics::Metrics>,
     /// The last decision records.
     pub decisions: decisions::DecisionLog,
     /// The upstream HTTP client (pooled connections, TCP_NODELAY).
@@ -87,25 +91,30 @@ pub struct Gateway {
     next_request: AtomicU64,
     /// The last reload's outcome.
     pub last_reload: Mutex<Option<ReloadStatus>>,
+    /// Held while a reload runs: reloads happen one at a time.
+    reloading: tokio::sync::Mutex<()>,
     /// When the gateway started.
     pub started_ms: u64,
 }
 
 impl Gateway {
     /// Builds the gateway and its first generation from `config`.
-    pub fn new(config: Config, engine: Arc<PolicyEngine>) -> Result<Arc<Gateway>> {
-        Self::with_state(config, engine, Arc::new(MemoryState::default()))
+    pub async fn new(config: Config, engine: Arc<PolicyEngine>) -> Result<Arc<Gateway>> {
+        let state = Arc::new(MemoryState::with_limits(config.state_limits()));
+        Self::with_state(config, engine, state).await
     }
 
     /// As [`Gateway::new`], with a given plugin state store.
-    pub fn with_state(
+    pub async fn with_state(
         config: Config,
         engine: Arc<PolicyEngine>,
         plugin_state: Arc<dyn StateStore>,
     ) -> Result<Arc<Gateway>> {
         install_crypto();
         let states = Mutex::new(HashMap::new());
-        let first = Generation::build(1, config, &engine, &plugin_state, &states)?;
+        let metrics = Arc::new(metrics::Metrics::default());
+        engine.set_compile_limits(config.compile_limits());
+        let first = Generation::build(1, config, &engine, &plugin_state, &states, &metrics).await?;
         let http = upstream::Upstream::new(Duration::from_millis(first.config.gateway.connect_timeout_ms))?;
         let decisions = decisions::DecisionLog::new(first.config.server.decisions_kept);
         Ok(Arc::new(Gateway {
@@ -114,11 +123,12 @@ impl Gateway {
             plugin_state,
             engine,
             admission: admission::Admission::new(),
-            metrics: metrics::Metrics::default(),
+            metrics,
             decisions,
             http,
             next_request: AtomicU64::new(1),
             last_reload: Mutex::new(None),
+            reloading: tokio::sync::Mutex::new(()),
             started_ms: now_ms(),
         }))
     }
@@ -131,10 +141,30 @@ impl Gateway {
     /// Builds a new generation from `config` off the request path and swaps it in
     /// only if every part of it loads; otherwise the running one stays. `locate`
     /// rewrites an error line to point into the file (identity when there is none).
-    pub fn reload(&self, config: Config, trigger: &str, locate: &dyn Fn(&str) -> String) -> Result<u64, String> {
+    ///
+    /// Reloads run one at a time, and each is bounded ([`RELOAD_TIMEOUT`] beyond
+    /// the compile budget): a plugin that hangs its loading is refused, and the
+    /// next reload starts afresh.
+    pub async fn reload(
+        &self,
+        config: Config,
+        trigger: &str,
+        locate: &(dyn Fn(&str) -> String + Sync),
+    ) -> Result<u64, String> {
+        let _one_at_a_time = self.reloading.lock().await;
         let number = self.generation().number + 1;
         let started = std::time::Instant::now();
-        match Generation::build(number, config, &self.engine, &self.plugin_state, &self.states) {
+        let limits = config.compile_limits();
+        self.engine.set_compile_limits(limits);
+        let bound = limits.timeout + RELOAD_TIMEOUT;
+        let build = Generation::build(number, config, &self.engine, &self.plugin_state, &self.states, &self.metrics);
+        let built = match tokio::time::timeout(bound, build).await {
+            Ok(r) => r,
+            Err(_) => {
+                Err(anyhow::anyhow!("loading the new configuration took longer than {} s; refused", bound.as_secs()))
+            }
+        };
+        match built {
             Ok(generation) => {
                 let (was, now) = (&self.generation().config, &generation.config);
                 let restart_only = [
@@ -147,6 +177,8 @@ impl Gateway {
                     }
                 }
                 self.decisions.resize(generation.config.server.decisions_kept);
+                self.plugin_state.set_limits(generation.config.state_limits());
+                self.plugin_state.retain_scopes(&generation.chain.scopes());
                 self.current.store(Arc::new(generation));
                 self.metrics.reload(true);
                 *self.last_reload.lock() = Some(ReloadStatus {

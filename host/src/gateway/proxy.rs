@@ -24,7 +24,7 @@ use super::cooldown::{Answer, CooldownConfig, fails_over};
 use super::decisions::{Attempt, RequestRecord};
 use super::errors::{error, final_error, rate_limited};
 use super::generation::{Generation, PoolAccount};
-use super::relay::{Finish, Relay};
+use super::relay::{self, Finish, Relay};
 use super::request::{BodyFacts, body_facts, session_id};
 use super::{Gateway, accounts::Change, now_ms, quota, upstream};
 
@@ -144,11 +144,8 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
             replayable: true,
             decided_by: None,
         };
-        let decision = generation.chain.rank(request.clone(), candidates);
+        let decision = generation.chain.rank(request.clone(), candidates).await;
         gw.metrics.chain_duration(decision.duration_us / 1e6);
-        for e in &decision.policy_errors {
-            gw.metrics.policy_error(&e.stage, e.cause.as_str());
-        }
         record.reason = decision.reason.clone();
         let slots: Vec<Slot<'_>> = decision
             .order
@@ -394,7 +391,7 @@ fn local_attempt(attempt: u32, decision: crate::policy::Decision, outcome: &str)
 /// error), telling the chain how the last attempt ended, if there was one.
 fn finish_local(
     gw: &Gateway,
-    generation: &Generation,
+    generation: &Arc<Generation>,
     r: Response,
     mut record: RequestRecord,
     outcome: &str,
@@ -402,7 +399,7 @@ fn finish_local(
     last_attempt: Option<(wit::Request, u32, wit::Outcome)>,
 ) -> Response {
     if let Some((request, account, ended)) = last_attempt {
-        generation.chain.observe(&request, account, &ended);
+        relay::observe(generation.clone(), request, account, ended);
     }
     record.status = r.status().as_u16();
     record.outcome = outcome.into();

@@ -9,6 +9,7 @@
 //! that ends inside an event until the event is complete (chunks normally end on
 //! event boundaries, and then nothing is held or copied).
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -60,11 +61,32 @@ impl Finish {
         } else {
             wit::Outcome::Failed
         };
-        generation.chain.observe(&request, account, &ended);
+        observe(generation, request, account, ended);
         record.outcome = outcome.to_string();
         record.duration_ms = started.elapsed().as_millis() as u64;
         gateway.metrics.request(record.account.as_deref().unwrap_or("-"), record.status);
         gateway.decisions.push(record);
+    }
+}
+
+/// Tells the chain how a request ended. The calls run at once when they finish
+/// in one go (microseconds: the common case), so that what they store — an
+/// affinity binding — is in place before the client can send its next request;
+/// a call that has to wait (a plugin computing past a yield, or sleeping) goes
+/// on as a task, bounded like every plugin call.
+pub fn observe(generation: Arc<Generation>, request: wit::Request, account: u32, ended: wit::Outcome) {
+    let mut calls = Box::pin(async move {
+        generation.chain.observe(&request, account, &ended).await;
+    });
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    if calls.as_mut().poll(&mut cx).is_ready() {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => {
+            handle.spawn(calls);
+        }
+        Err(_) => tracing::warn!("observe could not finish: no async runtime to continue on"),
     }
 }
 

@@ -20,8 +20,11 @@ use super::metrics::labels;
 use super::proxy::{Api, Incoming, forward};
 use super::{Gateway, now_ms};
 
-/// A hook the server installs to reload the configuration from its source.
-pub type Reloader = Arc<dyn Fn(&str) -> Result<u64, String> + Send + Sync>;
+/// A hook the server installs to reload the configuration from its source:
+/// called with what triggered it, it resolves to the new generation's number or
+/// to why the reload was refused.
+pub type Reloader =
+    Arc<dyn Fn(&'static str) -> futures_util::future::BoxFuture<'static, Result<u64, String>> + Send + Sync>;
 
 /// Shared route state.
 #[derive(Clone)]
@@ -211,8 +214,9 @@ async fn reload(State(s): State<AppState>, headers: HeaderMap) -> Response {
             "poolgate: this gateway was not started from a config file",
         );
     };
-    // Compiling plugins can take seconds: keep it off the async workers.
-    match tokio::task::spawn_blocking(move || reloader("admin")).await {
+    // Compiling runs on the blocking pool (or a child process) and configuring
+    // on the plugin builder thread: the async workers only wait.
+    match tokio::spawn(reloader("admin")).await {
         Ok(Ok(generation)) => json(&serde_json::json!({ "ok": true, "generation": generation })),
         Ok(Err(e)) => {
             let mut r = json(&serde_json::json!({ "ok": false, "errors": e.lines().collect::<Vec<_>>() }));

@@ -40,7 +40,7 @@ impl Running {
         let listen = config.server.listen.clone();
         let grace = Duration::from_millis(config.server.shutdown_grace_ms);
         let warm = engine.clone();
-        let gateway = tokio::task::spawn_blocking(move || Gateway::new(config, engine)).await??;
+        let gateway = Gateway::new(config, engine).await?;
         // After the first generation: the chain's own built-ins are in memory by now.
         warm.warm_builtins();
         let listener = bind(&listen).await?;

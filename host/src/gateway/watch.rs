@@ -79,8 +79,7 @@ pub fn watch_files(gateway: &Arc<Gateway>, config: PathBuf, reload: Reloader) ->
             }
             last = now;
             tracing::debug!(settle_ms = seen.elapsed().as_millis() as u64, "config or plugin file changed; reloading");
-            let reload = reload.clone();
-            match tokio::task::spawn_blocking(move || reload("file-watch")).await {
+            match tokio::spawn(reload("file-watch")).await {
                 Ok(Ok(generation)) => tracing::info!(generation, "reloaded after a file change"),
                 Ok(Err(e)) => tracing::warn!(error = %e, "file change not applied; the running configuration stays"),
                 Err(e) => tracing::error!(error = %e, "reload task failed"),
@@ -109,8 +108,7 @@ pub fn reload_on_sighup(gateway: &Arc<Gateway>, reload: Reloader) -> tokio::task
             if weak.upgrade().is_none() {
                 return;
             }
-            let reload = reload.clone();
-            match tokio::task::spawn_blocking(move || reload("sighup")).await {
+            match tokio::spawn(reload("sighup")).await {
                 Ok(Ok(generation)) => tracing::info!(generation, "reloaded on SIGHUP"),
                 Ok(Err(e)) => tracing::warn!(error = %e, "SIGHUP reload refused; the running configuration stays"),
                 Err(e) => tracing::error!(error = %e, "reload task failed"),

@@ -4,20 +4,23 @@
 //! the order the previous one left. A stage may reorder and drop, but its answer
 //! must be a permutation of a non-empty subset of what it received, and the host
 //! checks every answer. A stage that fails in any way — trap, deadline, memory,
-//! `Err`, or an invalid answer — is skipped: its input passes through and the
-//! decision records `routing_policy_error` with the stage and the cause. The request
-//! is still served. And whatever the stages do, the chain never drops every usable
-//! account (the last-path safety valve).
+//! `Err`, an invalid answer, a failure of the host while serving it — is skipped:
+//! its input passes through and the decision records `routing_policy_error` with
+//! the stage and the cause. The request is still served. A stage whose breaker
+//! is open is skipped the same way, with cause `bypassed`, so a broken policy
+//! never looks healthy. And whatever the stages do, the chain never drops every
+//! usable account (the last-path safety valve).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use super::bindings::{Account, AccountInfo, Outcome, QuotaWindow, Request};
-use super::breaker::{Admit, Breaker, BreakerConfig, BreakerStatus};
+use super::bindings::{Account, AccountInfo, Outcome, QuotaWindow, Ranking, Request};
+use super::breaker::{Admit, BreakerConfig, BreakerStatus, Phase};
 use super::decision::{Decision, Order, POOL_ORDER, PolicyError, ROUTING_POLICY_ERROR, StageRecord};
 use super::engine::PolicyEngine;
+use super::events::{FaultSink, PhaseHealth, StageEvents};
 use super::fault::{Cause, Fault};
 use super::plugin::{Plugin, PluginSpec};
 use super::state::StateStore;
@@ -44,7 +47,7 @@ pub struct StageSpec {
 struct Stage {
     name: String,
     plugin: Plugin,
-    breaker: Breaker,
+    events: Arc<StageEvents>,
 }
 
 /// A loaded chain, shared by every request of one configuration generation.
@@ -67,12 +70,22 @@ pub struct StageStatus {
     pub breaker: BreakerStatus,
     /// Warm instances ready for reuse.
     pub idle_instances: usize,
+    /// Instances alive (idle, in a call, or being built).
+    pub live_instances: usize,
+    /// Memory held by the idle instances, bytes.
+    pub idle_memory_bytes: usize,
+    /// Failures of `rank`, since the stage was loaded.
+    pub rank: PhaseHealth,
+    /// Failures of `observe`.
+    pub observe: PhaseHealth,
+    /// Failures to build (instantiate and configure) a new instance.
+    pub configure: PhaseHealth,
 }
 
 impl Chain {
     /// Loads every stage; the error names the stage that could not be loaded.
-    pub fn load(
-        engine: &PolicyEngine,
+    pub async fn load(
+        engine: &Arc<PolicyEngine>,
         specs: Vec<StageSpec>,
         pool: Vec<AccountInfo>,
         state: Arc<dyn StateStore>,
@@ -80,12 +93,21 @@ impl Chain {
     ) -> Result<Chain> {
         let mut stages = Vec::with_capacity(specs.len());
         for (i, spec) in specs.into_iter().enumerate() {
-            let plugin = Plugin::load(engine, spec.plugin, pool.clone(), state.clone())
+            let events = StageEvents::new(&spec.name, breaker);
+            let plugin = Plugin::load_with(engine, spec.plugin, pool.clone(), state.clone(), events.clone())
+                .await
                 .with_context(|| format!("policy.chain[{i}] (`{}`)", spec.name))?;
-            stages.push(Stage { name: spec.name, plugin, breaker: Breaker::new(breaker) });
+            stages.push(Stage { name: spec.name, plugin, events });
         }
         let ids = pool.iter().map(|a| a.id.clone()).collect();
         Ok(Chain { stages, pool: Arc::new(pool), ids })
+    }
+
+    /// Reports every stage failure from now on to `sink` (the gateway's metrics).
+    pub fn set_sink(&self, sink: FaultSink) {
+        for s in &self.stages {
+            s.events.set_sink(sink.clone());
+        }
     }
 
     /// The pool table the chain was configured with.
@@ -103,6 +125,11 @@ impl Chain {
         self.stages.is_empty()
     }
 
+    /// The state scopes its stages use.
+    pub fn scopes(&self) -> Vec<&str> {
+        self.stages.iter().map(|s| s.plugin.scope()).collect()
+    }
+
     /// Each stage's health.
     pub fn status(&self, now_ms: u64) -> Vec<StageStatus> {
         self.stages
@@ -111,8 +138,13 @@ impl Chain {
                 name: s.name.clone(),
                 plugin: s.plugin.label().to_string(),
                 sha256: s.plugin.sha256().to_string(),
-                breaker: s.breaker.status(now_ms),
+                breaker: s.events.breaker.status(now_ms),
                 idle_instances: s.plugin.idle_instances(),
+                live_instances: s.plugin.live_instances(),
+                idle_memory_bytes: s.plugin.idle_memory_bytes(),
+                rank: s.events.health(Phase::Rank),
+                observe: s.events.health(Phase::Observe),
+                configure: s.events.health(Phase::Configure),
             })
             .collect()
     }
@@ -122,39 +154,22 @@ impl Chain {
     }
 
     /// Decides the order of `candidates` for `req`.
-    pub fn rank(&self, mut req: Request, candidates: Candidates) -> Decision {
+    pub async fn rank(&self, mut req: Request, candidates: Candidates) -> Decision {
         let started = Instant::now();
         let Candidates { accounts, windows } = candidates;
         let mut current = initial_order(accounts);
         let mut reason = POOL_ORDER.to_string();
         let mut detail = None;
         let mut policy_errors = Vec::new();
+        let mut background_errors = Vec::new();
         let mut records = Vec::with_capacity(self.stages.len());
 
         for stage in &self.stages {
+            stage.events.take_pending(&mut background_errors);
             if current.is_empty() {
                 break;
             }
             let t0 = Instant::now();
-            if let Admit::Bypass(_) = stage.breaker.admit(req.now_ms) {
-                records.push(StageRecord {
-                    stage: stage.name.clone(),
-                    reason: String::new(),
-                    detail: None,
-                    order: self.order(&current),
-                    duration_us: 0.0,
-                    error: None,
-                    bypassed: Some(stage.breaker.status(req.now_ms)),
-                    safety_valve: false,
-                });
-                continue;
-            }
-            req.decided_by = Some(reason.clone());
-            let outcome = stage
-                .plugin
-                .rank(&req, &current, &windows)
-                .and_then(|r| validate_order(&r.order, current.len()).map(|()| r));
-            stage.breaker.record(outcome.is_ok(), req.now_ms);
             let mut record = StageRecord {
                 stage: stage.name.clone(),
                 reason: String::new(),
@@ -164,6 +179,27 @@ impl Chain {
                 error: None,
                 bypassed: None,
                 safety_valve: false,
+            };
+            let outcome = match stage.events.breaker.admit(req.now_ms) {
+                Admit::Bypass(until) => {
+                    record.bypassed = Some(stage.events.breaker.status(req.now_ms));
+                    Err(Fault::new(
+                        Cause::Bypassed,
+                        format!("its breaker is open after repeated failures; next probe at {until} ms"),
+                    ))
+                }
+                Admit::Call => {
+                    req.decided_by = Some(reason.clone());
+                    let outcome = stage
+                        .plugin
+                        .rank(&req, &current, &windows)
+                        .await
+                        .and_then(|r| validate_answer(&r, current.len()).map(|()| r));
+                    if outcome.is_ok() {
+                        stage.events.succeeded(Phase::Rank, req.now_ms);
+                    }
+                    outcome
+                }
             };
             match outcome {
                 Ok(ranking) => {
@@ -178,16 +214,17 @@ impl Chain {
                     record.detail = ranking.detail;
                 }
                 Err(fault) => {
-                    tracing::warn!(stage = %stage.name, cause = fault.cause.as_str(), message = %fault.message, "routing_policy_error: stage skipped");
+                    stage.events.failed(Phase::Rank, &fault, req.now_ms);
+                    if fault.cause != Cause::Bypassed {
+                        tracing::warn!(stage = %stage.name, cause = fault.cause.as_str(), message = %fault.message, "routing_policy_error: stage skipped");
+                    }
                     reason = ROUTING_POLICY_ERROR.to_string();
                     detail =
                         Some(format!("stage `{}` failed ({}): {}", stage.name, fault.cause.as_str(), fault.message));
-                    policy_errors.push(PolicyError {
-                        stage: stage.name.clone(),
-                        cause: fault.cause,
-                        message: fault.message.clone(),
-                    });
-                    record.error = Some(fault);
+                    policy_errors.push(PolicyError::new(&stage.name, Phase::Rank, &fault));
+                    if record.bypassed.is_none() {
+                        record.error = Some(fault);
+                    }
                 }
             }
             record.order = self.order(&current);
@@ -200,18 +237,31 @@ impl Chain {
             reason,
             detail,
             policy_errors,
+            background_errors,
             stages: records,
             duration_us: micros(started),
         }
     }
 
-    /// Tells every stage how the request ended on pool account `account`.
-    pub fn observe(&self, req: &Request, account: u32, outcome: &Outcome) {
+    /// Tells every stage how the request ended on pool account `account`. A
+    /// stage whose breaker is open is not asked. Failures are counted like any
+    /// other (breaker, metrics) and shown in the next decision record; they are
+    /// also returned.
+    pub async fn observe(&self, req: &Request, account: u32, outcome: &Outcome) -> Vec<PolicyError> {
+        let mut failed = Vec::new();
         for stage in &self.stages {
-            if let Err(f) = stage.plugin.observe(req, account, outcome) {
-                tracing::warn!(stage = %stage.name, cause = f.cause.as_str(), message = %f.message, "observe failed");
+            if !stage.events.breaker.allows_observe() {
+                continue;
+            }
+            match stage.plugin.observe(req, account, outcome).await {
+                Ok(()) => stage.events.succeeded(Phase::Observe, req.now_ms),
+                Err(f) => {
+                    stage.events.failed(Phase::Observe, &f, req.now_ms);
+                    failed.push(PolicyError::new(&stage.name, Phase::Observe, &f));
+                }
             }
         }
+        failed
     }
 }
 
@@ -223,6 +273,32 @@ fn micros(t: Instant) -> f64 {
 fn initial_order(mut candidates: Vec<Account>) -> Vec<Account> {
     candidates.sort_by_key(|a| !a.usable);
     candidates
+}
+
+/// Longest `reason` a stage may give: it is copied into the
+/// `x-poolgate-reason` response header.
+pub const MAX_REASON_BYTES: usize = 128;
+/// Longest `detail` a stage may give.
+pub const MAX_DETAIL_BYTES: usize = 4096;
+
+/// Checks a stage's whole answer: its order (see [`validate_order`]), a reason
+/// short enough and plain enough (printable ASCII) to travel in a response
+/// header, and a detail within its limit.
+pub fn validate_answer(r: &Ranking, n: usize) -> Result<(), Fault> {
+    validate_order(&r.order, n)?;
+    let invalid = |m: String| Err(Fault::new(Cause::InvalidOutput, m));
+    if r.reason.len() > MAX_REASON_BYTES {
+        return invalid(format!("reason is {} bytes, over the limit of {MAX_REASON_BYTES}", r.reason.len()));
+    }
+    if let Some(c) = r.reason.chars().find(|c| !(' '..='~').contains(c)) {
+        return invalid(format!("reason holds {c:?}; a reason is printable ASCII (it travels in a header)"));
+    }
+    if let Some(d) = &r.detail
+        && d.len() > MAX_DETAIL_BYTES
+    {
+        return invalid(format!("detail is {} bytes, over the limit of {MAX_DETAIL_BYTES}", d.len()));
+    }
+    Ok(())
 }
 
 /// Checks that `order` is a permutation of a non-empty subset of `0..n`.
@@ -275,5 +351,16 @@ mod tests {
         assert_eq!(msg(&[0, 5], 3), "index 5 is out of range (0..3)");
         assert_eq!(msg(&[0, 1, 2, 0], 3), "order has 4 entries for 3 candidates");
         assert_eq!(validate_order(&[], 3).unwrap_err().cause, Cause::InvalidOutput);
+    }
+
+    #[test]
+    fn reasons_and_details_are_bounded() {
+        let ranking = |reason: &str, detail: Option<String>| Ranking { order: vec![0], reason: reason.into(), detail };
+        assert!(validate_answer(&ranking("most_headroom", Some("x".repeat(4096))), 1).is_ok());
+        let msg = |r: Ranking| validate_answer(&r, 1).unwrap_err().message;
+        assert_eq!(msg(ranking(&"r".repeat(129), None)), "reason is 129 bytes, over the limit of 128");
+        assert!(msg(ranking("a\r\nx-evil: 1", None)).contains("printable ASCII"));
+        assert!(msg(ranking("naïve", None)).contains("printable ASCII"));
+        assert_eq!(msg(ranking("ok", Some("d".repeat(4097)))), "detail is 4097 bytes, over the limit of 4096");
     }
 }

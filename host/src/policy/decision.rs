@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Serialize, Serializer};
 
-use super::breaker::BreakerStatus;
+use super::breaker::{BreakerStatus, Phase};
 use super::fault::Fault;
 
 /// The reason recorded when a stage failed and its input passed through.
@@ -105,8 +105,15 @@ pub struct Decision {
     /// Detail the deciding stage gave, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
-    /// Every stage failure in this decision.
+    /// Every stage failure in this decision (a stage bypassed by its breaker
+    /// among them, with cause `bypassed`).
     pub policy_errors: Vec<PolicyError>,
+    /// Failures outside any ranking since the previous decision: an `observe`
+    /// that failed after its request was answered, or a new instance that could
+    /// not be built. They did not affect this decision; they are here so that
+    /// the record shows them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub background_errors: Vec<PolicyError>,
     /// One record per stage, in chain order.
     pub stages: Vec<StageRecord>,
     /// Time spent in the whole chain, µs.
@@ -125,10 +132,19 @@ impl Decision {
 pub struct PolicyError {
     /// The stage's name.
     pub stage: String,
-    /// `trap`, `timeout`, `oom`, `invalid-output` or `error`.
+    /// `rank`, `observe` or `configure`.
+    pub phase: Phase,
+    /// `trap`, `timeout`, `oom`, `invalid-output`, `error`, `host` or `bypassed`.
     pub cause: super::fault::Cause,
     /// What happened.
     pub message: String,
+}
+
+impl PolicyError {
+    /// The record of `fault` in `phase` of `stage`.
+    pub fn new(stage: &str, phase: Phase, fault: &Fault) -> Self {
+        PolicyError { stage: stage.to_string(), phase, cause: fault.cause, message: fault.message.clone() }
+    }
 }
 
 /// What one stage did.

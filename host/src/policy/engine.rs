@@ -1,66 +1,93 @@
-//! The one wasmtime [`Engine`] of the process, its linker, the epoch ticker that
-//! enforces deadlines, and the compiled-component cache.
+//! The one wasmtime [`Engine`] of the process, its linker, the thread that builds
+//! plugin instances, and the compiler.
 //!
-//! Compiling a component is the expensive step (0.1 s for a Rust plugin, 15–30 s for
-//! a Python or JavaScript one), so it happens at load or reload, never on the
-//! request path, and its result is cached twice: in memory by content hash (a
-//! reload of an unchanged plugin costs nothing) and on disk by content hash plus the
-//! engine's compatibility hash (a restart costs a deserialize, not a compile).
+//! Calls into plugins are asynchronous (see [`super::bounded`]): the engine
+//! counts fuel, and a guest yields to the executor every [`YIELD_FUEL`] units of
+//! its own work. Fuel is the CPU budget of a call — the deadline in ms times
+//! [`FUEL_PER_MS`] — so a budget measures what the plugin did, not how long the
+//! scheduler kept its thread waiting, and no ticker thread has to run for a
+//! deadline to fire. (The epoch ticker this replaces was a sleeping thread: on a
+//! saturated machine it woke late and a 25 ms deadline stretched to seconds,
+//! and a descheduled worker tripped the deadline of a plugin that needed
+//! microseconds.)
+//!
+//! Instances are instantiated and configured on a thread of their own — never
+//! on the threads that serve requests — so a plugin whose `configure` is slow
+//! never stalls a request or `/healthz` (see [`super::pool`]).
 
-use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
-use std::path::{Path, PathBuf};
+use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use parking_lot::Mutex;
-use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, Linker};
+use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime::{Config, Engine};
 
 use super::bindings::Policy;
+use super::compile::{CompileLimits, Compiler};
 use super::sandbox::Sandbox;
 
-/// How often the epoch advances; deadlines are whole ticks.
-pub const EPOCH_TICK: Duration = Duration::from_millis(1);
-
-/// In-memory compiled components kept before the map is cleared.
-const MEMORY_CACHE_ENTRIES: usize = 64;
+/// Fuel (≈ WebAssembly operators) per millisecond of a call's budget. Measured
+/// on the example rankers (docs/benchmarks.md, "The CPU budget is fuel"): on the
+/// 2-core machine CI runs on, the Python ranker executes 7.7 million operators
+/// per millisecond and the JavaScript one 12 million, so a 25 ms deadline is
+/// about 25 ms of a plugin's own work there — somewhat more on a slower machine
+/// — however busy the machine is.
+pub const FUEL_PER_MS: u64 = 10_000_000;
+/// A guest yields to the executor after this much fuel (about 0.1 ms of work):
+/// rare enough that yielding costs nothing measurable (a JavaScript ranker over
+/// 64 accounts yields ~25 times per call), often enough that a guest computing
+/// for its whole budget never holds a worker thread for long.
+pub const YIELD_FUEL: u64 = 1_000_000;
 
 /// The process-wide plugin engine.
 pub struct PolicyEngine {
     engine: Engine,
     linker: Linker<Sandbox>,
-    cache_dir: Option<PathBuf>,
-    compiled: Mutex<HashMap<String, Component>>,
+    compiler: Compiler,
+    builder: Builder,
     builtins_ready: AtomicBool,
+}
+
+/// The wasmtime configuration every plugin is compiled and run with (the
+/// compiler child process builds the same one, so its output loads here).
+pub fn wasmtime_config() -> Config {
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .consume_fuel(true)
+        // Component-model async is for guests that export async functions;
+        // rankers are synchronous functions called on a fiber, which needs none.
+        .concurrency_support(false)
+        .cranelift_opt_level(wasmtime::OptLevel::Speed)
+        .max_wasm_stack(1 << 20)
+        .async_stack_size(2 << 20);
+    config
+}
+
+/// The plain engine (no linker, no builder), for the compiler child process.
+pub fn bare_engine() -> Result<Engine> {
+    Engine::new(&wasmtime_config()).map_err(anyhow::Error::from)
 }
 
 impl PolicyEngine {
     /// Builds the engine. `cache_dir` holds compiled components; `None` disables
     /// the disk cache.
     pub fn new(cache_dir: Option<PathBuf>) -> Result<Arc<Self>> {
-        let mut config = Config::new();
-        config
-            .wasm_component_model(true)
-            .epoch_interruption(true)
-            // Synchronous rankers need no component-model async; leaving it off
-            // makes every call cheaper.
-            .concurrency_support(false)
-            .cranelift_opt_level(wasmtime::OptLevel::Speed)
-            .max_wasm_stack(1 << 20);
-        let engine = Engine::new(&config).map_err(anyhow::Error::from)?;
+        let engine = bare_engine()?;
         let mut linker = Linker::<Sandbox>::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(anyhow::Error::from)?;
+        // WASI 0.2.12's `exit-with-code` is linked too: a guest whose runtime
+        // reports its code through it has the code recorded. (`exit` carries
+        // only success or failure: Rust's std reports any nonzero code as 1.)
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(anyhow::Error::from)?;
         Policy::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s).map_err(anyhow::Error::from)?;
-        spawn_ticker(&engine);
         Ok(Arc::new(PolicyEngine {
             engine,
             linker,
-            cache_dir,
-            compiled: Mutex::new(HashMap::new()),
+            compiler: Compiler::new(cache_dir),
+            builder: Builder::start()?,
             builtins_ready: AtomicBool::new(false),
         }))
     }
@@ -79,6 +106,29 @@ impl PolicyEngine {
     /// The linker holding WASI and the poolgate host interface.
     pub fn linker(&self) -> &Linker<Sandbox> {
         &self.linker
+    }
+
+    /// The thread instances are built on.
+    pub fn builder(&self) -> &Builder {
+        &self.builder
+    }
+
+    /// Replaces the compile limits (size, budget, cache bound).
+    pub fn set_compile_limits(&self, limits: CompileLimits) {
+        self.compiler.set_limits(limits);
+    }
+
+    /// Compiles `bytes` (or takes them from a cache). `label` names the plugin in
+    /// errors. Blocks; see [`PolicyEngine::compile_async`].
+    pub fn compile(&self, bytes: &[u8], label: &str) -> Result<(Component, String)> {
+        self.compiler.compile(&self.engine, bytes, label)
+    }
+
+    /// [`PolicyEngine::compile`] on tokio's blocking pool, so that a compile of
+    /// seconds never occupies an async worker.
+    pub async fn compile_async(self: &Arc<Self>, bytes: Vec<u8>, label: String) -> Result<(Component, String)> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.compile(&bytes, &label)).await.context("the compile task failed")?
     }
 
     /// Compiles every built-in on a background thread, so that a swap to one
@@ -110,119 +160,39 @@ impl PolicyEngine {
     pub fn builtins_ready(&self) -> bool {
         self.builtins_ready.load(Ordering::Acquire)
     }
-
-    /// Compiles `bytes` (or takes them from a cache). `label` names the plugin in
-    /// errors.
-    pub fn compile(&self, bytes: &[u8], label: &str) -> Result<(Component, String)> {
-        let sha = hex::encode(Sha256::digest(bytes));
-        if let Some(c) = self.compiled.lock().get(&sha) {
-            return Ok((c.clone(), sha));
-        }
-        let key = format!("{sha}-{:016x}", self.compatibility_hash());
-        let cached = self.cache_dir.as_ref().map(|d| d.join(format!("{key}.cwasm")));
-        let component = match cached.as_deref().and_then(|p| self.load_cached(p)) {
-            Some(c) => c,
-            None => {
-                let started = std::time::Instant::now();
-                let c = Component::new(&self.engine, bytes)
-                    .map_err(anyhow::Error::from)
-                    .with_context(|| format!("{label} is not a valid WebAssembly component"))?;
-                tracing::info!(plugin = label, elapsed_ms = started.elapsed().as_millis() as u64, "compiled plugin");
-                if let Some(path) = &cached
-                    && let Err(e) = store_cached(&c, path)
-                {
-                    tracing::warn!(plugin = label, error = %e, "could not write the compiled-plugin cache");
-                }
-                c
-            }
-        };
-        let mut map = self.compiled.lock();
-        if map.len() >= MEMORY_CACHE_ENTRIES {
-            map.clear();
-        }
-        map.insert(sha.clone(), component.clone());
-        Ok((component, sha))
-    }
-
-    fn compatibility_hash(&self) -> u64 {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.engine.precompile_compatibility_hash().hash(&mut h);
-        h.finish()
-    }
-
-    /// A cached compiled component, if one exists and its checksum holds.
-    fn load_cached(&self, path: &Path) -> Option<Component> {
-        let data = std::fs::read(path).ok()?;
-        if data.len() < 32 {
-            return None;
-        }
-        let (body, sum) = data.split_at(data.len() - 32);
-        if Sha256::digest(body).as_slice() != sum {
-            tracing::warn!(path = %path.display(), "compiled-plugin cache entry is corrupt; recompiling");
-            let _ = std::fs::remove_file(path);
-            return None;
-        }
-        // SAFETY: the bytes are a serialization this process family wrote (the file
-        // name carries the engine's compatibility hash) and the checksum above
-        // proves they are intact; wasmtime further checks the header.
-        unsafe { Component::deserialize(&self.engine, body) }.ok()
-    }
 }
 
-/// Writes `component` to `path` with a trailing SHA-256, atomically.
-fn store_cached(component: &Component, path: &Path) -> Result<()> {
-    let dir = path.parent().context("cache path has a directory")?;
-    std::fs::create_dir_all(dir)?;
-    let mut body = component.serialize().map_err(anyhow::Error::from)?;
-    let sum = Sha256::digest(&body);
-    body.extend_from_slice(&sum);
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, &body)?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
+/// A thread with a single-threaded tokio runtime, where plugin instances are
+/// created and configured. Building is asynchronous too (bounded by fuel and a
+/// wall clock), so one thread interleaves every plugin's builds; it stops when
+/// the engine is dropped.
+pub struct Builder {
+    handle: tokio::runtime::Handle,
+    _stop: tokio::sync::oneshot::Sender<()>,
 }
 
-/// Plugin calls running now; the ticker slows down when there are none.
-static ACTIVE_CALLS: AtomicUsize = AtomicUsize::new(0);
-
-/// How often the epoch advances while no plugin call is running. A call that
-/// starts during an idle sleep gets its first tick up to this late, so a deadline
-/// never fires early and at most this much late; in exchange an idle gateway
-/// does not wake a thread a thousand times a second.
-pub const IDLE_TICK: Duration = Duration::from_millis(10);
-
-/// Marks a plugin call as running for as long as it lives.
-pub struct CallGuard(());
-
-impl CallGuard {
-    /// Counts a call in.
-    pub fn enter() -> CallGuard {
-        ACTIVE_CALLS.fetch_add(1, Ordering::AcqRel);
-        CallGuard(())
+impl Builder {
+    fn start() -> Result<Builder> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new().name("poolgate-plugins".into()).spawn(move || {
+            runtime.block_on(async {
+                let _ = stopped.await;
+            });
+        })?;
+        Ok(Builder { handle, _stop: stop })
     }
-}
 
-impl Drop for CallGuard {
-    fn drop(&mut self) {
-        ACTIVE_CALLS.fetch_sub(1, Ordering::AcqRel);
+    /// Runs `task` on the builder thread in the background.
+    pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.handle.spawn(task);
     }
-}
 
-/// Advances the epoch for as long as the engine lives: every tick while a plugin
-/// call runs, every idle tick otherwise.
-fn spawn_ticker(engine: &Engine) {
-    let weak = engine.weak();
-    std::thread::Builder::new()
-        .name("poolgate-epoch".into())
-        .spawn(move || {
-            while let Some(engine) = weak.upgrade() {
-                engine.increment_epoch();
-                drop(engine);
-                let busy = ACTIVE_CALLS.load(Ordering::Acquire) > 0;
-                std::thread::sleep(if busy { EPOCH_TICK } else { IDLE_TICK });
-            }
-        })
-        .expect("spawning the epoch thread");
+    /// Runs `task` on the builder thread and waits for its result.
+    pub async fn run<T: Send + 'static>(&self, task: impl Future<Output = T> + Send + 'static) -> Result<T> {
+        self.handle.spawn(task).await.context("the plugin builder thread failed")
+    }
 }
 
 /// The WIT package this host implements, and the version track it accepts.
@@ -232,11 +202,14 @@ pub const WIT_VERSION: &str = "0.1.0";
 /// Accepted track: every `0.1.x`.
 pub const WIT_TRACK: (u64, u64) = (0, 1);
 
-/// Checks that `component` targets a policy world this host speaks, and imports
-/// nothing the host does not grant. The error names what is wrong.
-pub fn check_component(engine: &Engine, component: &Component) -> Result<()> {
+/// Checks that `component` targets a policy world this host speaks and imports
+/// nothing the host does not provide — each import checked against what the
+/// linker actually holds, so a 0.1.x component calling a host function this
+/// host lacks is refused here, naming it — and links it. The error names what
+/// is wrong.
+pub fn check_component(engine: &PolicyEngine, component: &Component) -> Result<InstancePre<Sandbox>> {
     let ty = component.component_type();
-    let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
+    let exports: Vec<String> = ty.exports(engine.engine()).map(|(n, _)| n.to_string()).collect();
     let ranker = exports.iter().find(|n| n.starts_with("poolgate:policy/ranker"));
     let Some(ranker) = ranker else {
         bail!(
@@ -257,12 +230,15 @@ pub fn check_component(engine: &Engine, component: &Component) -> Result<()> {
             WIT_TRACK.1
         );
     }
-    for (name, _) in ty.imports(engine) {
+    for (name, _) in ty.imports(engine.engine()) {
         if !import_granted(name) {
             bail!("it imports `{name}`, which poolgate does not provide to plugins");
         }
     }
-    Ok(())
+    engine.linker().instantiate_pre(component).map_err(|e| {
+        let why = format!("{:#}", anyhow::Error::from(e));
+        anyhow::anyhow!("one of its imports is not what this host provides ({WIT_PACKAGE}@{WIT_VERSION}): {why}")
+    })
 }
 
 /// Whether a `poolgate:policy` version (`0.1.3`) is on the accepted track.
@@ -287,6 +263,11 @@ pub fn import_granted(name: &str) -> bool {
     const WASI: [&str; 6] =
         ["wasi:cli/", "wasi:io/", "wasi:clocks/", "wasi:random/", "wasi:filesystem/", "wasi:sockets/"];
     WASI.iter().any(|p| name.starts_with(p)) && name.contains("@0.2.")
+}
+
+/// The fuel of a budget of `d`.
+pub fn fuel(d: Duration) -> u64 {
+    (d.as_micros() as u64).saturating_mul(FUEL_PER_MS) / 1000
 }
 
 #[cfg(test)]

@@ -1,37 +1,72 @@
 //! The plugin runtime: WebAssembly policy components run in a sandbox, chained.
 //!
-//! - [`engine`]: the process's wasmtime engine, epoch ticker and compile cache.
-//! - [`sandbox`]: what a running plugin can touch (the host interface, nothing else).
-//! - [`plugin`]: one configured plugin and its pool of warm instances.
+//! - [`engine`]: the process's wasmtime engine, its linker and builder thread;
+//!   [`compile`]: compiling within limits, and the bounded compile caches.
+//! - [`plugin`]: one configured plugin; [`pool`]: its warm instances, refilled
+//!   in the background; [`instance`]: one instance and every call into it,
+//!   bounded by [`bounded`] (wall clock, panics) and fuel (CPU).
+//! - [`sandbox`]: what a running plugin can touch (the host interface, nothing
+//!   else), with [`limiter`] (memory) and [`stdio`] (its output, bounded).
 //! - [`chain`]: the stages in order — where a request's account order is decided.
-//! - [`breaker`], [`fault`], [`decision`], [`state`], [`names`]: the pieces around it.
+//! - [`breaker`], [`events`], [`fault`], [`decision`], [`state`], [`names`]: the
+//!   pieces around it.
+//!
+//! The promise this module keeps: whatever a plugin does — trap, loop, sleep,
+//! exhaust its memory, flood its state or its log, answer nonsense — the call
+//! ends within its bounds as a [`Fault`], the request is served without the
+//! stage, and the host's memory stays bounded.
 
 pub mod bindings;
+pub mod bounded;
 pub mod breaker;
 pub mod chain;
+pub mod compile;
 pub mod decision;
 pub mod engine;
+pub mod events;
 pub mod fault;
+pub mod instance;
+pub mod limiter;
 mod lowering;
 pub mod names;
 pub mod plugin;
+pub mod pool;
 pub mod sandbox;
 pub mod state;
+pub mod stdio;
 
-pub use breaker::BreakerConfig;
+pub use breaker::{BreakerConfig, Phase};
 pub use chain::{Candidates, Chain, StageSpec, StageStatus};
-pub use decision::{Decision, Order, POOL_ORDER, ROUTING_POLICY_ERROR};
+pub use compile::CompileLimits;
+pub use decision::{Decision, Order, POOL_ORDER, PolicyError, ROUTING_POLICY_ERROR};
 pub use engine::PolicyEngine;
+pub use events::FaultSink;
 pub use fault::{Cause, Fault};
-pub use plugin::{Limits, PluginRef, PluginSpec, builtin_names};
-pub use state::{MemoryState, StateStore};
+pub use plugin::{Limits, Plugin, PluginRef, PluginSpec, builtin_names};
+pub use state::{MemoryState, StateLimits, StateStore};
 
-/// Default deadline of one plugin call, in ms. Chosen from measurements (see
-/// docs/benchmarks.md): a componentize-js ranker takes ~0.3 ms for 16 accounts
-/// and up to ~4 ms for 128 on a warm instance, and a busy 2-core host adds
-/// scheduling jitter of a few ms; 25 ms leaves room for both while keeping a
-/// runaway plugin's cost to one request bounded and small.
+/// Default deadline of one plugin call, in ms: its CPU budget (see
+/// [`engine::FUEL_PER_MS`]). Chosen from measurements (see docs/benchmarks.md):
+/// a componentize-js ranker takes ~0.3 ms for 16 accounts and up to ~4 ms for
+/// 128 on a warm instance; 25 ms leaves room for that while keeping a runaway
+/// plugin's cost to one request bounded and small.
 pub const DEFAULT_DEADLINE_MS: u64 = 25;
-/// Default linear-memory cap per plugin instance, in MiB. componentize-py needs
-/// ~15 MiB to start; 64 leaves room for a Python or JS ranker's heap.
+/// Default CPU budget of building one plugin instance (instantiating it and
+/// running `configure`), in ms: language runtimes start slowly.
+pub const DEFAULT_CONFIGURE_MS: u64 = 5_000;
+/// Default memory cap per plugin instance (all its memories and tables), in
+/// MiB. componentize-py needs ~15 MiB to start; 64 leaves room for a Python or
+/// JS ranker's heap.
 pub const DEFAULT_MEMORY_MB: usize = 64;
+
+/// Runs `future` to completion from synchronous code (the CLI, tests) on a
+/// single-threaded runtime: plugin calls are asynchronous, and this is the same
+/// path `serve` takes. Panics if called from inside an async context (await the
+/// future there instead).
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("building a tokio runtime")
+        .block_on(future)
+}

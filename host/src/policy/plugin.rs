@@ -1,28 +1,30 @@
-//! One configured plugin: its compiled component, its sandbox limits, and a pool of
-//! ready instances.
+//! One configured plugin: its compiled component, its limits, and its pool of
+//! warm instances — and the two calls a request makes into it.
 //!
-//! Instances are reused across calls (instantiating costs ~15 µs for a Rust guest
-//! and milliseconds for Python or JavaScript; a call on a warm instance costs a few
-//! µs) and thrown away after any trap, because a trapped instance cannot be entered
-//! again. The pool holds at most one idle instance per worker thread; a call that
-//! finds none idle builds a fresh one rather than waiting.
+//! Loading compiles the component (off the async workers), checks it against
+//! what the host provides, and configures one instance on the builder thread,
+//! so that a plugin refusing its options refuses the configuration. The rest of
+//! the pool is filled in the background and refilled whenever an instance is
+//! thrown away (see [`super::pool`]).
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
-use parking_lot::Mutex;
-use wasmtime::Store;
+use tokio::sync::Notify;
+use wasmtime::component::ComponentExportIndex;
 
-use wasmtime::component::{ComponentExportIndex, Func, TypedFunc};
-
-use super::bindings::{Account, AccountInfo, Outcome, Policy, PolicyPre, QuotaWindow, Ranking, Request};
-use super::engine::{CallGuard, EPOCH_TICK, PolicyEngine, check_component};
-use super::fault::{Cause, Fault};
-use super::lowering::{FastAccount, FastWindow, fast_accounts, fast_windows};
-use super::sandbox::Sandbox;
+use super::bindings::{Account, AccountInfo, Outcome, PolicyPre, QuotaWindow, Ranking, Request};
+use super::breaker::{BreakerConfig, Phase};
+use super::engine::{PolicyEngine, check_component};
+use super::events::{StageEvents, wall_ms};
+use super::fault::Fault;
+use super::instance::{Budget, Instance};
+use super::pool::{InstancePool, backoff};
+use super::sandbox::{Sandbox, SandboxSpec};
 use super::state::StateStore;
+use super::stdio::LogBudget;
 use crate::artifacts::BUILTINS;
 
 /// Where a plugin comes from: `builtin:<name>` or a path to a `.wasm` component.
@@ -85,11 +87,13 @@ pub fn builtin_names() -> Vec<String> {
 /// The sandbox limits of one stage.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Deadline of one `rank` or `observe` call.
+    /// CPU budget of one `rank` or `observe` call (and how long a call waits
+    /// for a free instance).
     pub deadline: Duration,
-    /// Linear-memory cap per instance.
+    /// Memory cap per instance, all its memories and tables together.
     pub memory_bytes: usize,
-    /// Deadline of instantiation plus `configure` (language runtimes start slowly).
+    /// CPU budget of instantiation plus `configure` (language runtimes start
+    /// slowly).
     pub configure_deadline: Duration,
 }
 
@@ -98,8 +102,23 @@ impl Default for Limits {
         Limits {
             deadline: Duration::from_millis(super::DEFAULT_DEADLINE_MS),
             memory_bytes: super::DEFAULT_MEMORY_MB << 20,
-            configure_deadline: Duration::from_secs(5),
+            configure_deadline: Duration::from_millis(super::DEFAULT_CONFIGURE_MS),
         }
+    }
+}
+
+impl Limits {
+    /// The bounds of a `rank` or `observe` call: the deadline as CPU budget, and
+    /// a wall-clock bound four times as long (at least 20 ms more) for a guest
+    /// that waits or is starved.
+    pub fn call_budget(&self) -> Budget {
+        Budget { cpu: self.deadline, wall: (self.deadline * 4).max(self.deadline + Duration::from_millis(20)) }
+    }
+
+    /// The bounds of building an instance: the configure deadline as CPU
+    /// budget, twice that as wall-clock bound.
+    pub fn configure_budget(&self) -> Budget {
+        Budget { cpu: self.configure_deadline, wall: self.configure_deadline * 2 }
     }
 }
 
@@ -114,186 +133,239 @@ pub struct PluginSpec {
     pub scope: String,
     /// Sandbox limits.
     pub limits: Limits,
-    /// Idle instances kept for reuse.
+    /// Warm instances kept (at least one).
     pub max_idle: usize,
 }
 
-struct Instance {
-    store: Store<Sandbox>,
-    policy: Policy,
-    /// `rank`, type-checked against the bulk-lowering parameter types once.
-    rank: Func,
+/// What every instance of a plugin is built from.
+struct Shared {
+    label: Arc<str>,
+    sha256: String,
+    spec: PluginSpec,
+    pre: PolicyPre<Sandbox>,
+    rank_export: ComponentExportIndex,
+    sandbox: SandboxSpec,
+    pool_info: Vec<AccountInfo>,
+    instances: InstancePool,
+    events: Arc<StageEvents>,
 }
 
-/// The parameters `rank` is called with (see `lowering`).
-type RankParams<'a> = (&'a Request, &'a [FastAccount], &'a [FastWindow]);
-type RankResults = (Result<Ranking, String>,);
+impl Shared {
+    async fn build(&self) -> Result<Instance, Fault> {
+        let budget = self.spec.limits.configure_budget();
+        Instance::create(
+            &self.pre,
+            self.rank_export,
+            self.sandbox.clone(),
+            &self.spec.config_json,
+            &self.pool_info,
+            budget,
+        )
+        .await
+    }
+}
 
 /// A loaded, configured plugin, ready to rank.
 pub struct Plugin {
-    label: Arc<str>,
-    sha256: String,
-    pre: PolicyPre<Sandbox>,
-    rank_export: ComponentExportIndex,
-    engine: wasmtime::Engine,
-    spec: PluginSpec,
-    pool: Vec<AccountInfo>,
-    scope: Arc<str>,
-    state: Arc<dyn StateStore>,
-    idle: Mutex<Vec<Instance>>,
-}
-
-fn ticks(d: Duration) -> u64 {
-    (d.as_micros().div_ceil(EPOCH_TICK.as_micros())) as u64 + 1
+    shared: Arc<Shared>,
+    wake: Arc<Notify>,
 }
 
 impl Plugin {
     /// Compiles (or takes from cache), checks, links and configures the plugin. The
-    /// error says why a plugin is refused: not a component, wrong world or version,
-    /// a forbidden import, or `configure` rejecting its options.
-    pub fn load(
-        engine: &PolicyEngine,
+    /// error says why a plugin is refused: over a size or compile limit, not a
+    /// component, wrong world or version, an import the host lacks, or
+    /// `configure` failing or rejecting its options.
+    pub async fn load(
+        engine: &Arc<PolicyEngine>,
         spec: PluginSpec,
         pool: Vec<AccountInfo>,
         state: Arc<dyn StateStore>,
     ) -> Result<Self> {
+        let events = StageEvents::new(&spec.plugin.to_string(), BreakerConfig::default());
+        Self::load_with(engine, spec, pool, state, events).await
+    }
+
+    /// As [`Plugin::load`], reporting to a stage's `events`.
+    pub async fn load_with(
+        engine: &Arc<PolicyEngine>,
+        spec: PluginSpec,
+        pool: Vec<AccountInfo>,
+        state: Arc<dyn StateStore>,
+        events: Arc<StageEvents>,
+    ) -> Result<Self> {
         let label = spec.plugin.to_string();
         let bytes = spec.plugin.read()?;
-        let (component, sha256) = engine.compile(&bytes, &label)?;
-        check_component(engine.engine(), &component).with_context(|| format!("{label} is refused"))?;
-        let instance_pre = engine
-            .linker()
-            .instantiate_pre(&component)
-            .map_err(anyhow::Error::from)
-            .with_context(|| format!("{label} cannot be linked"))?;
+        let (component, sha256) = engine.compile_async(bytes, label.clone()).await?;
+        let instance_pre = check_component(engine, &component).with_context(|| format!("{label} is refused"))?;
         let pre = PolicyPre::new(instance_pre)
             .map_err(anyhow::Error::from)
             .with_context(|| format!("{label} does not export the policy world"))?;
         let rank_export = rank_export(&component).with_context(|| format!("{label} exports no `rank`"))?;
-        let plugin = Plugin {
-            label: Arc::from(label.as_str()),
+        let label: Arc<str> = Arc::from(label.as_str());
+        let sandbox = SandboxSpec {
+            plugin: label.clone(),
+            scope: Arc::from(spec.scope.as_str()),
+            state,
+            memory_bytes: spec.limits.memory_bytes,
+            logs: Arc::new(LogBudget::default()),
+        };
+        let shared = Arc::new(Shared {
+            label,
             sha256,
+            instances: InstancePool::new(spec.max_idle),
+            spec,
             pre,
             rank_export,
-            engine: engine.engine().clone(),
-            scope: Arc::from(spec.scope.as_str()),
-            spec,
-            pool,
-            state,
-            idle: Mutex::new(Vec::new()),
-        };
+            sandbox,
+            pool_info: pool,
+            events,
+        });
         // Configure one instance now: a bad option must refuse the chain at load,
         // not fail the first request.
-        let first = plugin.instantiate().map_err(|f| anyhow!("{label}: {}", f.message))?;
-        plugin.idle.lock().push(first);
-        Ok(plugin)
+        let first = {
+            let shared = shared.clone();
+            engine.builder().run(async move { shared.build().await }).await?
+        };
+        let first = first.map_err(|f| anyhow!("{}: {}", shared.label, f.message))?;
+        shared.instances.adopt(first);
+        let wake = shared.instances.wake_signal();
+        engine.builder().spawn(refill(Arc::downgrade(&shared), wake.clone()));
+        wake.notify_one();
+        Ok(Plugin { shared, wake })
     }
 
     /// The plugin's label (`builtin:headroom`, or its path).
     pub fn label(&self) -> &str {
-        &self.label
+        &self.shared.label
     }
 
     /// SHA-256 of the component bytes.
     pub fn sha256(&self) -> &str {
-        &self.sha256
+        &self.shared.sha256
     }
 
     /// The state scope.
     pub fn scope(&self) -> &str {
-        &self.scope
+        &self.shared.spec.scope
     }
 
     /// The spec it was loaded from.
     pub fn spec(&self) -> &PluginSpec {
-        &self.spec
+        &self.shared.spec
     }
 
-    fn instantiate(&self) -> Result<Instance, Fault> {
-        let sandbox =
-            Sandbox::new(self.label.clone(), self.scope.clone(), self.state.clone(), self.spec.limits.memory_bytes);
-        let mut store = Store::new(&self.engine, sandbox);
-        store.limiter(|s| &mut s.limiter);
-        let _running = CallGuard::enter();
-        store.set_epoch_deadline(ticks(self.spec.limits.configure_deadline));
-        let instantiated = (|| {
-            let instance = self.pre.instance_pre().instantiate(&mut store)?;
-            let policy = Policy::new(&mut store, &instance)?;
-            let rank = instance
-                .get_func(&mut store, self.rank_export)
-                .ok_or_else(|| wasmtime::format_err!("no `rank` export"))?;
-            // Type-check once; calls then skip the check (see `rank`).
-            rank.typed::<RankParams<'_>, RankResults>(&store)?;
-            wasmtime::Result::Ok((policy, rank))
-        })();
-        let (policy, rank) =
-            instantiated.map_err(|e| Fault::new(Cause::Error, format!("instantiation failed: {}", first_line(&e))))?;
-        let denied = |s: &Store<Sandbox>| s.data().limiter.denied;
-        match policy.poolgate_policy_ranker().call_configure(&mut store, &self.spec.config_json, &self.pool) {
-            Ok(Ok(())) => {}
-            Ok(Err(msg)) => return Err(Fault::new(Cause::Error, format!("configure refused its options: {msg}"))),
-            Err(e) => {
-                let f = Fault::from_call_error(&e, denied(&store));
-                return Err(Fault::new(f.cause, format!("configure failed: {}", f.message)));
-            }
-        }
-        store.data_mut().flush_stdio();
-        Ok(Instance { store, policy, rank })
-    }
-
-    fn checkout(&self) -> Result<Instance, Fault> {
-        if let Some(i) = self.idle.lock().pop() {
-            return Ok(i);
-        }
-        self.instantiate()
-    }
-
-    fn checkin(&self, instance: Instance) {
-        let mut idle = self.idle.lock();
-        if idle.len() < self.spec.max_idle {
-            idle.push(instance);
-        }
-    }
-
-    /// Runs `f` on an instance under the call deadline. A trap (including a
-    /// deadline or memory trap) discards the instance.
-    fn call<T>(&self, req: &Request, f: impl FnOnce(&mut Instance) -> wasmtime::Result<T>) -> Result<T, Fault> {
-        let mut inst = self.checkout()?;
-        let _running = CallGuard::enter();
-        inst.store.data_mut().begin_call(req.id, req.now_ms);
-        inst.store.set_epoch_deadline(ticks(self.spec.limits.deadline));
-        let result = f(&mut inst);
-        inst.store.data_mut().flush_stdio();
-        match result {
-            Ok(v) => {
-                self.checkin(inst);
-                Ok(v)
-            }
-            Err(e) => Err(Fault::from_call_error(&e, inst.store.data().limiter.denied)),
-        }
+    /// The stage health record it reports to.
+    pub fn events(&self) -> &Arc<StageEvents> {
+        &self.shared.events
     }
 
     /// Asks the plugin to order `candidates`. Only the shape of the answer is
     /// checked here; the chain validates it against the input.
-    pub fn rank(&self, req: &Request, candidates: &[Account], windows: &[QuotaWindow]) -> Result<Ranking, Fault> {
-        self.call(req, |i| {
-            // SAFETY: `rank` was type-checked against exactly these types when
-            // the instance was created.
-            let typed = unsafe { TypedFunc::<RankParams<'_>, RankResults>::new_unchecked(i.rank) };
-            typed.call(&mut i.store, (req, fast_accounts(candidates), fast_windows(windows))).map(|(r,)| r)
-        })?
-        .map_err(|msg| Fault::new(Cause::Error, truncate(msg, 300)))
+    pub async fn rank(&self, req: &Request, candidates: &[Account], windows: &[QuotaWindow]) -> Result<Ranking, Fault> {
+        let budget = self.shared.spec.limits.call_budget();
+        let mut lease = Lease::take(&self.shared.instances, budget.cpu).await?;
+        let answer = lease.instance().rank(req, candidates, windows, budget).await;
+        lease.finish(answer.is_ok());
+        answer
     }
 
-    /// Reports an outcome. Failures are logged, never propagated: observing must not
-    /// affect a request that has already been served.
-    pub fn observe(&self, req: &Request, account: u32, outcome: &Outcome) -> Result<(), Fault> {
-        self.call(req, |i| i.policy.poolgate_policy_ranker().call_observe(&mut i.store, req, account, *outcome))
+    /// Tells the plugin how a request ended on pool account `account`.
+    pub async fn observe(&self, req: &Request, account: u32, outcome: &Outcome) -> Result<(), Fault> {
+        let budget = self.shared.spec.limits.call_budget();
+        let mut lease = Lease::take(&self.shared.instances, budget.cpu).await?;
+        let done = lease.instance().observe(req, account, outcome, budget).await;
+        lease.finish(done.is_ok());
+        done
     }
 
     /// Idle instances currently pooled.
     pub fn idle_instances(&self) -> usize {
-        self.idle.lock().len()
+        self.shared.instances.idle()
+    }
+
+    /// Instances alive or being built.
+    pub fn live_instances(&self) -> usize {
+        self.shared.instances.live()
+    }
+
+    /// Bytes held by the idle instances.
+    pub fn idle_memory_bytes(&self) -> usize {
+        self.shared.instances.idle_memory_bytes()
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        // The builder holds only a weak reference; wake it so that it sees the
+        // plugin is gone and ends.
+        self.wake.notify_one();
+    }
+}
+
+/// An instance out of the pool for one call. If the call's future is dropped
+/// before it settles (the request went away mid-call), the instance — in an
+/// unknown state — is discarded, never reused.
+struct Lease<'a> {
+    pool: &'a InstancePool,
+    instance: Option<Instance>,
+}
+
+impl<'a> Lease<'a> {
+    async fn take(pool: &'a InstancePool, wait: Duration) -> Result<Lease<'a>, Fault> {
+        Ok(Lease { pool, instance: Some(pool.take(wait).await?) })
+    }
+
+    fn instance(&mut self) -> &mut Instance {
+        self.instance.as_mut().expect("a lease holds its instance until it finishes")
+    }
+
+    /// Gives the instance back after a good call, or discards it after a bad one.
+    fn finish(mut self, ok: bool) {
+        let instance = self.instance.take().expect("a lease finishes once");
+        if ok {
+            self.pool.give_back(instance);
+        } else {
+            self.pool.discard(instance);
+        }
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if let Some(i) = self.instance.take() {
+            self.pool.discard(i);
+        }
+    }
+}
+
+/// Keeps `shared`'s pool at its target for as long as the plugin lives: builds
+/// an instance whenever one is missing, and backs off after failures, which are
+/// reported to the stage like any other.
+async fn refill(shared: Weak<Shared>, wake: Arc<Notify>) {
+    let mut delay: Option<Duration> = None;
+    loop {
+        let Some(s) = shared.upgrade() else { return };
+        if s.instances.reserve() {
+            match s.build().await {
+                Ok(instance) => {
+                    s.instances.built(instance);
+                    s.events.succeeded(Phase::Configure, wall_ms());
+                    delay = None;
+                }
+                Err(fault) => {
+                    s.instances.build_failed(&fault);
+                    s.events.failed(Phase::Configure, &fault, wall_ms());
+                    let wait = backoff(delay);
+                    delay = Some(wait);
+                    drop(s);
+                    tokio::time::sleep(wait).await;
+                }
+            }
+            continue;
+        }
+        drop(s);
+        wake.notified().await;
     }
 }
 
@@ -308,21 +380,6 @@ fn rank_export(component: &wasmtime::component::Component) -> Result<ComponentEx
         .ok_or_else(|| anyhow!("no ranker export"))?;
     let iface = component.get_export_index(None, &iface).ok_or_else(|| anyhow!("no ranker export"))?;
     component.get_export_index(Some(&iface), "rank").ok_or_else(|| anyhow!("no rank function"))
-}
-
-fn first_line(e: &wasmtime::Error) -> String {
-    format!("{e:#}").lines().next().unwrap_or("").to_string()
-}
-
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
-    s
 }
 
 // A chain is shared by every request task.

@@ -1,9 +1,16 @@
-//! Plugin state: a small key-value store per plugin scope, with TTLs and an LRU cap.
+//! Plugin state: a small key-value store per plugin scope, with TTLs and bounds.
 //!
 //! Rankers are instantiated many times and replaced at will, so what must outlive
 //! an instance (affinity bindings) lives here, keyed by the plugin's scope (its
 //! name). Time is the request's `now-ms`, never the wall clock, so a fixture that
 //! says "1 ms past the TTL" means exactly that.
+//!
+//! A plugin writes here on every request, so everything is bounded: entries per
+//! scope (the plugin's own `state-limit`), bytes per scope, and bytes across all
+//! scopes. Past a bound the least recently written entries of the scope being
+//! written go first — the plugin that floods pays, no other plugin's state is
+//! touched — and a write that cannot fit even then is dropped. Scopes that no
+//! stage of the running configuration uses are dropped on reload.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -13,10 +20,32 @@ use parking_lot::Mutex;
 pub const DEFAULT_LIMIT: u32 = 10_000;
 /// The most entries a plugin may ask for.
 pub const MAX_LIMIT: u32 = 1_000_000;
-/// Longest key and value accepted; longer writes are dropped (and logged).
+/// Longest key accepted; longer writes are dropped (and logged).
 pub const MAX_KEY_BYTES: usize = 1024;
 /// Longest value accepted.
 pub const MAX_VALUE_BYTES: usize = 64 * 1024;
+/// What one entry costs beyond its key and value (map nodes, bookkeeping), so
+/// that a million tiny entries count for what they hold.
+pub const ENTRY_OVERHEAD: usize = 96;
+/// Default bytes one scope may hold, MiB.
+pub const DEFAULT_SCOPE_MB: usize = 16;
+/// Default bytes all scopes together may hold, MiB.
+pub const DEFAULT_TOTAL_MB: usize = 128;
+
+/// The byte bounds of a state store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateLimits {
+    /// Bytes one scope may hold.
+    pub scope_bytes: usize,
+    /// Bytes all scopes together may hold.
+    pub total_bytes: usize,
+}
+
+impl Default for StateLimits {
+    fn default() -> Self {
+        StateLimits { scope_bytes: DEFAULT_SCOPE_MB << 20, total_bytes: DEFAULT_TOTAL_MB << 20 }
+    }
+}
 
 /// Where plugin state is kept. The in-process [`MemoryState`] is the default.
 pub trait StateStore: Send + Sync {
@@ -30,6 +59,14 @@ pub trait StateStore: Send + Sync {
     fn limit(&self, scope: &str, max_entries: u32);
     /// How many entries `scope` holds (expired ones may still count until evicted).
     fn len(&self, scope: &str) -> usize;
+    /// Bytes `scope` holds, as counted against its bound.
+    fn bytes(&self, _scope: &str) -> usize {
+        0
+    }
+    /// Drops every scope not in `keep` (scopes no stage uses any more).
+    fn retain_scopes(&self, _keep: &[&str]) {}
+    /// Replaces the byte bounds.
+    fn set_limits(&self, _limits: StateLimits) {}
 }
 
 struct Entry {
@@ -38,48 +75,98 @@ struct Entry {
     seq: u64,
 }
 
+fn cost(key: &str, value: &str) -> usize {
+    key.len() + value.len() + ENTRY_OVERHEAD
+}
+
 struct Scope {
     entries: HashMap<String, Entry>,
     /// Write order: seq → key. The first entry is the least recently written.
     order: BTreeMap<u64, String>,
     limit: u32,
     next_seq: u64,
+    bytes: usize,
 }
 
 impl Default for Scope {
     fn default() -> Self {
-        Scope { entries: HashMap::new(), order: BTreeMap::new(), limit: DEFAULT_LIMIT, next_seq: 0 }
+        Scope { entries: HashMap::new(), order: BTreeMap::new(), limit: DEFAULT_LIMIT, next_seq: 0, bytes: 0 }
     }
 }
 
 impl Scope {
-    fn remove(&mut self, key: &str) {
-        if let Some(e) = self.entries.remove(key) {
-            self.order.remove(&e.seq);
+    /// Removes `key`; the bytes it freed.
+    fn remove(&mut self, key: &str) -> usize {
+        match self.entries.remove_entry(key) {
+            Some((k, e)) => {
+                self.order.remove(&e.seq);
+                let freed = cost(&k, &e.value);
+                self.bytes -= freed;
+                freed
+            }
+            None => 0,
         }
     }
 
-    fn evict_to(&mut self, limit: usize) {
-        while self.entries.len() > limit {
-            let Some((_, key)) = self.order.pop_first() else { break };
-            self.entries.remove(&key);
+    /// Evicts the oldest entry; the bytes it freed (0 when empty).
+    fn evict_oldest(&mut self) -> usize {
+        match self.order.pop_first() {
+            Some((_, key)) => match self.entries.remove(&key) {
+                Some(e) => {
+                    let freed = cost(&key, &e.value);
+                    self.bytes -= freed;
+                    freed
+                }
+                None => 0,
+            },
+            None => 0,
         }
     }
 }
 
+struct Inner {
+    scopes: HashMap<String, Scope>,
+    total: usize,
+    limits: StateLimits,
+    dropped_writes: u64,
+}
+
 /// Plugin state held in this process.
-#[derive(Default)]
 pub struct MemoryState {
-    scopes: Mutex<HashMap<String, Scope>>,
+    inner: Mutex<Inner>,
+}
+
+impl Default for MemoryState {
+    fn default() -> Self {
+        Self::with_limits(StateLimits::default())
+    }
+}
+
+impl MemoryState {
+    /// An empty store with these bounds.
+    pub fn with_limits(limits: StateLimits) -> Self {
+        MemoryState { inner: Mutex::new(Inner { scopes: HashMap::new(), total: 0, limits, dropped_writes: 0 }) }
+    }
+
+    /// Bytes held across all scopes.
+    pub fn total_bytes(&self) -> usize {
+        self.inner.lock().total
+    }
+
+    /// Writes refused because they could not fit.
+    pub fn dropped_writes(&self) -> u64 {
+        self.inner.lock().dropped_writes
+    }
 }
 
 impl StateStore for MemoryState {
     fn get(&self, scope: &str, key: &str, now_ms: u64) -> Option<String> {
-        let mut scopes = self.scopes.lock();
-        let s = scopes.get_mut(scope)?;
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let s = inner.scopes.get_mut(scope)?;
         let e = s.entries.get(key)?;
         if e.expires_at.is_some_and(|t| now_ms >= t) {
-            s.remove(key);
+            inner.total -= s.remove(key);
             return None;
         }
         Some(e.value.clone())
@@ -95,9 +182,27 @@ impl StateStore for MemoryState {
             );
             return;
         }
-        let mut scopes = self.scopes.lock();
-        let s = scopes.entry(scope.to_string()).or_default();
-        s.remove(key);
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        let limits = inner.limits;
+        let s = inner.scopes.entry(scope.to_string()).or_default();
+        inner.total -= s.remove(key);
+        let need = cost(key, value);
+        // Make room in this scope: its entry limit, its byte bound, and the total.
+        while !s.entries.is_empty()
+            && (s.entries.len() >= s.limit as usize
+                || s.bytes + need > limits.scope_bytes
+                || inner.total + need > limits.total_bytes)
+        {
+            inner.total -= s.evict_oldest();
+        }
+        if s.bytes + need > limits.scope_bytes || inner.total + need > limits.total_bytes {
+            inner.dropped_writes += 1;
+            if inner.dropped_writes.is_power_of_two() {
+                tracing::warn!(scope, dropped = inner.dropped_writes, "plugin state is full; write dropped");
+            }
+            return;
+        }
         let seq = s.next_seq;
         s.next_seq += 1;
         s.order.insert(seq, key.to_string());
@@ -105,26 +210,49 @@ impl StateStore for MemoryState {
             key.to_string(),
             Entry { value: value.to_string(), expires_at: ttl_ms.map(|t| now_ms.saturating_add(t)), seq },
         );
-        let limit = s.limit as usize;
-        s.evict_to(limit);
+        s.bytes += need;
+        inner.total += need;
     }
 
     fn delete(&self, scope: &str, key: &str) {
-        if let Some(s) = self.scopes.lock().get_mut(scope) {
-            s.remove(key);
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        if let Some(s) = inner.scopes.get_mut(scope) {
+            inner.total -= s.remove(key);
         }
     }
 
     fn limit(&self, scope: &str, max_entries: u32) {
-        let mut scopes = self.scopes.lock();
-        let s = scopes.entry(scope.to_string()).or_default();
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let s = inner.scopes.entry(scope.to_string()).or_default();
         s.limit = max_entries.clamp(1, MAX_LIMIT);
-        let limit = s.limit as usize;
-        s.evict_to(limit);
+        while s.entries.len() > s.limit as usize {
+            inner.total -= s.evict_oldest();
+        }
     }
 
     fn len(&self, scope: &str) -> usize {
-        self.scopes.lock().get(scope).map_or(0, |s| s.entries.len())
+        self.inner.lock().scopes.get(scope).map_or(0, |s| s.entries.len())
+    }
+
+    fn bytes(&self, scope: &str) -> usize {
+        self.inner.lock().scopes.get(scope).map_or(0, |s| s.bytes)
+    }
+
+    fn retain_scopes(&self, keep: &[&str]) {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let before = inner.scopes.len();
+        inner.scopes.retain(|name, _| keep.contains(&name.as_str()));
+        if inner.scopes.len() != before {
+            tracing::info!(dropped = before - inner.scopes.len(), "plugin state of scopes no stage uses was dropped");
+        }
+        inner.total = inner.scopes.values().map(|s| s.bytes).sum();
+    }
+
+    fn set_limits(&self, limits: StateLimits) {
+        self.inner.lock().limits = limits;
     }
 }
 
@@ -160,5 +288,50 @@ mod tests {
         assert_eq!(st.get("q", "k", 0), None);
         st.delete("p", "k");
         assert_eq!(st.get("p", "k", 0), None);
+        assert_eq!(st.total_bytes(), 0);
+    }
+
+    #[test]
+    fn a_scope_is_bounded_in_bytes_and_the_flooder_pays() {
+        let st = MemoryState::with_limits(StateLimits { scope_bytes: 1 << 20, total_bytes: 3 << 19 });
+        st.limit("flood", MAX_LIMIT);
+        st.set("quiet", "binding", "acct-1", None, 0);
+        let big = "x".repeat(60 * 1024);
+        for i in 0..1000 {
+            st.set("flood", &format!("k{i}"), &big, None, 0);
+        }
+        assert!(st.bytes("flood") <= 1 << 20, "{}", st.bytes("flood"));
+        assert!(st.get("flood", "k999", 0).is_some(), "the newest writes are kept");
+        assert_eq!(st.get("flood", "k0", 0), None, "the oldest went first");
+        assert_eq!(st.get("quiet", "binding", 0).as_deref(), Some("acct-1"), "another scope is untouched");
+        // A second flooding scope meets the total bound and evicts only itself.
+        st.limit("flood2", MAX_LIMIT);
+        for i in 0..1000 {
+            st.set("flood2", &format!("k{i}"), &big, None, 0);
+        }
+        assert!(st.total_bytes() <= 3 << 19);
+        assert!(st.bytes("flood") > 900 * 1024, "the first flooder's entries stay");
+        assert_eq!(st.get("quiet", "binding", 0).as_deref(), Some("acct-1"));
+    }
+
+    #[test]
+    fn many_tiny_entries_count_their_overhead() {
+        let st = MemoryState::with_limits(StateLimits { scope_bytes: 100 * ENTRY_OVERHEAD, total_bytes: usize::MAX });
+        st.limit("p", MAX_LIMIT);
+        for i in 0..10_000 {
+            st.set("p", &i.to_string(), "", None, 0);
+        }
+        assert!(st.len("p") < 100, "{}", st.len("p"));
+    }
+
+    #[test]
+    fn unused_scopes_are_dropped() {
+        let st = MemoryState::default();
+        st.set("old", "k", "v", None, 0);
+        st.set("kept", "k", "v", None, 0);
+        st.retain_scopes(&["kept"]);
+        assert_eq!(st.get("old", "k", 0), None);
+        assert_eq!(st.get("kept", "k", 0).as_deref(), Some("v"));
+        assert_eq!(st.total_bytes(), cost("k", "v"));
     }
 }

@@ -59,12 +59,13 @@ pub fn chain(case: &Case, stages: Vec<StageSpec>) -> Chain {
 
 /// Loads a chain over the case's pool with the given state store.
 pub fn chain_with_state(case: &Case, stages: Vec<StageSpec>, state: Arc<dyn StateStore>) -> Chain {
-    Chain::load(&ENGINE, stages, case.pool(), state, BreakerConfig::default()).expect("chain loads")
+    poolgate::policy::block_on(Chain::load(&ENGINE, stages, case.pool(), state, BreakerConfig::default()))
+        .expect("chain loads")
 }
 
 /// Runs one request of `model` through the chain.
 pub fn rank(chain: &Chain, case: &Case, model: &str) -> Decision {
     let mut req = case.request();
     req.model = model.to_string();
-    chain.rank(req, case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS))
+    poolgate::policy::block_on(chain.rank(req, case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS)))
 }

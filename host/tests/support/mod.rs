@@ -2,6 +2,8 @@
 //! tests.
 #![allow(dead_code)]
 
+pub mod hostile_components;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};

@@ -85,6 +85,16 @@ pub fn inspect(engine: &PolicyEngine, path: &Path, full: bool) -> Result<Report>
         write_item(&mut out, engine, "import", name, &item.ty, ours || full, &note)?;
     }
 
+    // Names are not enough: a 0.1.x component may call a host function this
+    // host does not have, or expect another type. Link it against exactly what
+    // the host provides.
+    if problems.is_empty()
+        && let Err(e) = engine.linker().instantiate_pre(&component)
+    {
+        let why = format!("{:#}", anyhow::Error::from(e));
+        problems.push(format!("an import this host does not provide: {why}"));
+    }
+
     let compatible = problems.is_empty();
     if compatible {
         writeln!(out, "\nverdict    compatible: poolgate can load it")?;

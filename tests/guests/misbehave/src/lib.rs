@@ -3,6 +3,13 @@
 //! Config: `{ "fault": "<mode>", "on_model": "<model>" }`. The fault fires only for
 //! requests whose model equals `on_model` (every request when it is absent); other
 //! requests are answered by reversing the input order, reason "reversed".
+//!
+//! Beyond `rank`: `observe` (`trap`, `loop`, `sleep`) misbehaves in `observe`;
+//! `configure` (`spin`, `sleep`, `spin-after-first`, `sleep-after-first`,
+//! `trap-after-first`) misbehaves while an instance is configured — "after first"
+//! meaning every instance but the first one the process ever configured (told
+//! apart through plugin state); `ms` is how long a sleep or spin lasts and
+//! `bytes` how big a flood or a reason is.
 
 use poolgate_sdk::prelude::*;
 use serde::Deserialize;
@@ -14,12 +21,47 @@ struct Options {
     on_model: Option<String>,
     /// Where the `socket` fault tries to connect.
     addr: Option<String>,
+    observe: Option<String>,
+    configure: Option<String>,
+    ms: Option<u64>,
+    bytes: Option<usize>,
 }
 
 struct Misbehave {
     fault: String,
     on_model: Option<String>,
     addr: String,
+    observe: String,
+    ms: u64,
+    bytes: usize,
+    calls: u64,
+}
+
+/// Burns CPU for `ms` of wall-clock time.
+fn spin(ms: u64) {
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(ms);
+    let mut x: u64 = 0;
+    while std::time::Instant::now() < until {
+        x = std::hint::black_box(x.wrapping_add(1));
+    }
+}
+
+fn sleep(ms: u64) {
+    std::thread::sleep(std::time::Duration::from_millis(ms));
+}
+
+fn endless() -> ! {
+    let mut x: u64 = 0;
+    loop {
+        x = std::hint::black_box(x.wrapping_add(1));
+    }
+}
+
+/// Whether an instance was configured before this one (in this process).
+fn not_the_first() -> bool {
+    let seen = state::get("configured-before").is_some();
+    state::set("configured-before", "yes", None);
+    seen
 }
 
 impl Ranker for Misbehave {
@@ -28,7 +70,26 @@ impl Ranker for Misbehave {
         if o.fault == "configure" {
             return Err("option `fault`: refusing to configure, as asked".into());
         }
-        Ok(Misbehave { fault: o.fault, on_model: o.on_model, addr: o.addr.unwrap_or_else(|| "127.0.0.1:9".into()) })
+        let ms = o.ms.unwrap_or(10_000);
+        match o.configure.as_deref() {
+            None => {}
+            Some("spin") => spin(ms),
+            Some("sleep") => sleep(ms),
+            Some("spin-after-first") if not_the_first() => spin(ms),
+            Some("sleep-after-first") if not_the_first() => sleep(ms),
+            Some("trap-after-first") if not_the_first() => panic!("misbehave: configure fails after the first"),
+            Some("spin-after-first" | "sleep-after-first" | "trap-after-first") => {}
+            Some(other) => return Err(format!("option `configure`: unknown mode `{other}`")),
+        }
+        Ok(Misbehave {
+            fault: o.fault,
+            on_model: o.on_model,
+            addr: o.addr.unwrap_or_else(|| "127.0.0.1:9".into()),
+            observe: o.observe.unwrap_or_else(|| "none".into()),
+            ms,
+            bytes: o.bytes.unwrap_or(64 * 1024),
+            calls: 0,
+        })
     }
 
     fn rank(&mut self, req: &Request, c: &Candidates) -> Result<Ranking, String> {
@@ -38,18 +99,49 @@ impl Ranker for Misbehave {
             return Ok(Ranking::new(order, "reversed"));
         }
         let n = c.len() as u32;
+        self.calls += 1;
         match self.fault.as_str() {
+            "sleep" => {
+                sleep(self.ms);
+                Ok(c.unchanged("slept"))
+            }
+            "spin" => {
+                spin(self.ms);
+                Ok(c.unchanged("spun"))
+            }
+            "exit" => std::process::exit(3),
+            "print-flood" => {
+                let line = "x".repeat(1023);
+                for _ in 0..(self.bytes / 1024).max(1) {
+                    println!("{line}");
+                    eprintln!("{line}");
+                }
+                Ok(c.unchanged("flooded-stdio"))
+            }
+            "log-flood" => {
+                for i in 0..(self.bytes / 64).max(1) {
+                    log::warn(&format!("misbehave log line {i}"));
+                }
+                Ok(c.unchanged("flooded-log"))
+            }
+            "state-flood" => {
+                // Fresh keys every call, values as large as allowed.
+                state::limit(1_000_000);
+                let value = "v".repeat(self.bytes.min(64 * 1024));
+                for i in 0..16 {
+                    state::set(&format!("flood-{}-{}-{i}", req.id, self.calls), &value, None);
+                }
+                Ok(c.unchanged("flooded-state"))
+            }
+            "huge-reason" => Ok(c.unchanged(&"r".repeat(self.bytes))),
+            "header-reason" => Ok(c.unchanged("evil\r\nx-injected: 1")),
+            "huge-detail" => Ok(c.unchanged("huge-detail").with_detail("d".repeat(self.bytes))),
             "none" => Ok(c.unchanged("none")),
             "pass" => Ok(c.unchanged("")),
             "report-decided-by" => Ok(c.unchanged("").with_detail(format!("saw {:?}", req.decided_by))),
             "drop-first" => Ok(Ranking::new((1..n).collect(), "dropped-first")),
             "trap" => panic!("misbehave: deliberate panic"),
-            "loop" => {
-                let mut x: u64 = 0;
-                loop {
-                    x = std::hint::black_box(x.wrapping_add(1));
-                }
-            }
+            "loop" => endless(),
             "oom" => {
                 let mut hoard: Vec<Vec<u8>> = Vec::new();
                 loop {
@@ -132,6 +224,18 @@ impl Ranker for Misbehave {
                 Ok(c.unchanged(&format!("count:{}", n + 1)))
             }
             other => Err(format!("option `fault`: unknown mode `{other}`")),
+        }
+    }
+
+    fn observe(&mut self, req: &Request, _account: &AccountInfo, _outcome: &Outcome) {
+        if self.on_model.as_ref().is_some_and(|m| *m != req.model) {
+            return;
+        }
+        match self.observe.as_str() {
+            "trap" => panic!("misbehave: observe fails"),
+            "loop" => endless(),
+            "sleep" => sleep(self.ms),
+            _ => {}
         }
     }
 }

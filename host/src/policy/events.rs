@@ -1,0 +1,141 @@
+//! One stage's health: where every failure of the stage is counted, whatever
+//! phase it happened in.
+//!
+//! A `rank` failure is seen by the request it belongs to. An `observe` failure
+//! happens after its request was answered, and a failed instance build happens
+//! on the builder thread with no request at all; both would otherwise be
+//! invisible. Every failure therefore goes through [`StageEvents::failed`]: it
+//! feeds the stage's breaker, reaches the gateway's metrics through the sink,
+//! and — for the background phases — waits here until the next decision record
+//! picks it up, so the operator reading `/admin/decisions` or `/status` sees it.
+
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use super::breaker::{Breaker, BreakerConfig, Phase};
+use super::decision::PolicyError;
+use super::fault::Fault;
+
+/// Receives every stage failure as it happens: (stage, phase, fault).
+pub type FaultSink = Arc<dyn Fn(&str, Phase, &Fault) + Send + Sync>;
+
+/// Background failures kept for the next decision record; older ones are
+/// counted, not kept.
+const MAX_PENDING: usize = 16;
+
+/// Failures of one phase, for `/status`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PhaseHealth {
+    /// Failures since the stage was loaded.
+    pub failures: u64,
+    /// The last failure, if any, with its time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last: Option<LastFailure>,
+}
+
+/// A failure as shown in `/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct LastFailure {
+    /// When it happened (ms since the Unix epoch).
+    pub at_ms: u64,
+    /// What happened.
+    #[serde(flatten)]
+    pub fault: Fault,
+}
+
+/// The health record of one stage.
+pub struct StageEvents {
+    stage: String,
+    /// The stage's breaker.
+    pub breaker: Breaker,
+    sink: OnceLock<FaultSink>,
+    pending: Mutex<Vec<PolicyError>>,
+    has_pending: AtomicBool,
+    counts: [AtomicU64; 3],
+    last: Mutex<[Option<LastFailure>; 3]>,
+}
+
+impl StageEvents {
+    /// A fresh record for `stage`.
+    pub fn new(stage: &str, breaker: BreakerConfig) -> Arc<Self> {
+        Arc::new(StageEvents {
+            stage: stage.to_string(),
+            breaker: Breaker::new(breaker),
+            sink: OnceLock::new(),
+            pending: Mutex::new(Vec::new()),
+            has_pending: AtomicBool::new(false),
+            counts: Default::default(),
+            last: Mutex::new(Default::default()),
+        })
+    }
+
+    /// The stage's name.
+    pub fn stage(&self) -> &str {
+        &self.stage
+    }
+
+    /// Where failures are reported from now on (once; later calls are ignored).
+    pub fn set_sink(&self, sink: FaultSink) {
+        let _ = self.sink.set(sink);
+    }
+
+    /// A call of `phase` succeeded.
+    pub fn succeeded(&self, phase: Phase, now_ms: u64) {
+        self.breaker.record(phase, true, now_ms);
+    }
+
+    /// A call of `phase` failed with `fault`: counted, fed to the breaker and the
+    /// sink, and — unless it is a `rank` failure, which its own request records —
+    /// kept for the next decision record.
+    pub fn failed(&self, phase: Phase, fault: &Fault, now_ms: u64) {
+        let slot = phase as usize;
+        if fault.cause != super::fault::Cause::Bypassed {
+            self.breaker.record(phase, false, now_ms);
+            self.counts[slot].fetch_add(1, Ordering::Relaxed);
+            self.last.lock()[slot] = Some(LastFailure { at_ms: now_ms, fault: fault.clone() });
+        }
+        if let Some(sink) = self.sink.get() {
+            sink(&self.stage, phase, fault);
+        }
+        if phase != Phase::Rank {
+            tracing::warn!(
+                stage = %self.stage,
+                phase = phase.as_str(),
+                cause = fault.cause.as_str(),
+                message = %fault.message,
+                "routing_policy_error outside a ranking"
+            );
+            let mut pending = self.pending.lock();
+            if pending.len() >= MAX_PENDING {
+                pending.remove(0);
+            }
+            pending.push(PolicyError::new(&self.stage, phase, fault));
+            self.has_pending.store(true, Ordering::Release);
+        }
+    }
+
+    /// Takes the background failures not yet in a decision record.
+    pub fn take_pending(&self, into: &mut Vec<PolicyError>) {
+        if !self.has_pending.load(Ordering::Acquire) {
+            return;
+        }
+        let mut pending = self.pending.lock();
+        self.has_pending.store(false, Ordering::Release);
+        into.append(&mut pending);
+    }
+
+    /// Failures by phase, for `/status`.
+    pub fn health(&self, phase: Phase) -> PhaseHealth {
+        let slot = phase as usize;
+        PhaseHealth { failures: self.counts[slot].load(Ordering::Relaxed), last: self.last.lock()[slot].clone() }
+    }
+}
+
+/// Milliseconds since the Unix epoch (background failures have no request clock).
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,148 @@
+//! Loading a plugin is bounded: `poolgate check`, startup and reload always
+//! finish within their limits, whatever the plugin does while it is compiled
+//! or configured, and each refusal names the limit. A reload that runs into a
+//! limit is refused and the next one works.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use poolgate_mock_upstream::MockUpstream;
+use support::{Gateway, hostile_components, message, tempdir};
+
+const ADMIN: &str = "limits-admin";
+
+fn misbehave() -> String {
+    poolgate::artifacts::test_guest("misbehave").unwrap().to_string()
+}
+
+fn config(base: &str, policy: &str, stage: &str) -> String {
+    format!(
+        "[server]\nadmin_token_env = \"PG_ADMIN\"\n\n[policy]\ncache_dir = \"\"\n{policy}\n\n\
+         [[accounts]]\nid = \"a\"\napi_key_env = \"KEY_A\"\nbase_url = \"{base}\"\n\n{stage}"
+    )
+}
+
+fn stage(plugin: &str, options: &str) -> String {
+    format!("[[policy.chain]]\nplugin = \"{plugin}\"\nconfig = {{ {options} }}\n")
+}
+
+/// Runs `poolgate check` on `text`, killing it after `limit`: (exit ok, output, time).
+fn check(dir: &Path, text: &str, limit: Duration) -> (bool, String, Duration) {
+    let path = dir.join("check.toml");
+    std::fs::write(&path, text).unwrap();
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .arg("check")
+        .arg("--config")
+        .arg(&path)
+        .env("KEY_A", "key-a")
+        .env("PG_ADMIN", ADMIN)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            panic!("poolgate check did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (status.success(), text, started.elapsed())
+}
+
+#[test]
+fn a_configure_that_sleeps_or_spins_is_refused_within_its_budget() {
+    let dir = tempdir::Dir::new("limits-configure");
+    let policy = "configure_timeout_ms = 300";
+    for (mode, expect) in [("sleep", "wall-clock bound"), ("spin", "configure failed")] {
+        let text = config(
+            "http://127.0.0.1:9",
+            policy,
+            &stage(&misbehave(), &format!("fault = \"pass\", configure = \"{mode}\", ms = 60000")),
+        );
+        let (ok, out, took) = check(&dir.0, &text, Duration::from_secs(20));
+        assert!(!ok, "{mode}: accepted:\n{out}");
+        assert!(out.contains(expect), "{mode}: {out}");
+        assert!(took < Duration::from_secs(10), "{mode}: check took {took:?}");
+    }
+}
+
+#[test]
+fn a_plugin_over_the_size_limit_is_refused_naming_the_limit() {
+    let dir = tempdir::Dir::new("limits-size");
+    let big = dir.0.join("big.wasm");
+    let bytes = std::fs::read(misbehave()).unwrap();
+    std::fs::write(&big, hostile_components::padded(&bytes, 3 << 20)).unwrap();
+    let text = config("http://127.0.0.1:9", "max_plugin_mb = 2", &stage(big.to_str().unwrap(), "fault = \"pass\""));
+    let (ok, out, _) = check(&dir.0, &text, Duration::from_secs(60));
+    assert!(!ok, "accepted:\n{out}");
+    assert!(out.contains("over the plugin size limit of 2 MiB (policy.max_plugin_mb)"), "{out}");
+    // The same file under the default limit loads: the padding is a valid section.
+    let text = config("http://127.0.0.1:9", "", &stage(big.to_str().unwrap(), "fault = \"pass\""));
+    let (ok, out, _) = check(&dir.0, &text, Duration::from_secs(60));
+    assert!(ok, "{out}");
+}
+
+#[test]
+fn a_compile_past_its_budget_is_abandoned_and_refused() {
+    let dir = tempdir::Dir::new("limits-compile");
+    let slow = dir.0.join("slow.wasm");
+    std::fs::write(&slow, hostile_components::slow_to_compile(20_000)).unwrap();
+    let text = config("http://127.0.0.1:9", "compile_timeout_ms = 100", &stage(slow.to_str().unwrap(), ""));
+    let text = text.replace("config = {  }\n", "");
+    let (ok, out, took) = check(&dir.0, &text, Duration::from_secs(60));
+    assert!(!ok, "accepted:\n{out}");
+    assert!(out.contains("longer than the compile budget of 0.1 s (policy.compile_timeout_ms)"), "{out}");
+    assert!(took < Duration::from_secs(5), "check took {took:?}");
+    // The compiler child was killed, not left running.
+    std::thread::sleep(Duration::from_millis(200));
+    let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+    let running = String::from_utf8_lossy(&ps.stdout).lines().filter(|l| l.contains("__compile-plugin")).count();
+    assert_eq!(running, 0, "a compiler process outlived its budget");
+}
+
+/// Under `serve`: a reload to a plugin whose configure hangs is refused within
+/// the bound while traffic keeps flowing, and the next reload works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_hangs_in_configure_is_refused_and_the_next_one_works() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a");
+    let dir = tempdir::Dir::new("limits-reload");
+    let path = dir.0.join("poolgate.toml");
+    let policy = "configure_timeout_ms = 300";
+    std::fs::write(&path, config(&mock.base_url(), policy, "[[policy.chain]]\nplugin = \"builtin:headroom\"\n"))
+        .unwrap();
+    let gw = Gateway::start_file(&path, &[("KEY_A", "key-a"), ("PG_ADMIN", ADMIN)], dir);
+    let reload = || async {
+        let started = Instant::now();
+        let r = Gateway::client().post(format!("{}/admin/reload", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap(), started.elapsed())
+    };
+    let hanging = stage(&misbehave(), "fault = \"pass\", configure = \"sleep\", ms = 600000");
+    std::fs::write(&path, config(&mock.base_url(), policy, &hanging)).unwrap();
+    let (status, body, took) = reload().await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("wall-clock bound"), "{body}");
+    assert!(took < Duration::from_secs(10), "the reload took {took:?}");
+    let r = Gateway::client()
+        .post(format!("{}/v1/messages", gw.url))
+        .json(&message("claude-sonnet-4-5", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "the running chain still serves");
+
+    let good = stage(&misbehave(), "fault = \"none\"");
+    std::fs::write(&path, config(&mock.base_url(), policy, &good)).unwrap();
+    let (status, body, _) = reload().await;
+    assert_eq!(status, 200, "the next reload is not wedged: {body}");
+}
