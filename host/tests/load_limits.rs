@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use poolgate_mock_upstream::MockUpstream;
-use support::{Gateway, hostile_components, message, tempdir};
+use support::{Gateway, hostile_components, send_message, tempdir};
 
 const ADMIN: &str = "limits-admin";
 
@@ -133,12 +133,7 @@ async fn a_reload_that_hangs_in_configure_is_refused_and_the_next_one_works() {
     assert_eq!(status, 422, "{body}");
     assert!(body.contains("wall-clock bound"), "{body}");
     assert!(took < Duration::from_secs(10), "the reload took {took:?}");
-    let r = Gateway::client()
-        .post(format!("{}/v1/messages", gw.url))
-        .json(&message("claude-sonnet-4-5", false))
-        .send()
-        .await
-        .unwrap();
+    let r = send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
     assert_eq!(r.status(), 200, "the running chain still serves");
 
     let good = stage(&misbehave(), "fault = \"none\"");

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use poolgate_mock_upstream::MockUpstream;
 use serde_json::{Value, json};
-use support::{Gateway, message, tempdir};
+use support::{Gateway, send_message, tempdir};
 
 const ADMIN: &str = "faults-admin";
 const REQUESTS: usize = 120;
@@ -123,12 +123,7 @@ async fn drive(gw: &Gateway, n: usize) -> Run {
             let mut seen = Vec::new();
             while (next.fetch_add(1, Ordering::AcqRel) as usize) < n {
                 let t = Instant::now();
-                let r = client
-                    .post(format!("{url}/v1/messages"))
-                    .header("anthropic-version", "2023-06-01")
-                    .json(&message(MODEL, false))
-                    .send()
-                    .await;
+                let r = send_message(&client, &url, MODEL).await;
                 let (status, headers) = match r {
                     Ok(r) => {
                         let h =
@@ -384,12 +379,7 @@ async fn hostile_plugins_hot_swapped_in_under_load_lose_no_request() {
             let client = Gateway::client();
             let mut statuses = Vec::new();
             while !stop.load(Ordering::Acquire) {
-                let r = client
-                    .post(format!("{url}/v1/messages"))
-                    .header("anthropic-version", "2023-06-01")
-                    .json(&message(MODEL, false))
-                    .send()
-                    .await;
+                let r = send_message(&client, &url, MODEL).await;
                 statuses.push(r.map(|r| r.status().as_u16()).unwrap_or(0));
             }
             statuses

@@ -159,3 +159,13 @@ pub fn message(model: &str, stream: bool) -> serde_json::Value {
         "messages": [{ "role": "user", "content": "hello" }],
     })
 }
+
+/// POSTs a minimal Messages request for `model` to the gateway at `base`.
+pub async fn send_message(client: &reqwest::Client, base: &str, model: &str) -> reqwest::Result<reqwest::Response> {
+    client
+        .post(format!("{base}/v1/messages"))
+        .header("anthropic-version", "2023-06-01")
+        .json(&message(model, false))
+        .send()
+        .await
+}
