@@ -45,7 +45,41 @@ fn main() -> Result<()> {
         writeln!(code, "    ({:?}, {:?}),", g.dir_name, artifacts.join(g.artifact()))?;
     }
     writeln!(code, "];")?;
+    sdk_sources(&root, &mut code)?;
     fs::write(out_dir.join("guests.rs"), code)?;
+    Ok(())
+}
+
+/// The SDK's sources, embedded so that `poolgate plugin new --lang rust` can
+/// write them next to a skeleton: the SDK depends on no crate, so the skeleton
+/// builds offline with nothing but the binary and a Rust toolchain.
+fn sdk_sources(root: &Path, code: &mut String) -> Result<()> {
+    let mut files = Vec::new();
+    let mut stack = vec![root.join("sdk/src")];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    writeln!(code, "/// The Rust SDK's sources: (path under `sdk/`, contents).")?;
+    writeln!(code, "pub static SDK_SOURCES: &[(&str, &str)] = &[")?;
+    for f in &files {
+        let rel = f.strip_prefix(root.join("sdk"))?.to_string_lossy().replace('\\', "/");
+        writeln!(code, "    ({rel:?}, include_str!({:?})),", f)?;
+    }
+    writeln!(code, "];")?;
+    let version = fs::read_to_string(root.join("Cargo.toml"))?
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("version = ").map(|v| v.trim_matches('"').to_string()))
+        .context("no workspace version")?;
+    writeln!(code, "/// The workspace version, which the SDK carries.")?;
+    writeln!(code, "pub const SDK_VERSION: &str = {version:?};")?;
     Ok(())
 }
 

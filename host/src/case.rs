@@ -285,6 +285,49 @@ impl Case {
 /// or a directory of such files (sorted by name). Each case is returned with the
 /// file it came from.
 pub fn load_cases(path: &Path) -> Result<Vec<(PathBuf, Case)>> {
+    load_all(path)
+}
+
+/// The one case of `path` that `selector` picks: its 1-based number (as `plugin
+/// test` counts them) or its `name`. Without a selector the file must hold a
+/// single case; otherwise the error lists them.
+pub fn load_case(path: &Path, selector: Option<&str>) -> Result<(PathBuf, Case)> {
+    let mut cases = load_all(path)?;
+    let listing = |cases: &[(PathBuf, Case)]| {
+        cases
+            .iter()
+            .enumerate()
+            .map(|(i, (file, c))| {
+                let file = file.file_name().map_or_else(String::new, |f| f.to_string_lossy().into_owned());
+                format!("  {:>3}  {file}: {}", i + 1, c.name.as_deref().unwrap_or("(no name)"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    match selector {
+        None if cases.len() == 1 => Ok(cases.remove(0)),
+        None if cases.is_empty() => bail!("{} holds no cases", path.display()),
+        None => bail!(
+            "{} holds {} cases; pick one with --case <number or name>:\n{}",
+            path.display(),
+            cases.len(),
+            listing(&cases)
+        ),
+        Some(sel) => {
+            let at = match sel.parse::<usize>() {
+                Ok(n) if (1..=cases.len()).contains(&n) => Some(n - 1),
+                Ok(_) => None,
+                Err(_) => cases.iter().position(|(_, c)| c.name.as_deref() == Some(sel)),
+            };
+            match at {
+                Some(i) => Ok(cases.swap_remove(i)),
+                None => bail!("{} has no case `{sel}`; its cases are:\n{}", path.display(), listing(&cases)),
+            }
+        }
+    }
+}
+
+fn load_all(path: &Path) -> Result<Vec<(PathBuf, Case)>> {
     let mut files = Vec::new();
     if path.is_dir() {
         for entry in std::fs::read_dir(path).with_context(|| format!("cannot read {}", path.display()))? {

@@ -112,12 +112,15 @@ pub fn check(case: &Case, decision: &Decision) -> Vec<String> {
     if let Some(fragment) = &expect.detail_contains {
         // The decision's detail, or any stage's: a modifier that did not act
         // (affinity skipped, skip-exhausted dropping) reports only on its stage.
-        let details: Vec<&str> = decision
-            .detail
-            .as_deref()
-            .into_iter()
-            .chain(decision.stages.iter().filter_map(|s| s.detail.as_deref()))
-            .collect();
+        // The deciding stage's detail is also the decision's: list it once.
+        let mut details: Vec<&str> = Vec::new();
+        for d in
+            decision.detail.as_deref().into_iter().chain(decision.stages.iter().filter_map(|s| s.detail.as_deref()))
+        {
+            if !details.contains(&d) {
+                details.push(d);
+            }
+        }
         if !details.iter().any(|d| d.contains(fragment.as_str())) {
             failures.push(format!("detail: expected one to contain {fragment:?}, got {details:?}"));
         }

@@ -1,7 +1,9 @@
 //! The plugin-author CLI: `plugin inspect` on a good component, a wrong-version
-//! one and one with a forbidden import; loading a wrong-version component fails
-//! naming both versions; `plugin new` writes skeletons that `plugin build` and
-//! `plugin test` take from nothing to passing fixtures.
+//! one, one with a forbidden import and one calling a host function this host
+//! lacks; loading such components fails naming the problem; `plugin new`
+//! refuses bad names, and rewrites with `--force` only a skeleton nobody
+//! edited; `rank --case` takes a multi-case fixture file. (The skeletons going
+//! from `plugin new` to a deployed plugin are `walkthrough.rs`.)
 
 mod common;
 mod example_plugins;
@@ -143,59 +145,6 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// `plugin new` → `plugin build` → `plugin test`, from nothing to passing
-/// fixtures, in `lang`.
-fn skeleton_builds_and_passes(lang: &str) {
-    let dir = scratch(&format!("new-{lang}"));
-    let o = poolgate(&["plugin", "new", "least-busy", "--lang", lang], &dir);
-    assert!(o.status.success(), "{}", text(&o));
-    let plugin = dir.join("least-busy");
-    for f in ["build.sh", "README.md", "fixtures/basic.json"] {
-        assert!(plugin.join(f).is_file(), "{lang}: {f} missing");
-    }
-    if lang == "js" {
-        // The skeleton pins the same packages as the example; reuse its install.
-        let modules = example_plugins::repo_root().join("examples/plugins/js/node_modules");
-        assert!(
-            modules.is_dir(),
-            "componentize-js is not installed: run .ci/setup (npm ci --prefix examples/plugins/js)"
-        );
-        std::os::unix::fs::symlink(modules, plugin.join("node_modules")).unwrap();
-    }
-    // A Rust skeleton's dependencies build once per machine, not once per run.
-    let env = match lang {
-        "rust" => vec![("CARGO_TARGET_DIR", example_plugins::examples_target().join("skeleton-cargo"))],
-        _ => vec![],
-    };
-    let o = poolgate_with(&["plugin", "build", "least-busy"], &dir, &env);
-    assert!(o.status.success(), "{lang}: plugin build failed:\n{}", text(&o));
-    assert!(text(&o).contains("verdict    compatible"), "{}", text(&o));
-    let o = poolgate(&["plugin", "test", "least-busy/target/least-busy.wasm", "least-busy/fixtures"], &dir);
-    assert!(o.status.success(), "{lang}: fixtures failed:\n{}", text(&o));
-    assert!(text(&o).contains("2 passed, 0 failed"), "{}", text(&o));
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-#[test]
-fn a_new_rust_plugin_builds_and_passes_its_fixtures() {
-    skeleton_builds_and_passes("rust");
-}
-
-#[test]
-fn a_new_c_plugin_builds_and_passes_its_fixtures() {
-    skeleton_builds_and_passes("c");
-}
-
-#[test]
-fn a_new_python_plugin_builds_and_passes_its_fixtures() {
-    skeleton_builds_and_passes("python");
-}
-
-#[test]
-fn a_new_javascript_plugin_builds_and_passes_its_fixtures() {
-    skeleton_builds_and_passes("js");
-}
-
 #[test]
 fn plugin_new_refuses_a_bad_name_and_an_existing_directory() {
     let dir = scratch("new-refusals");
@@ -204,6 +153,57 @@ fn plugin_new_refuses_a_bad_name_and_an_existing_directory() {
     assert!(poolgate(&["plugin", "new", "twice", "--lang", "c"], &dir).status.success());
     let o = poolgate(&["plugin", "new", "twice", "--lang", "c"], &dir);
     assert!(!o.status.success() && text(&o).contains("already exists"), "{}", text(&o));
+}
+
+/// `--force` rewrites a skeleton nobody edited (here: to depend on another
+/// SDK), and refuses one that was edited, naming the files.
+#[test]
+fn plugin_new_force_rewrites_only_an_untouched_skeleton() {
+    let dir = scratch("new-force");
+    assert!(poolgate(&["plugin", "new", "redo", "--lang", "rust"], &dir).status.success());
+    let plugin = dir.join("redo");
+    let manifest = std::fs::read_to_string(plugin.join("Cargo.toml")).unwrap();
+    assert!(manifest.contains("path = \"vendor/poolgate-sdk\""), "{manifest}");
+    assert!(plugin.join("vendor/poolgate-sdk/src/lib.rs").is_file(), "the SDK is vendored");
+    std::fs::write(plugin.join("notes.txt"), "mine").unwrap();
+
+    let sdk = example_plugins::repo_root().join("sdk");
+    let o = poolgate(&["plugin", "new", "redo", "--lang", "rust", "--force", "--sdk", sdk.to_str().unwrap()], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let manifest = std::fs::read_to_string(plugin.join("Cargo.toml")).unwrap();
+    assert!(manifest.contains(&format!("path = {:?}", sdk.display().to_string())), "{manifest}");
+    assert!(!plugin.join("vendor/poolgate-sdk").exists(), "the vendored copy went with --sdk");
+    assert_eq!(std::fs::read_to_string(plugin.join("notes.txt")).unwrap(), "mine", "files the author added stay");
+
+    std::fs::write(plugin.join("src/lib.rs"), "// my ranker\n").unwrap();
+    let o = poolgate(&["plugin", "new", "redo", "--lang", "rust", "--force"], &dir);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("was edited since") && text(&o).contains("src/lib.rs"), "{}", text(&o));
+    assert_eq!(std::fs::read_to_string(plugin.join("src/lib.rs")).unwrap(), "// my ranker\n", "nothing was lost");
+}
+
+/// `rank` takes the multi-case fixture files `plugin new` writes: `--case`
+/// picks one by number or name, and a case's `expect` is reported.
+#[test]
+fn rank_picks_one_case_of_a_fixture_file() {
+    let dir = scratch("rank-case");
+    assert!(poolgate(&["plugin", "new", "cases", "--lang", "c"], &dir).status.success());
+    let fixtures = dir.join("cases/fixtures/basic.json");
+    let f = fixtures.to_str().unwrap();
+    let o = poolgate(&["rank", "--input", f], &dir);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("holds 2 cases; pick one with --case"), "{}", text(&o));
+    assert!(text(&o).contains("1  basic.json: the least busy account comes first"), "{}", text(&o));
+    let o = poolgate(&["rank", "--input", f, "--case", "2"], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let decision: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(decision["order"][0], "x", "the default chain keeps pool order, usable first");
+    assert!(text(&o).contains("expect: met"), "{}", text(&o));
+    let o = poolgate(&["rank", "--input", f, "--case", "the least busy account comes first"], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("expect: not met by this chain"), "{}", text(&o));
+    let o = poolgate(&["rank", "--input", f, "--case", "9"], &dir);
+    assert!(!o.status.success() && text(&o).contains("has no case `9`"), "{}", text(&o));
 }
 
 #[test]

@@ -7,11 +7,7 @@
 //! *above the floor*. Ineligible accounts carry the time they recover, so an
 //! all-parked pool can be ordered by soonest recovery.
 
-use std::collections::HashMap;
-
-use serde::Deserialize;
-
-use crate::{Buckets, Candidate, Config, WindowStatus, check_range};
+use crate::{Buckets, Candidate, Config, Options, WindowStatus, check_range};
 
 /// 1 − 0.98 is 0.020000000000000018 in f64: "at the floor" must include it.
 const FLOOR_EPSILON: f64 = 1e-9;
@@ -38,20 +34,8 @@ pub struct Seat {
     pub recovery: u64,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Options {
-    /// Headroom at or below which an account counts as drained (fraction).
-    #[serde(default = "default_floor")]
-    floor: f64,
-    /// Extra bucket → model family bindings, merged over the default `oi → fable`.
-    #[serde(default)]
-    buckets: HashMap<String, String>,
-}
-
-fn default_floor() -> f64 {
-    0.02
-}
+/// The default of the `floor` option.
+const DEFAULT_FLOOR: f64 = 0.02;
 
 /// A floor and the bucket map that decides which per-model windows count.
 #[derive(Debug, Clone)]
@@ -64,9 +48,18 @@ impl Floor {
     /// Reads the options `floor` (fraction in [0, 1], default 0.02) and
     /// `buckets` (bucket → model family); any other option is refused.
     pub fn configure(config: &Config) -> Result<Floor, String> {
-        let opts: Options = config.parse_into()?;
-        check_range("floor", opts.floor, 0.0, 1.0)?;
-        Ok(Floor { floor: opts.floor, buckets: Buckets::new(opts.buckets) })
+        let mut o = config.options();
+        let floor = Floor::read(&mut o)?;
+        o.done()?;
+        Ok(floor)
+    }
+
+    /// Reads the options `floor` and `buckets` from `o`, for a ranker that takes
+    /// options of its own besides them (it calls [`Options::done`] itself).
+    pub fn read(o: &mut Options) -> Result<Floor, String> {
+        let floor = check_range("floor", o.f64("floor")?.unwrap_or(DEFAULT_FLOOR), 0.0, 1.0)?;
+        let buckets = Buckets::new(o.string_map("buckets")?.unwrap_or_default());
+        Ok(Floor { floor, buckets })
     }
 
     /// Where `account` stands for a request of model `family` at `now_ms`.

@@ -5,17 +5,26 @@
 //! with [`export_ranker!`]. The WIT glue (`wit/policy.wit`) stays hidden; what you
 //! see are the records it defines plus helpers for the reads every ranker needs.
 //!
-//! ```ignore
+//! ```no_run
 //! use poolgate_sdk::prelude::*;
 //!
-//! struct LeastBusy;
+//! /// Sends each request to the account with the fewest requests in flight; the
+//! /// unusable ones and those above `max_in_flight` (an option, default 8) go last.
+//! struct LeastBusy {
+//!     max_in_flight: u32,
+//! }
 //!
 //! impl Ranker for LeastBusy {
-//!     fn configure(_config: Config, _pool: &Pool) -> Result<Self, String> {
-//!         Ok(LeastBusy)
+//!     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
+//!         let mut o = config.options();
+//!         let max_in_flight = check_range("max_in_flight", o.u32("max_in_flight")?.unwrap_or(8), 1, 1000)?;
+//!         o.done()?; // refuses any option not read above, by name
+//!         Ok(LeastBusy { max_in_flight })
 //!     }
+//!
 //!     fn rank(&mut self, _req: &Request, c: &Candidates) -> Result<Ranking, String> {
-//!         Ok(c.sorted_by_key("least_busy", |a| a.in_flight))
+//!         // Stable: ties keep the order the previous stage chose.
+//!         Ok(c.sorted_by_key("least_busy", |a| (!a.usable || a.in_flight > self.max_in_flight, a.in_flight)))
 //!     }
 //! }
 //!
@@ -25,35 +34,42 @@
 //! Build with `cargo build --target wasm32-wasip2 --release`; the `.wasm` in
 //! `target/wasm32-wasip2/release/` is the component to point poolgate at.
 //!
+//! Options arrive as the stage's TOML `config` table; [`Config::options`] reads
+//! them one by one and refuses, by name, a value of the wrong type and any option
+//! not read. [`json`] is the small JSON reader underneath.
+//!
 //! The built-in strategies share two building blocks that are yours to use too:
 //! [`Buckets`] (which model family a `7d_<bucket>` window binds, and dario's
 //! headroom) and [`metrics`] (neurolink's per-account sort metrics, its
 //! `expiry-first` and `headroom-first` ladders, and the usable-and-unsaturated
 //! test its affinity, prefer-primary and spill modifiers apply).
+//!
+//! The crate depends on no other crate, so a plugin builds offline. The examples
+//! in these docs are checked by `cargo test -p poolgate-sdk --doc` (which the
+//! SDK's own test suite runs) on the build machine, not on wasm32: the crate
+//! builds there too, but its host calls are stubs that panic, so the ranker above
+//! is `no_run` (compiled and linked, not run); the options examples do run.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
+mod abi;
 mod buckets;
 mod candidate;
 mod candidates;
 mod config;
 mod floor;
 pub mod host;
+pub mod json;
 pub mod metrics;
 #[doc(hidden)]
 pub mod rt;
 
+/// The WIT glue, generated ahead of time from `wit/policy.wit` (world `policy`)
+/// by `poolgate-witgen rust`; see the file's header.
 #[doc(hidden)]
-pub mod bindings {
-    wit_bindgen::generate!({
-        path: "../wit",
-        world: "policy",
-        pub_export_macro: true,
-        export_macro_name: "__export_policy",
-        default_bindings_module: "poolgate_sdk::bindings",
-        generate_all,
-    });
-}
+#[allow(missing_docs)]
+#[rustfmt::skip]
+pub mod bindings;
 
 pub use bindings::poolgate::policy::types::{
     Account, AccountInfo, ApiShape, Cooldown, CooldownReason, Freshness, Outcome, QuotaWindow, Ranking, Request,
@@ -62,7 +78,7 @@ pub use bindings::poolgate::policy::types::{
 pub use buckets::Buckets;
 pub use candidate::{Candidate, ModelFamily, model_family};
 pub use candidates::{Candidates, Pool};
-pub use config::{Config, check_range};
+pub use config::{Config, Options, check_range};
 pub use floor::{Floor, Seat, Standing};
 
 /// Everything a ranker file usually needs.
@@ -71,8 +87,8 @@ pub mod prelude {
     pub use crate::metrics::{Ladder, SortMetrics};
     pub use crate::{
         Account, AccountInfo, ApiShape, Buckets, Candidate, Candidates, Config, Cooldown, CooldownReason, Floor,
-        Freshness, ModelFamily, Outcome, Pool, QuotaWindow, Ranker, Ranking, Request, Seat, Standing, WindowKind,
-        WindowStatus, check_range, model_family,
+        Freshness, ModelFamily, Options, Outcome, Pool, QuotaWindow, Ranker, Ranking, Request, Seat, Standing,
+        WindowKind, WindowStatus, check_range, model_family,
     };
 }
 

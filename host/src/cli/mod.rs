@@ -36,11 +36,14 @@ enum Command {
     /// Run the configured chain on one JSON case and print the decision record.
     ///
     /// The case holds the accounts with their state, the request facts and the
-    /// clock (`now_ms`); see docs/writing-plugins.md for the format. The chain comes
-    /// from `--config` (its `[[policy.chain]]`), or is the default chain.
+    /// clock (`now_ms`); see docs/writing-plugins.md for the format. A fixture
+    /// file (or directory) with several cases works too: pick one with `--case`
+    /// (its number or name); a case's `expect` is checked and reported. The chain
+    /// comes from `--config` (its `[[policy.chain]]`), or is the default chain.
     ///
-    /// Example:
+    /// Examples:
     ///   poolgate rank --config poolgate.toml --input case.json
+    ///   poolgate rank --config poolgate.toml --input my-ranker/fixtures --case 2
     #[command(verbatim_doc_comment)]
     Rank(rank::Args),
     /// Run the gateway: proxy the Anthropic API across the configured pool.
@@ -127,7 +130,14 @@ pub fn main() -> ExitCode {
 /// `poolgate::decision=info`); `json` writes one object per line.
 pub(crate) fn init_tracing(format: crate::config::LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let default = if matches!(format, crate::config::LogFormat::Json) { "info" } else { "warn" };
+    // Text logs are for people: poolgate's own events (reloads, cooldowns,
+    // plugin output) at info, everything else and the per-request JSON records
+    // only when something is wrong. JSON logs are for machines: everything.
+    let default = if matches!(format, crate::config::LogFormat::Json) {
+        "info"
+    } else {
+        "warn,poolgate=info,poolgate::decision=warn"
+    };
     let filter = EnvFilter::try_from_env("POOLGATE_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = match format {

@@ -21,14 +21,16 @@ pub enum Command {
     ///
     /// Creates `<dir>/<name>/` (default dir: the current one) with the ranker's
     /// source, a `build.sh` that turns it into a component, a `fixtures/`
-    /// directory with a first passing case, and a README with the exact commands.
-    /// Python, JavaScript and C skeletons carry a copy of the WIT contract
-    /// (`wit/policy.wit`); a Rust skeleton depends on poolgate-sdk — by path when
-    /// created inside a poolgate checkout, otherwise as the README explains.
+    /// directory with two passing cases, and a README with the exact commands.
+    /// What it writes builds offline: Python, JavaScript and C skeletons carry a
+    /// copy of the WIT contract (`wit/policy.wit`); a Rust skeleton carries a copy
+    /// of poolgate-sdk in `vendor/` (the SDK depends on no crate), or depends on
+    /// `--sdk <dir>`. `--force` rewrites a skeleton nobody has edited.
     ///
     /// Examples:
     ///   poolgate plugin new least-busy --lang python
     ///   poolgate plugin new least-busy --lang rust --dir ~/src
+    ///   poolgate plugin new least-busy --lang rust --force --sdk ~/src/poolgate/sdk
     ///   poolgate plugin build least-busy && poolgate plugin test least-busy/target/least-busy.wasm least-busy/fixtures
     #[command(verbatim_doc_comment)]
     New(new::Args),
@@ -40,8 +42,13 @@ pub enum Command {
     /// non-zero if the build fails or the component is incompatible. The
     /// per-language commands build.sh runs are listed in docs/writing-plugins.md.
     ///
+    /// With `--config`, the component is compiled into that gateway's cache, so
+    /// the reload after deploying it is a lookup rather than a compile (seconds
+    /// for Python or JavaScript).
+    ///
     /// Examples:
     ///   poolgate plugin build least-busy
+    ///   poolgate plugin build least-busy --config /etc/poolgate/poolgate.toml
     ///   poolgate plugin build examples/plugins/python
     #[command(verbatim_doc_comment)]
     Build(BuildArgs),
@@ -72,6 +79,49 @@ pub enum Command {
     ///   poolgate plugin inspect ./my_ranker.wasm
     #[command(verbatim_doc_comment)]
     Inspect(InspectArgs),
+    /// Write the bindings of poolgate's contract for a language without a
+    /// component toolchain of its own (C).
+    ///
+    /// For C: `policy.h`, `policy.c` and `policy_component_type.o` (link the .o:
+    /// it carries the component type `plugin wrap` reads), generated from the
+    /// contract this binary speaks — what `wit-bindgen c` does, with nothing to
+    /// install. The C skeleton's build.sh runs it.
+    ///
+    /// Example:
+    ///   poolgate plugin bindings c --out target/gen
+    #[command(verbatim_doc_comment)]
+    Bindings(BindingsArgs),
+    /// Turn a core WebAssembly module built with those bindings into a component.
+    ///
+    /// What `wasm-tools component new` does: the module's embedded component type
+    /// becomes the component's interface, and the wasi_snapshot_preview1 adapter
+    /// is added only if the module imports WASI preview 1.
+    ///
+    /// Example:
+    ///   poolgate plugin wrap target/core.wasm -o target/my-ranker.wasm
+    #[command(verbatim_doc_comment)]
+    Wrap(WrapArgs),
+}
+
+/// Arguments of `poolgate plugin bindings`.
+#[derive(clap::Args)]
+pub struct BindingsArgs {
+    /// The language: `c`.
+    #[arg(value_parser = ["c"])]
+    lang: String,
+    /// The directory to write them to.
+    #[arg(long, default_value = "gen")]
+    out: PathBuf,
+}
+
+/// Arguments of `poolgate plugin wrap`.
+#[derive(clap::Args)]
+pub struct WrapArgs {
+    /// The core module.
+    module: PathBuf,
+    /// Where to write the component.
+    #[arg(short, long)]
+    out: PathBuf,
 }
 
 /// Arguments of `poolgate plugin build`.
@@ -80,6 +130,30 @@ pub struct BuildArgs {
     /// The plugin directory (holding `build.sh`).
     #[arg(default_value = ".")]
     dir: PathBuf,
+    #[command(flatten)]
+    cache: CacheArgs,
+}
+
+/// Which compile cache (and compile limits) a tool uses.
+#[derive(clap::Args)]
+pub struct CacheArgs {
+    /// The gateway config the plugin is for: compile into the cache it uses
+    /// (`policy.cache_dir`) under its limits, so that the gateway's reload
+    /// finds the component compiled. Default: the default cache directory.
+    #[arg(long, env = "POOLGATE_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+impl CacheArgs {
+    fn engine(&self) -> Result<std::sync::Arc<PolicyEngine>> {
+        let Some(path) = &self.config else {
+            return PolicyEngine::new(PolicyEngine::default_cache_dir());
+        };
+        let (config, _) = crate::config::Config::read(path)?;
+        let engine = PolicyEngine::new(config.cache_dir())?;
+        engine.set_compile_limits(config.compile_limits());
+        Ok(engine)
+    }
 }
 
 /// Arguments of `poolgate plugin test`.
@@ -95,6 +169,8 @@ pub struct TestArgs {
     /// Print the full decision record of failing cases.
     #[arg(long, short)]
     verbose: bool,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
 /// Arguments of `poolgate plugin inspect`.
@@ -102,9 +178,11 @@ pub struct TestArgs {
 pub struct InspectArgs {
     /// The component file.
     file: PathBuf,
-    /// Also list the functions of WASI imports.
+    /// Also list the functions of WASI imports and of a language runtime's own exports.
     #[arg(long)]
     full: bool,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
 /// Runs a `poolgate plugin` subcommand.
@@ -113,8 +191,22 @@ pub fn run(cmd: Command) -> Result<ExitCode> {
         Command::New(args) => new::run(args),
         Command::Build(args) => build(args),
         Command::Test(args) => test(args),
+        Command::Bindings(args) => {
+            let wit = include_str!("../../../wit/policy.wit");
+            for name in poolgate_witgen::c_bindings_from_text("policy.wit", wit, "policy", &args.out)? {
+                println!("{}", args.out.join(name).display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Wrap(args) => {
+            let adapted = poolgate_witgen::component(&args.module, &args.out)?;
+            let size = std::fs::metadata(&args.out)?.len();
+            let note = if adapted { " (with the wasi_snapshot_preview1 adapter)" } else { "" };
+            println!("{}: {size} bytes{note}", args.out.display());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Inspect(args) => {
-            let engine = PolicyEngine::new(PolicyEngine::default_cache_dir())?;
+            let engine = args.cache.engine()?;
             let report = inspect::inspect(&engine, &args.file, args.full)?;
             print!("{}", report.text);
             Ok(if report.compatible { ExitCode::SUCCESS } else { ExitCode::FAILURE })
@@ -132,8 +224,13 @@ fn build(args: BuildArgs) -> Result<ExitCode> {
         );
     }
     let started = std::time::Instant::now();
-    let output = std::process::Command::new("bash")
-        .arg(&script)
+    let mut command = std::process::Command::new("bash");
+    command.arg(&script);
+    // build.sh may call this binary (`plugin bindings`, `plugin wrap`).
+    if let Ok(exe) = std::env::current_exe() {
+        command.env("POOLGATE", exe);
+    }
+    let output = command
         .stderr(std::process::Stdio::inherit())
         .output()
         .with_context(|| format!("cannot run {}", script.display()))?;
@@ -150,14 +247,26 @@ fn build(args: BuildArgs) -> Result<ExitCode> {
         .filter(|p| p.is_file())
         .with_context(|| format!("{} did not print the path of the component it built", script.display()))?;
     println!("built {} in {:.1} s\n", wasm.display(), started.elapsed().as_secs_f64());
-    let engine = PolicyEngine::new(PolicyEngine::default_cache_dir())?;
+    // Inspecting compiles the component, into the cache the gateway will read.
+    let engine = args.cache.engine()?;
+    let compiled = std::time::Instant::now();
     let report = inspect::inspect(&engine, &wasm, false)?;
     print!("{}", report.text);
+    if report.compatible {
+        let into = match &args.cache.config {
+            Some(c) => format!("the cache of {}", c.display()),
+            None => "the default cache".to_string(),
+        };
+        println!(
+            "compiled into {into} in {:.1} s: a gateway using that cache loads it without compiling",
+            compiled.elapsed().as_secs_f64()
+        );
+    }
     Ok(if report.compatible { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 fn test(args: TestArgs) -> Result<ExitCode> {
-    let engine = PolicyEngine::new(PolicyEngine::default_cache_dir())?;
+    let engine = args.cache.engine()?;
     let cases = load_cases(&args.fixtures)?;
     let plugin = PluginRef::parse(&args.plugin);
     let results = run_all(&engine, &plugin, &cases, Duration::from_millis(args.timeout_ms));

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
-use crate::case::load_cases;
+use crate::case::load_case;
 use crate::policy::{Chain, MemoryState, PolicyEngine};
 
 /// Arguments of `poolgate rank`.
@@ -15,18 +15,19 @@ pub struct Args {
     /// The gateway config whose `[[policy.chain]]` to run (default chain if omitted).
     #[arg(long, short)]
     config: Option<PathBuf>,
-    /// The JSON case: accounts, request facts, `now_ms`.
+    /// The JSON case: accounts, request facts, `now_ms` — or a fixture file or
+    /// directory holding several (then pick one with `--case`).
     #[arg(long, short)]
     input: PathBuf,
+    /// Which case of a multi-case input: its number (1 = first, as `plugin test`
+    /// lists them) or its `name`.
+    #[arg(long)]
+    case: Option<String>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let config = super::load_config(args.config.as_ref())?;
-    let mut cases = load_cases(&args.input)?;
-    if cases.len() != 1 {
-        bail!("{} holds {} cases; `rank` takes exactly one", args.input.display(), cases.len());
-    }
-    let (_, case) = cases.remove(0);
+    let (_, case) = load_case(&args.input, args.case.as_deref())?;
     let engine = PolicyEngine::new(config.cache_dir())?;
     let decision = crate::policy::block_on(async {
         let state = Arc::new(MemoryState::default());
@@ -37,5 +38,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
         anyhow::Ok(chain.rank(case.request(), case.candidates(config.policy.freshness_ms)).await)
     })?;
     println!("{}", serde_json::to_string_pretty(&decision)?);
+    // A fixture says what it expects: say whether this chain meets it (a
+    // fixture written for one plugin may not hold for a whole chain, so this
+    // informs, it does not fail).
+    if case.expect.is_some() {
+        let failures = crate::fixtures::check(&case, &decision);
+        if failures.is_empty() {
+            eprintln!("expect: met");
+        } else {
+            eprintln!("expect: not met by this chain\n  {}", failures.join("\n  "));
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }

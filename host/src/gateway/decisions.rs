@@ -90,7 +90,7 @@ impl DecisionLog {
 
     /// Adds a record, logging it.
     pub fn push(&self, record: RequestRecord) {
-        if tracing::enabled!(tracing::Level::INFO)
+        if tracing::enabled!(target: "poolgate::decision", tracing::Level::INFO)
             && let Ok(json) = serde_json::to_string(&record)
         {
             tracing::info!(target: "poolgate::decision", request = record.id, account = record.account.as_deref().unwrap_or("-"), status = record.status, reason = %record.reason, "{json}");

@@ -14,6 +14,7 @@
 pub mod accounts;
 pub mod admission;
 pub mod auth;
+pub mod change;
 pub mod cooldown;
 pub mod decisions;
 pub mod errors;
@@ -176,6 +177,7 @@ impl Gateway {
                         tracing::warn!(key, "changed, but takes effect only at the next restart");
                     }
                 }
+                let changes = change::describe(&self.generation(), &generation);
                 self.decisions.resize(generation.config.server.decisions_kept);
                 self.plugin_state.set_limits(generation.config.state_limits());
                 self.plugin_state.retain_scopes(&generation.chain.scopes());
@@ -189,10 +191,11 @@ impl Gateway {
                     consecutive_failures: 0,
                 });
                 tracing::info!(
+                    target: "poolgate::reload",
                     generation = number,
                     trigger,
-                    build_ms = started.elapsed().as_millis() as u64,
-                    "configuration reloaded"
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "configuration reloaded: {changes}"
                 );
                 Ok(number)
             }

@@ -185,7 +185,6 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
             .find(|a| Arc::ptr_eq(&a.state, lease.account()))
             .expect("a lease is on one of this generation's accounts");
         tried.push(account.index);
-        let alias = account.config.alias().to_string();
         let sent = Instant::now();
         account.state.attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let timeout = Duration::from_millis(cfg.gateway.response_timeout_ms);
@@ -293,7 +292,9 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
         let mut out = Response::new(body);
         *out.status_mut() = status;
         *out.headers_mut() = headers;
-        let r = tag(out, id, Some(&alias), Some(&reason));
+        // The account's id: what the config, `/status` and the decision record
+        // name it by (the alias is in the record).
+        let r = tag(out, id, Some(&account.config.id), Some(&reason));
         return with_attempt_headers(r, attempts, policy_error.as_deref());
     }
 

@@ -80,7 +80,8 @@ pub fn watch_files(gateway: &Arc<Gateway>, config: PathBuf, reload: Reloader) ->
             last = now;
             tracing::debug!(settle_ms = seen.elapsed().as_millis() as u64, "config or plugin file changed; reloading");
             match tokio::spawn(reload("file-watch")).await {
-                Ok(Ok(generation)) => tracing::info!(generation, "reloaded after a file change"),
+                // The reload logged what changed; nothing to add.
+                Ok(Ok(_)) => {}
                 Ok(Err(e)) => tracing::warn!(error = %e, "file change not applied; the running configuration stays"),
                 Err(e) => tracing::error!(error = %e, "reload task failed"),
             }
@@ -109,7 +110,7 @@ pub fn reload_on_sighup(gateway: &Arc<Gateway>, reload: Reloader) -> tokio::task
                 return;
             }
             match tokio::spawn(reload("sighup")).await {
-                Ok(Ok(generation)) => tracing::info!(generation, "reloaded on SIGHUP"),
+                Ok(Ok(_)) => {}
                 Ok(Err(e)) => tracing::warn!(error = %e, "SIGHUP reload refused; the running configuration stays"),
                 Err(e) => tracing::error!(error = %e, "reload task failed"),
             }

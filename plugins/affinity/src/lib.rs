@@ -13,33 +13,7 @@
 //! Bindings live in the host's state store (`<account id>|<served at ms>` under
 //! the session id), so they survive instance replacement and a hot swap.
 
-use std::collections::HashMap;
-
 use poolgate_sdk::prelude::*;
-use serde::Deserialize;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Options {
-    /// How long a binding outlives the last response it served, ms.
-    #[serde(default = "default_ttl")]
-    idle_ttl_ms: u64,
-    /// Most sessions remembered; the least recently served are forgotten first.
-    #[serde(default = "default_max_sessions")]
-    max_sessions: u32,
-    /// 5h utilization at or above which the bound account is saturated, in (0, 1].
-    session_soft_limit: Option<f64>,
-    /// Extra bucket → model family bindings, merged over the default `oi → fable`.
-    #[serde(default)]
-    buckets: HashMap<String, String>,
-}
-
-fn default_ttl() -> u64 {
-    3_600_000
-}
-fn default_max_sessions() -> u32 {
-    5_000
-}
 
 /// The affinity modifier.
 pub struct Affinity {
@@ -53,11 +27,17 @@ fn skipped(candidates: &Candidates, why: String) -> Ranking {
 
 impl Ranker for Affinity {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
-        let o: Options = config.parse_into()?;
-        let idle_ttl_ms = check_range("idle_ttl_ms", o.idle_ttl_ms, 60_000, 86_400_000)?;
-        let max_sessions = check_range("max_sessions", o.max_sessions, 1, 1_000_000)?;
+        let mut o = config.options();
+        // How long a binding outlives the last response it served, ms.
+        let idle_ttl_ms = check_range("idle_ttl_ms", o.u64("idle_ttl_ms")?.unwrap_or(3_600_000), 60_000, 86_400_000)?;
+        // Most sessions remembered; the least recently served are forgotten first.
+        let max_sessions = check_range("max_sessions", o.u32("max_sessions")?.unwrap_or(5_000), 1, 1_000_000)?;
+        // 5h utilization at or above which the bound account is saturated, in (0, 1],
+        // and extra bucket → model family bindings, merged over the default `oi → fable`.
+        let ladder = Ladder::new(o.f64("session_soft_limit")?, None, o.string_map("buckets")?.unwrap_or_default())?;
+        o.done()?;
         state::limit(max_sessions);
-        Ok(Affinity { idle_ttl_ms, ladder: Ladder::new(o.session_soft_limit, None, o.buckets)? })
+        Ok(Affinity { idle_ttl_ms, ladder })
     }
 
     fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {

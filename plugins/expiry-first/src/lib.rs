@@ -11,23 +11,8 @@
 //! SDK (`poolgate_sdk::metrics`) because the precedence modifiers must judge
 //! usability and saturation exactly as this ranking does.
 
-use std::collections::HashMap;
-
 use poolgate_sdk::metrics::{compare_expiry_first, rank_by};
 use poolgate_sdk::prelude::*;
-use serde::Deserialize;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Options {
-    /// 5h utilization at or above which an account is demoted, in (0, 1].
-    session_soft_limit: Option<f64>,
-    /// Session resets in the same bucket of this width count as equal, ms.
-    session_reset_tolerance_ms: Option<u64>,
-    /// Extra bucket → model family bindings, merged over the default `oi → fable`.
-    #[serde(default)]
-    buckets: HashMap<String, String>,
-}
 
 /// The expiry-first ranker.
 pub struct ExpiryFirst {
@@ -36,8 +21,17 @@ pub struct ExpiryFirst {
 
 impl Ranker for ExpiryFirst {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
-        let o: Options = config.parse_into()?;
-        Ok(ExpiryFirst { ladder: Ladder::new(o.session_soft_limit, o.session_reset_tolerance_ms, o.buckets)? })
+        let mut o = config.options();
+        let ladder = Ladder::new(
+            // 5h utilization at or above which an account is demoted, in (0, 1].
+            o.f64("session_soft_limit")?,
+            // Session resets in the same bucket of this width count as equal, ms.
+            o.u64("session_reset_tolerance_ms")?,
+            // Extra bucket → model family bindings, merged over the default `oi → fable`.
+            o.string_map("buckets")?.unwrap_or_default(),
+        )?;
+        o.done()?;
+        Ok(ExpiryFirst { ladder })
     }
 
     fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {

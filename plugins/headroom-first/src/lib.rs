@@ -10,21 +10,8 @@
 //! Unlike dario's `headroom`, the per-model bucket is not part of the headroom:
 //! it only demotes an account once it reaches the soft limit (`scoped_headroom`).
 
-use std::collections::HashMap;
-
 use poolgate_sdk::metrics::{compare_headroom_first, rank_by};
 use poolgate_sdk::prelude::*;
-use serde::Deserialize;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Options {
-    /// 5h utilization at or above which an account is demoted, in (0, 1].
-    session_soft_limit: Option<f64>,
-    /// Extra bucket → model family bindings, merged over the default `oi → fable`.
-    #[serde(default)]
-    buckets: HashMap<String, String>,
-}
 
 /// The headroom-first ranker.
 pub struct HeadroomFirst {
@@ -33,8 +20,12 @@ pub struct HeadroomFirst {
 
 impl Ranker for HeadroomFirst {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
-        let o: Options = config.parse_into()?;
-        Ok(HeadroomFirst { ladder: Ladder::new(o.session_soft_limit, None, o.buckets)? })
+        let mut o = config.options();
+        // 5h utilization at or above which an account is demoted, in (0, 1], and
+        // extra bucket → model family bindings, merged over the default `oi → fable`.
+        let ladder = Ladder::new(o.f64("session_soft_limit")?, None, o.string_map("buckets")?.unwrap_or_default())?;
+        o.done()?;
+        Ok(HeadroomFirst { ladder })
     }
 
     fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {

@@ -8,20 +8,7 @@
 //! neurolink's precedence `[bound, primary, …rest]`, whichever of the two stages
 //! runs first.
 
-use std::collections::HashMap;
-
 use poolgate_sdk::prelude::*;
-use serde::Deserialize;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Options {
-    /// 5h utilization at or above which the primary is saturated, in (0, 1].
-    session_soft_limit: Option<f64>,
-    /// Extra bucket → model family bindings, merged over the default `oi → fable`.
-    #[serde(default)]
-    buckets: HashMap<String, String>,
-}
 
 /// The prefer-primary modifier.
 pub struct PreferPrimary {
@@ -30,8 +17,12 @@ pub struct PreferPrimary {
 
 impl Ranker for PreferPrimary {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
-        let o: Options = config.parse_into()?;
-        Ok(PreferPrimary { ladder: Ladder::new(o.session_soft_limit, None, o.buckets)? })
+        let mut o = config.options();
+        // 5h utilization at or above which the primary is saturated, in (0, 1], and
+        // extra bucket → model family bindings, merged over the default `oi → fable`.
+        let ladder = Ladder::new(o.f64("session_soft_limit")?, None, o.string_map("buckets")?.unwrap_or_default())?;
+        o.done()?;
+        Ok(PreferPrimary { ladder })
     }
 
     fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {

@@ -15,18 +15,7 @@
 //! It never claims the head: its reason is empty and its detail names what it
 //! dropped.
 
-use std::collections::HashMap;
-
 use poolgate_sdk::prelude::*;
-use serde::Deserialize;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Options {
-    /// Extra bucket → model family bindings, merged over the default `oi → fable`.
-    #[serde(default)]
-    buckets: HashMap<String, String>,
-}
 
 /// The skip-exhausted filter.
 pub struct SkipExhausted {
@@ -57,8 +46,11 @@ impl SkipExhausted {
 
 impl Ranker for SkipExhausted {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
-        let o: Options = config.parse_into()?;
-        Ok(SkipExhausted { buckets: Buckets::new(o.buckets) })
+        let mut o = config.options();
+        // Extra bucket → model family bindings, merged over the default `oi → fable`.
+        let buckets = Buckets::new(o.string_map("buckets")?.unwrap_or_default());
+        o.done()?;
+        Ok(SkipExhausted { buckets })
     }
 
     fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {

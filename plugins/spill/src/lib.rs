@@ -9,23 +9,7 @@
 //! may itself be at its `max_in_flight`; admission is the host's gate, which then
 //! moves on to the next account.
 
-use std::collections::HashMap;
-
 use poolgate_sdk::prelude::*;
-use serde::Deserialize;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Options {
-    /// In-flight count at which the head spills (0 = off).
-    #[serde(default)]
-    spill_inflight: u32,
-    /// 5h utilization at or above which a target is saturated, in (0, 1].
-    session_soft_limit: Option<f64>,
-    /// Extra bucket → model family bindings, merged over the default `oi → fable`.
-    #[serde(default)]
-    buckets: HashMap<String, String>,
-}
 
 /// Reasons that mean the head is pinned on purpose.
 const PINNED: [&str; 2] = ["session_affinity", "preferred_primary"];
@@ -38,9 +22,14 @@ pub struct Spill {
 
 impl Ranker for Spill {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
-        let o: Options = config.parse_into()?;
-        let threshold = check_range("spill_inflight", o.spill_inflight, 0, 100)?;
-        Ok(Spill { threshold, ladder: Ladder::new(o.session_soft_limit, None, o.buckets)? })
+        let mut o = config.options();
+        // In-flight count at which the head spills (0 = off).
+        let threshold = check_range("spill_inflight", o.u32("spill_inflight")?.unwrap_or(0), 0, 100)?;
+        // 5h utilization at or above which a target is saturated, in (0, 1], and
+        // extra bucket → model family bindings, merged over the default `oi → fable`.
+        let ladder = Ladder::new(o.f64("session_soft_limit")?, None, o.string_map("buckets")?.unwrap_or_default())?;
+        o.done()?;
+        Ok(Spill { threshold, ladder })
     }
 
     fn rank(&mut self, req: &Request, candidates: &Candidates) -> Result<Ranking, String> {

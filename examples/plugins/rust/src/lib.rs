@@ -12,25 +12,6 @@
 //!   for this long. Kept in the host's state store, so it outlives instances.
 
 use poolgate_sdk::prelude::*;
-use serde::Deserialize;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Options {
-    #[serde(default = "default_max_utilization")]
-    max_utilization: f64,
-    #[serde(default = "yes")]
-    sort: bool,
-    #[serde(default)]
-    rate_limit_penalty_ms: u64,
-}
-
-fn default_max_utilization() -> f64 {
-    0.9
-}
-fn yes() -> bool {
-    true
-}
 
 struct ResetSoonest {
     max_utilization: f64,
@@ -46,10 +27,15 @@ fn penalty_key(account: &AccountInfo) -> String {
 
 impl Ranker for ResetSoonest {
     fn configure(config: Config, pool: &Pool) -> Result<Self, String> {
-        let o: Options = config.parse_into()?;
-        check_range("max_utilization", o.max_utilization, 0.0, 1.0)?;
+        // Each read refuses a value of the wrong type by the option's name;
+        // `done` refuses any option not read (a misspelling, say).
+        let mut o = config.options();
+        let max_utilization = check_range("max_utilization", o.f64("max_utilization")?.unwrap_or(0.9), 0.0, 1.0)?;
+        let sort = o.bool("sort")?.unwrap_or(true);
+        let penalty_ms = o.u64("rate_limit_penalty_ms")?.unwrap_or(0);
+        o.done()?;
         log::debug(&format!("reset-soonest (rust) configured for {} accounts", pool.len()));
-        Ok(ResetSoonest { max_utilization: o.max_utilization, sort: o.sort, penalty_ms: o.rate_limit_penalty_ms })
+        Ok(ResetSoonest { max_utilization, sort, penalty_ms })
     }
 
     fn rank(&mut self, _req: &Request, candidates: &Candidates) -> Result<Ranking, String> {

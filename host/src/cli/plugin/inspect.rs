@@ -66,7 +66,11 @@ pub fn inspect(engine: &PolicyEngine, path: &Path, full: bool) -> Result<Report>
 
     writeln!(out, "\nexports")?;
     for (name, item) in ty.exports(wasm) {
-        write_item(&mut out, engine, "export", name, &item.ty, true, "")?;
+        // A language runtime may export its own plumbing (componentize-py's
+        // `exports.init`, a 900-character signature): named, not spelt out.
+        let ours = name.starts_with("poolgate:policy/");
+        let note = if ours || full { "" } else { "  # the language runtime's own; --full shows it" };
+        write_item(&mut out, engine, "export", name, &item.ty, ours || full, note)?;
     }
     writeln!(out, "\nimports")?;
     if ty.imports(wasm).len() == 0 {

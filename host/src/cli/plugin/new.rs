@@ -1,11 +1,16 @@
 //! `poolgate plugin new`: writes a ready-to-build ranker skeleton.
 //!
 //! The templates live in `host/src/cli/templates/` and are compiled in, so the
-//! binary alone can scaffold a plugin anywhere. Python, JavaScript and C
-//! skeletons get a copy of the WIT contract; a Rust skeleton gets poolgate-sdk
-//! (which carries it).
+//! binary alone can scaffold a plugin anywhere, and what it writes builds
+//! offline: Python, JavaScript and C skeletons get a copy of the WIT contract;
+//! a Rust skeleton gets a copy of poolgate-sdk's sources in `vendor/` (the SDK
+//! depends on no crate), unless `--sdk` names an SDK to depend on instead.
+//!
+//! Every file written is listed, with its hash, in `.poolgate-skeleton`, so that
+//! `--force` can tell an untouched skeleton (rewritten) from one the author
+//! has edited (refused, naming the edited files).
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
@@ -36,11 +41,18 @@ pub struct Args {
     /// Where to create the `<name>/` directory.
     #[arg(long, default_value = ".")]
     dir: PathBuf,
-    /// Rust only: the poolgate-sdk directory to depend on by path (default: the
-    /// checkout the directory lies in, if any).
+    /// Rust only: a poolgate-sdk directory to depend on by path, instead of the
+    /// copy of the SDK written to `vendor/poolgate-sdk`.
     #[arg(long)]
     sdk: Option<PathBuf>,
+    /// Rewrite the skeleton if `<dir>/<name>` is one `plugin new` wrote and
+    /// nobody has edited since (to switch `--sdk`, or pick up a newer template).
+    #[arg(long)]
+    force: bool,
 }
+
+/// The file listing what `plugin new` wrote: `<sha256>  <path>` per line.
+pub const MANIFEST: &str = ".poolgate-skeleton";
 
 const WIT: &str = include_str!("../../../../wit/policy.wit");
 const README: &str = include_str!("../templates/README.md");
@@ -76,11 +88,11 @@ fn files(lang: Lang) -> Vec<(&'static str, &'static str, bool)> {
 
 /// Runs `poolgate plugin new`.
 pub fn run(args: Args) -> Result<ExitCode> {
-    let dir = create(&args.name, args.lang, &args.dir, args.sdk.as_deref())?;
+    let dir = create(&args.name, args.lang, &args.dir, args.sdk.as_deref(), args.force)?;
     let shown = dir.display();
     println!("created {shown}/ ({:?})", args.lang);
     if args.lang == Lang::Js {
-        println!("  cd {shown} && npm install      # once: componentize-js and friends (pinned)");
+        println!("  # componentize-js: `npm install` in {shown} once, or one global install (see build.sh)");
     }
     println!("  poolgate plugin build {shown}");
     println!("  poolgate plugin test {shown}/target/{}.wasm {shown}/fixtures", args.name);
@@ -88,37 +100,29 @@ pub fn run(args: Args) -> Result<ExitCode> {
 }
 
 /// Writes the skeleton of `name` in `lang` under `parent`; returns its directory.
-pub fn create(name: &str, lang: Lang, parent: &Path, sdk: Option<&Path>) -> Result<PathBuf> {
+/// With `force`, an untouched skeleton already there is rewritten.
+pub fn create(name: &str, lang: Lang, parent: &Path, sdk: Option<&Path>, force: bool) -> Result<PathBuf> {
     check_name(name)?;
     let dir = parent.join(name);
     if dir.exists() {
-        bail!("{} already exists; pick another name or directory", dir.display());
+        if !force {
+            bail!(
+                "{} already exists; pick another name or directory (or --force, to rewrite a skeleton nobody edited)",
+                dir.display()
+            );
+        }
+        clear_untouched(&dir)?;
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let abs = dir.canonicalize()?;
-    let checkout = poolgate_checkout(&abs);
 
-    let sdk_dep = match (sdk, &checkout) {
-        (Some(p), _) => format!("poolgate-sdk = {{ path = {:?} }}", p.display().to_string()),
-        (None, Some(root)) => {
-            let rel = relative(&abs, &root.join("sdk"));
-            format!("poolgate-sdk = {{ path = {:?} }}", rel.display().to_string())
-        }
-        (None, None) => "# Outside a poolgate checkout: depend on the SDK from the repository, or on a\n\
-             # local checkout with `path = \"/src/poolgate/sdk\"` (or `poolgate plugin new --sdk`).\n\
-             poolgate-sdk = { git = \"https://github.com/poolgate/poolgate\" }"
-            .to_string(),
+    let sdk_dep = match sdk {
+        Some(p) => format!("poolgate-sdk = {{ path = {:?} }}", p.display().to_string()),
+        None => "poolgate-sdk = { path = \"vendor/poolgate-sdk\" }".to_string(),
     };
     let (language, source, setup, note, timeout) = match lang {
-        Lang::Rust => ("Rust", "src/lib.rs", "", "through poolgate-sdk", 25),
+        Lang::Rust => ("Rust", "src/lib.rs", "", "through poolgate-sdk, a copy of which is in vendor/", 25),
         Lang::Python => ("Python", "app.py", "", "a copy is in wit/policy.wit", 50),
-        Lang::Js => (
-            "JavaScript",
-            "ranker.js",
-            "npm install                                     # once\n",
-            "a copy is in wit/policy.wit",
-            50,
-        ),
+        Lang::Js => ("JavaScript", "ranker.js", "", "a copy is in wit/policy.wit", 50),
         Lang::C => ("C", "ranker.c", "", "a copy is in wit/policy.wit", 25),
     };
     let vars = [
@@ -126,7 +130,6 @@ pub fn create(name: &str, lang: Lang, parent: &Path, sdk: Option<&Path>) -> Resu
         ("{{crate}}", name.replace('-', "_")),
         ("{{reason}}", name.replace('-', "_")),
         ("{{sdk_dep}}", sdk_dep),
-        ("{{poolgate_root}}", checkout.as_ref().map(|r| r.display().to_string()).unwrap_or_default()),
         ("{{language}}", language.to_string()),
         ("{{source}}", source.to_string()),
         ("{{setup}}", setup.to_string()),
@@ -136,22 +139,78 @@ pub fn create(name: &str, lang: Lang, parent: &Path, sdk: Option<&Path>) -> Resu
     ];
     let fill = |t: &str| vars.iter().fold(t.to_string(), |acc, (k, v)| acc.replace(k, v));
 
-    let mut all = files(lang);
-    all.push(("README.md", README, false));
-    all.push(("fixtures/basic.json", FIXTURES, false));
-    for (path, template, executable) in all {
+    let mut all: Vec<(String, String, bool)> =
+        files(lang).into_iter().map(|(path, template, x)| (path.to_string(), fill(template), x)).collect();
+    all.push(("README.md".into(), fill(README), false));
+    all.push(("fixtures/basic.json".into(), fill(FIXTURES), false));
+    if lang == Lang::Rust && sdk.is_none() {
+        all.extend(vendored_sdk());
+    }
+    let mut manifest = String::new();
+    for (path, text, executable) in &all {
         let target = dir.join(path);
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        // The WIT copy is verbatim; templates get their placeholders filled.
-        let text = if template == WIT { template.to_string() } else { fill(template) };
         std::fs::write(&target, text).with_context(|| format!("cannot write {}", target.display()))?;
-        if executable {
+        if *executable {
             make_executable(&target)?;
         }
+        manifest.push_str(&format!("{}  {path}\n", digest(text.as_bytes())));
     }
+    std::fs::write(dir.join(MANIFEST), manifest)?;
     Ok(dir)
+}
+
+/// The SDK's sources as a crate of its own under `vendor/poolgate-sdk`.
+fn vendored_sdk() -> Vec<(String, String, bool)> {
+    let manifest = format!(
+        "# A copy of poolgate-sdk {version}, written by `poolgate plugin new`: it depends on\n\
+         # no crate, so this plugin builds offline. `poolgate plugin new --force` (on an\n\
+         # untouched skeleton) or copying a newer poolgate's sdk/ over it updates it.\n\
+         [package]\nname = \"poolgate-sdk\"\nversion = \"{version}\"\nedition = \"2024\"\n\
+         license = \"Apache-2.0\"\npublish = false\n",
+        version = crate::artifacts::SDK_VERSION
+    );
+    let mut out = vec![("vendor/poolgate-sdk/Cargo.toml".to_string(), manifest, false)];
+    for (path, text) in crate::artifacts::SDK_SOURCES {
+        out.push((format!("vendor/poolgate-sdk/{path}"), text.to_string(), false));
+    }
+    out
+}
+
+fn digest(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Removes the files of a skeleton `plugin new` wrote, if none was edited;
+/// refuses otherwise, naming the edited ones. Files the author added stay.
+fn clear_untouched(dir: &Path) -> Result<()> {
+    let listing = std::fs::read_to_string(dir.join(MANIFEST)).map_err(|_| {
+        anyhow::anyhow!(
+            "{} exists and is not a skeleton `plugin new` wrote (no {MANIFEST}); --force leaves it alone",
+            dir.display()
+        )
+    })?;
+    let entries: Vec<(&str, &str)> = listing.lines().filter_map(|l| l.split_once("  ")).collect();
+    let edited: Vec<&str> = entries
+        .iter()
+        .filter(|(sum, path)| std::fs::read(dir.join(path)).is_ok_and(|b| digest(&b) != *sum))
+        .map(|(_, path)| *path)
+        .collect();
+    if !edited.is_empty() {
+        bail!(
+            "{} was edited since `plugin new` wrote it ({}); --force only rewrites an untouched skeleton",
+            dir.display(),
+            edited.join(", ")
+        );
+    }
+    for (_, path) in &entries {
+        let _ = std::fs::remove_file(dir.join(path));
+    }
+    let _ = std::fs::remove_dir_all(dir.join("vendor/poolgate-sdk"));
+    Ok(())
 }
 
 fn check_name(name: &str) -> Result<()> {
@@ -162,28 +221,6 @@ fn check_name(name: &str) -> Result<()> {
         bail!("`{name}` is not a plugin name: use lowercase letters, digits and `-`, starting with a letter");
     }
     Ok(())
-}
-
-/// The poolgate checkout `dir` lies in, if any (where `sdk/` and `wit/policy.wit` are).
-fn poolgate_checkout(dir: &Path) -> Option<PathBuf> {
-    dir.ancestors()
-        .find(|d| d.join("wit/policy.wit").is_file() && d.join("sdk/Cargo.toml").is_file())
-        .map(Path::to_path_buf)
-}
-
-/// `to` relative to `from` (both absolute).
-fn relative(from: &Path, to: &Path) -> PathBuf {
-    let from: Vec<Component> = from.components().collect();
-    let to: Vec<Component> = to.components().collect();
-    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
-    let mut rel = PathBuf::new();
-    for _ in common..from.len() {
-        rel.push("..");
-    }
-    for c in &to[common..] {
-        rel.push(c);
-    }
-    rel
 }
 
 #[cfg(unix)]
@@ -211,11 +248,5 @@ mod tests {
         for bad in ["", "Least", "1st", "a_b", "a b", "../x"] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn relative_paths_walk_up_then_down() {
-        assert_eq!(relative(Path::new("/r/examples/x"), Path::new("/r/sdk")), PathBuf::from("../../sdk"));
-        assert_eq!(relative(Path::new("/r"), Path::new("/r/sdk")), PathBuf::from("sdk"));
     }
 }

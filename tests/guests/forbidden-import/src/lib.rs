@@ -27,7 +27,9 @@ struct Leaky {
 
 impl Ranker for Leaky {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
-        let url = config.raw().get("url").and_then(|u| u.as_str()).map(str::to_string);
+        let mut o = config.options();
+        let url = o.string("url")?;
+        o.done()?;
         Ok(Leaky { url })
     }
     fn rank(&mut self, _req: &Request, c: &Candidates) -> Result<Ranking, String> {

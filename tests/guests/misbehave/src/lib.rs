@@ -12,20 +12,6 @@
 //! `bytes` how big a flood or a reason is.
 
 use poolgate_sdk::prelude::*;
-use serde::Deserialize;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Options {
-    fault: String,
-    on_model: Option<String>,
-    /// Where the `socket` fault tries to connect.
-    addr: Option<String>,
-    observe: Option<String>,
-    configure: Option<String>,
-    ms: Option<u64>,
-    bytes: Option<usize>,
-}
 
 struct Misbehave {
     fault: String,
@@ -66,12 +52,20 @@ fn not_the_first() -> bool {
 
 impl Ranker for Misbehave {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
-        let o: Options = config.parse_into()?;
-        if o.fault == "configure" {
+        let mut o = config.options();
+        let fault = o.required("fault", Options::string)?;
+        let on_model = o.string("on_model")?;
+        // Where the `socket` fault tries to connect.
+        let addr = o.string("addr")?.unwrap_or_else(|| "127.0.0.1:9".into());
+        let observe = o.string("observe")?.unwrap_or_else(|| "none".into());
+        let configure = o.string("configure")?;
+        let ms = o.u64("ms")?.unwrap_or(10_000);
+        let bytes = o.usize("bytes")?.unwrap_or(64 * 1024);
+        o.done()?;
+        if fault == "configure" {
             return Err("option `fault`: refusing to configure, as asked".into());
         }
-        let ms = o.ms.unwrap_or(10_000);
-        match o.configure.as_deref() {
+        match configure.as_deref() {
             None => {}
             Some("spin") => spin(ms),
             Some("sleep") => sleep(ms),
@@ -81,15 +75,7 @@ impl Ranker for Misbehave {
             Some("spin-after-first" | "sleep-after-first" | "trap-after-first") => {}
             Some(other) => return Err(format!("option `configure`: unknown mode `{other}`")),
         }
-        Ok(Misbehave {
-            fault: o.fault,
-            on_model: o.on_model,
-            addr: o.addr.unwrap_or_else(|| "127.0.0.1:9".into()),
-            observe: o.observe.unwrap_or_else(|| "none".into()),
-            ms,
-            bytes: o.bytes.unwrap_or(64 * 1024),
-            calls: 0,
-        })
+        Ok(Misbehave { fault, on_model, addr, observe, ms, bytes, calls: 0 })
     }
 
     fn rank(&mut self, req: &Request, c: &Candidates) -> Result<Ranking, String> {

@@ -4,18 +4,20 @@
 //! Build: ./build.sh      Test: poolgate plugin test target/{{name}}.wasm fixtures
 
 use poolgate_sdk::prelude::*;
-use serde::Deserialize;
-
-/// The stage's `config` table. Unknown keys are refused by name.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Options {}
 
 struct Plugin;
 
 impl Ranker for Plugin {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
-        let _options: Options = config.parse_into()?;
+        // The stage's `config` table. To take an option, make this `let mut o`
+        // and read it before `done`, with its default:
+        //     let limit = o.f64("limit")?.unwrap_or(0.9);
+        // A read gives None when the option is absent and refuses a value of the
+        // wrong type by the option's name (`o.bool`, `o.u64`, `o.string`, …).
+        let o = config.options();
+        // Refuses every option not read above, by name: a misspelt option fails
+        // to load instead of being ignored.
+        o.done()?;
         Ok(Plugin)
     }
 
