@@ -352,6 +352,79 @@ async fn an_over_long_or_unsafe_reason_is_invalid_output_and_never_a_header() {
     }
 }
 
+/// Host calls burn no fuel: a plugin looping on them (a huge `log`, a huge
+/// state key) is still cut at its wall-clock bound, yields every millisecond
+/// meanwhile, and never holds a worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_looping_on_host_calls_is_cut_at_its_wall_clock_bound() {
+    for options in [
+        "fault = \"log-loop\", bytes = 1048576",
+        "fault = \"state-get-loop\", bytes = 8388608",
+        "fault = \"state-set-loop\", bytes = 2048",
+        "fault = \"log-loop\", bytes = 1",
+    ] {
+        let (gw, _mock, run, d) = through_serve(options, options, 25).await;
+        let errs = rank_errors(&d);
+        let timeouts: Vec<_> = errs.iter().filter(|(c, _)| c == "timeout").collect();
+        assert!(!timeouts.is_empty(), "{options}: {errs:?}");
+        assert!(timeouts[0].1.contains("wall-clock bound"), "{options}: {}", timeouts[0].1);
+        assert!(run.slowest_request < Duration::from_secs(1), "{options}: a request took {:?}", run.slowest_request);
+        let log_lines = gw.log().lines().count();
+        assert!(log_lines < 5_000, "{options}: {log_lines} log lines");
+    }
+}
+
+/// A plugin that fails every other call is not left running forever: the
+/// breaker counts failures over a window, not only in a row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_failing_half_its_calls_opens_the_breaker() {
+    let (gw, _mock, _run, d) = through_serve("half", "fault = \"trap\", every = 2", 25).await;
+    assert_breaker_opened(&gw, &d, "every other call traps").await;
+}
+
+/// A configure that loops on host calls yields like any call: the builder
+/// thread keeps serving every other plugin, and a reload away from it is quick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configure_looping_on_host_calls_does_not_block_a_reload() {
+    let mock = MockUpstream::start().await;
+    let dir = tempdir::Dir::new("configure-loop");
+    let path = dir.0.join("poolgate.toml");
+    let hostile_stage =
+        hostile(&misbehave(), "fault = \"pass\", configure = \"log-loop-after-first\", bytes = 1048576", 25);
+    let gw = start(&mock, dir, &hostile_stage);
+    // The builder is now stuck building the second instance (for 10 s, its
+    // configure bound). Swap the stage away.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let text = std::fs::read_to_string(&path).unwrap();
+    let swapped = text.replace(&hostile_stage, "[[policy.chain]]\nplugin = \"builtin:headroom\"\nname = \"plain\"\n");
+    let saved = Instant::now();
+    std::fs::write(&path, swapped).unwrap();
+    loop {
+        let st = gw.admin_json("/status", ADMIN).await;
+        if st["chain"][0]["name"] == "plain" {
+            break;
+        }
+        assert!(saved.elapsed() < Duration::from_secs(3), "the reload waited for the stuck configure:\n{}", gw.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let run = drive(&gw, REQUESTS).await;
+    run.assert_all_served("after the swap");
+}
+
+/// An error of tens of MiB with a line break every other byte costs the host
+/// little; a plugin's log line cannot pass for one of the gateway's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_errors_and_forged_log_lines_are_defused() {
+    let (gw, _mock, run, d) = through_serve("err lines", "fault = \"err-lines\", bytes = 41943040", 25).await;
+    assert!(rank_errors(&d).iter().any(|(c, m)| c == "error" && m.len() <= 700), "{:?}", &rank_errors(&d)[..1]);
+    assert!(run.peak_rss_kib < 600 * 1024, "gateway RSS reached {} MiB", run.peak_rss_kib / 1024);
+    drop(gw);
+    let (gw, _mock, _run, _d) = through_serve("forge", "fault = \"forge-log\"", 25).await;
+    let forged = gw.log().lines().filter(|l| l.trim_start().starts_with("2026-12-01T00:00:00.000000Z")).count();
+    assert_eq!(forged, 0, "a plugin wrote a line of its own into the gateway's log");
+    assert!(gw.log().contains("innocent\\n2026-12-01"), "the message is there, escaped");
+}
+
 /// The hostile guests, swapped in one after another under steady load and
 /// swapped back out: not one request fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -395,6 +468,9 @@ async fn hostile_plugins_hot_swapped_in_under_load_lose_no_request() {
         "fault = \"huge-reason\", bytes = 65536",
         "fault = \"print-flood\", bytes = 1048576",
         "fault = \"exit\"",
+        "fault = \"log-loop\", bytes = 1048576",
+        "fault = \"pass\", configure = \"log-loop-after-first\", bytes = 1048576",
+        "fault = \"trap\", every = 2",
     ];
     let mut swaps = Vec::new();
     for options in hostile_options {

@@ -5,12 +5,12 @@
 //! [`super::engine`]), so it neither fires for a thread the scheduler set aside
 //! nor stretches when the machine is saturated. What fuel cannot see is time a
 //! guest spends waiting — a WASI sleep or poll — and that is what the wall-clock
-//! bound here is for. It counts from the first time the call yields (before
-//! that, the call has run at most one yield interval of its own work), is
-//! checked on every poll after it (a computing guest yields every few tens of
-//! microseconds of its own work, so the check runs however busy the machine is),
-//! and by a timer armed at the same moment. A call that finishes in one poll —
-//! the common case, microseconds — costs neither a clock read nor a timer.
+//! bound here is for. It counts from the call's start and is checked every time
+//! the call yields — at every epoch tick (1 ms) whatever the guest is doing,
+//! host calls included, or every fuel interval of its own work — and by a timer
+//! armed the first time it yields, for a guest blocked in an asynchronous host
+//! call (a sleep). A call that finishes in one poll — the common case,
+//! microseconds — costs one clock read and no timer.
 //!
 //! A panic anywhere under the call — in a host function, in wasmtime, in WASI —
 //! is caught here and becomes a fault with cause `host`: the request is served
@@ -34,11 +34,11 @@ pub enum Cut {
 }
 
 pin_project! {
-    /// `inner`, cut short `wall` after it first waits, with panics caught.
+    /// `inner`, cut short `wall` after it was created, with panics caught.
     pub struct Bounded<F> {
         #[pin]
         inner: F,
-        deadline: Option<Instant>,
+        deadline: Instant,
         wall: Duration,
         #[pin]
         timer: Option<tokio::time::Sleep>,
@@ -48,7 +48,7 @@ pin_project! {
 impl<F: Future> Bounded<F> {
     /// Bounds `inner` by `wall`.
     pub fn new(inner: F, wall: Duration) -> Self {
-        Bounded { inner, deadline: None, wall, timer: None }
+        Bounded { inner, deadline: Instant::now() + wall, wall, timer: None }
     }
 }
 
@@ -62,9 +62,8 @@ impl<F: Future> Future for Bounded<F> {
             Ok(Poll::Pending) => {}
             Err(payload) => return Poll::Ready(Err(Cut::Panicked(panic_message(payload.as_ref())))),
         }
-        let now = Instant::now();
-        let deadline = *this.deadline.get_or_insert(now + *this.wall);
-        if now >= deadline {
+        let deadline = *this.deadline;
+        if Instant::now() >= deadline {
             return Poll::Ready(Err(Cut::Wall(*this.wall)));
         }
         if this.timer.is_none() {

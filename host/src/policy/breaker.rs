@@ -3,14 +3,22 @@
 //! doubles on every trip, then one request probes it again.
 //!
 //! Failures are counted per phase — `rank`, `observe`, and the building of new
-//! instances (`configure`) — and any phase reaching the threshold opens the
-//! breaker. Counting them apart matters: a stage whose `observe` always traps
-//! while its `rank` works would otherwise reset its count on every request and
-//! never open, paying a failed call per request forever.
+//! instances (`configure`) — over the last `2 × failures` calls of that phase,
+//! and a phase with `failures` failures among them opens the breaker: five in a
+//! row do, and so does a stage that fails every other call, which counting only
+//! failures in a row would never catch. Counting phases apart matters too: a
+//! stage whose `observe` always traps while its `rank` works would otherwise
+//! have its count reset on every request.
+//!
+//! Under concurrency, calls admitted before the breaker opened finish after it
+//! did. Only the probe's result may close or reopen it: each admission carries a
+//! [`Ticket`], and a result whose ticket belongs to an earlier state is ignored —
+//! a late failure does not stretch the cool-off, a late success does not close
+//! it.
 //!
 //! Time is the request's `now-ms`, like everything else the chain decides on.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -18,7 +26,8 @@ use serde::Serialize;
 /// Breaker settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BreakerConfig {
-    /// Consecutive failures (of one phase) that open the breaker (0 disables it).
+    /// Failures (of one phase, among its last `2 ×` this many calls) that open
+    /// the breaker (0 disables it).
     pub failures: u32,
     /// First cool-off.
     pub cooldown_ms: u64,
@@ -59,19 +68,52 @@ impl Phase {
     }
 }
 
+/// The last calls of one phase: a bit per call, 1 for a failure, newest lowest.
+#[derive(Debug, Default, Clone, Copy)]
+struct Window {
+    bits: u32,
+    len: u32,
+}
+
+impl Window {
+    fn push(&mut self, failed: bool, size: u32) {
+        let mask = if size >= 32 { u32::MAX } else { (1u32 << size) - 1 };
+        self.bits = ((self.bits << 1) | failed as u32) & mask;
+        self.len = (self.len + 1).min(size);
+    }
+
+    fn failures(&self) -> u32 {
+        self.bits.count_ones()
+    }
+
+    fn in_a_row(&self) -> u32 {
+        self.bits.trailing_ones()
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
-    consecutive: [u32; 3],
+    windows: [Window; 3],
     open_until: Option<u64>,
     trips: u32,
     probing: bool,
+    /// Counts every open and close, so a ticket knows which state it belongs to.
+    era: u64,
+}
+
+/// What admitted a `rank` call: whether it is the probe of a half-open
+/// breaker, and the state it was admitted in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    era: u64,
+    probe: bool,
 }
 
 /// What the breaker says about one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admit {
-    /// Call the stage.
-    Call,
+    /// Call the stage; hand the ticket back with the result.
+    Call(Ticket),
     /// Bypass it until this time.
     Bypass(u64),
 }
@@ -94,28 +136,34 @@ pub struct BreakerStatus {
 pub struct Breaker {
     config: BreakerConfig,
     state: Mutex<State>,
-    /// Closed with no failure counted: the state every healthy stage is in on
-    /// every request, answered without taking the lock.
+    /// Closed with no failure in any window: the state every healthy stage is
+    /// in on every request, answered without taking the lock.
     clean: AtomicBool,
+    /// `State::era`, readable without the lock (for the clean fast path).
+    era: AtomicU64,
 }
 
 impl Breaker {
     /// A closed breaker.
     pub fn new(config: BreakerConfig) -> Self {
-        Breaker { config, state: Mutex::default(), clean: AtomicBool::new(true) }
+        Breaker { config, state: Mutex::default(), clean: AtomicBool::new(true), era: AtomicU64::new(0) }
+    }
+
+    fn window_size(&self) -> u32 {
+        self.config.failures.saturating_mul(2).clamp(1, 32)
     }
 
     /// Whether to call the stage's `rank` at `now`.
     pub fn admit(&self, now: u64) -> Admit {
         if self.clean.load(Ordering::Acquire) {
-            return Admit::Call;
+            return Admit::Call(Ticket { era: self.era.load(Ordering::Acquire), probe: false });
         }
         let mut s = self.state.lock();
         match s.open_until {
-            None => Admit::Call,
+            None => Admit::Call(Ticket { era: s.era, probe: false }),
             Some(until) if now >= until && !s.probing => {
                 s.probing = true;
-                Admit::Call
+                Admit::Call(Ticket { era: s.era, probe: true })
             }
             Some(until) => Admit::Bypass(until),
         }
@@ -127,40 +175,63 @@ impl Breaker {
         self.clean.load(Ordering::Acquire) || self.state.lock().open_until.is_none()
     }
 
-    /// Records the result of a call of `phase` at `now`. A success resets that
-    /// phase's count, and a successful `rank` (the probe of a half-open
-    /// breaker) closes the breaker. Other phases keep their counts, so a stage
-    /// whose `observe` is still broken reopens at its next failure, for twice as
-    /// long; the trip count resets only once no phase is failing.
-    pub fn record(&self, phase: Phase, ok: bool, now: u64) {
+    /// Records the result of a call of `phase` at `now`; a `rank` result hands
+    /// back the ticket it was admitted with.
+    pub fn record(&self, phase: Phase, ok: bool, now: u64, ticket: Option<Ticket>) {
         if ok && self.clean.load(Ordering::Acquire) {
             return;
         }
         let mut s = self.state.lock();
-        if phase == Phase::Rank {
-            s.probing = false;
-        }
-        if ok {
-            s.consecutive[phase.slot()] = 0;
-            if phase == Phase::Rank {
-                s.open_until = None;
+        let size = self.window_size();
+        if let Some(t) = ticket {
+            let current = t.era == s.era;
+            if t.probe && current {
+                s.probing = false;
+                s.era += 1;
+                if ok {
+                    s.open_until = None;
+                    s.windows[Phase::Rank.slot()] = Window::default();
+                } else {
+                    self.open(&mut s, now);
+                }
+                self.settle(&mut s);
+                return;
             }
-            if s.open_until.is_none() && s.consecutive.iter().all(|&c| c == 0) {
-                s.trips = 0;
-                self.clean.store(true, Ordering::Release);
+            if !current || s.open_until.is_some() {
+                // Admitted before the breaker last changed: too late to count.
+                return;
             }
+        } else if s.open_until.is_some() {
+            // Background results while open are not counted against the next
+            // closed spell; the probe decides.
             return;
         }
-        self.clean.store(false, Ordering::Release);
-        s.consecutive[phase.slot()] += 1;
-        let reopen = s.open_until.is_some() && phase == Phase::Rank;
-        let tripped = s.open_until.is_none() && s.consecutive[phase.slot()] >= self.config.failures;
-        if self.config.failures > 0 && (reopen || tripped) {
-            let factor = 1u64 << s.trips.min(16);
-            let cool = self.config.cooldown_ms.saturating_mul(factor).min(self.config.max_cooldown_ms);
-            s.open_until = Some(now.saturating_add(cool));
-            s.trips += 1;
+        s.windows[phase.slot()].push(!ok, size);
+        if !ok && self.config.failures > 0 && s.windows[phase.slot()].failures() >= self.config.failures {
+            s.era += 1;
+            self.open(&mut s, now);
         }
+        self.settle(&mut s);
+    }
+
+    fn open(&self, s: &mut State, now: u64) {
+        let factor = 1u64 << s.trips.min(16);
+        let cool = self.config.cooldown_ms.saturating_mul(factor).min(self.config.max_cooldown_ms);
+        s.open_until = Some(now.saturating_add(cool));
+        s.trips += 1;
+        s.windows = Default::default();
+    }
+
+    /// Updates the lock-free fast path: clean only when closed with nothing
+    /// failing. A stage whose last full window of `rank` calls all succeeded,
+    /// with no other phase failing, is healthy again and forgets its trips.
+    fn settle(&self, s: &mut State) {
+        let healthy = s.open_until.is_none() && s.windows.iter().all(|w| w.failures() == 0);
+        if healthy && s.windows[Phase::Rank.slot()].len >= self.window_size() {
+            s.trips = 0;
+        }
+        self.era.store(s.era, Ordering::Release);
+        self.clean.store(healthy && s.trips == 0, Ordering::Release);
     }
 
     /// The current state.
@@ -173,7 +244,7 @@ impl Breaker {
         };
         BreakerStatus {
             state,
-            consecutive_failures: s.consecutive.iter().copied().max().unwrap_or(0),
+            consecutive_failures: s.windows.iter().map(Window::in_a_row).max().unwrap_or(0),
             open_until_ms: s.open_until,
             trips: s.trips,
         }
@@ -188,78 +259,112 @@ mod tests {
         Breaker::new(BreakerConfig { failures: 3, cooldown_ms: 1000, max_cooldown_ms: 3000 })
     }
 
+    fn call(b: &Breaker, now: u64) -> Ticket {
+        match b.admit(now) {
+            Admit::Call(t) => t,
+            Admit::Bypass(u) => panic!("bypassed until {u} at {now}"),
+        }
+    }
+
     #[test]
     fn opens_after_consecutive_failures_and_probes_after_cooloff() {
         let b = breaker();
         for t in 0..3 {
-            assert_eq!(b.admit(t), Admit::Call);
-            b.record(Phase::Rank, false, t);
+            let ticket = call(&b, t);
+            b.record(Phase::Rank, false, t, Some(ticket));
         }
         assert_eq!(b.admit(10), Admit::Bypass(1002));
         assert_eq!(b.status(10).state, "open");
         // One probe after the cool-off; concurrent requests still bypass.
-        assert_eq!(b.admit(1002), Admit::Call);
+        let probe = call(&b, 1002);
         assert_eq!(b.admit(1003), Admit::Bypass(1002));
-        b.record(Phase::Rank, false, 1003);
+        b.record(Phase::Rank, false, 1003, Some(probe));
         // Second trip doubles the cool-off.
         assert_eq!(b.admit(1004), Admit::Bypass(3003));
-        assert_eq!(b.admit(3003), Admit::Call);
-        b.record(Phase::Rank, true, 3003);
+        let probe = call(&b, 3003);
+        b.record(Phase::Rank, true, 3003, Some(probe));
         assert_eq!(b.status(3004).state, "closed");
-        assert_eq!(b.admit(3004), Admit::Call);
+        call(&b, 3004);
     }
 
     #[test]
-    fn success_resets_the_count() {
+    fn a_stage_failing_every_other_call_opens_it() {
         let b = breaker();
-        b.record(Phase::Rank, false, 0);
-        b.record(Phase::Rank, false, 0);
-        b.record(Phase::Rank, true, 0);
-        b.record(Phase::Rank, false, 0);
-        b.record(Phase::Rank, false, 0);
-        assert_eq!(b.admit(1), Admit::Call);
+        for t in 0..5 {
+            let ticket = call(&b, t);
+            b.record(Phase::Rank, t % 2 == 1, t, Some(ticket));
+        }
+        assert!(matches!(b.admit(10), Admit::Bypass(_)), "3 failures in the last 5 calls");
+    }
+
+    #[test]
+    fn occasional_failures_do_not() {
+        let b = breaker();
+        for t in 0..60 {
+            let ticket = call(&b, t);
+            b.record(Phase::Rank, t % 5 != 0, t, Some(ticket));
+        }
+        call(&b, 100);
+    }
+
+    #[test]
+    fn late_results_of_calls_admitted_before_it_opened_change_nothing() {
+        let b = breaker();
+        let late: Vec<Ticket> = (0..4).map(|t| call(&b, t)).collect();
+        for (t, ticket) in late.iter().take(3).enumerate() {
+            b.record(Phase::Rank, false, t as u64, Some(*ticket));
+        }
+        assert_eq!(b.admit(5), Admit::Bypass(1002));
+        // A failure admitted before the trip does not stretch the cool-off,
+        // and neither does a success close it.
+        b.record(Phase::Rank, false, 6, Some(late[3]));
+        assert_eq!(b.admit(7), Admit::Bypass(1002));
+        b.record(Phase::Rank, true, 8, Some(late[3]));
+        assert_eq!(b.admit(9), Admit::Bypass(1002));
+        assert_eq!(b.status(9).trips, 1);
     }
 
     #[test]
     fn a_failing_observe_opens_it_even_while_rank_succeeds() {
         let b = breaker();
         for t in 0..3 {
-            assert_eq!(b.admit(t), Admit::Call);
-            b.record(Phase::Rank, true, t);
+            let ticket = call(&b, t);
+            b.record(Phase::Rank, true, t, Some(ticket));
             assert!(b.allows_observe());
-            b.record(Phase::Observe, false, t);
+            b.record(Phase::Observe, false, t, None);
         }
         assert_eq!(b.admit(10), Admit::Bypass(1002));
         assert!(!b.allows_observe(), "an open stage is not asked to observe");
-        // The probe ranks fine and closes it; observe still fails and reopens
-        // it at once, for twice as long.
-        assert_eq!(b.admit(1002), Admit::Call);
-        b.record(Phase::Rank, true, 1002);
+        // The probe ranks fine and closes it; observe still fails and, once
+        // it has failed three times again, reopens it for twice as long.
+        let probe = call(&b, 1002);
+        b.record(Phase::Rank, true, 1002, Some(probe));
         assert!(b.allows_observe());
-        b.record(Phase::Observe, false, 1002);
-        assert_eq!(b.admit(1003), Admit::Bypass(3002));
+        for t in 1002..1005 {
+            b.record(Phase::Observe, false, t, None);
+        }
+        assert_eq!(b.admit(1005), Admit::Bypass(3004));
     }
 
     #[test]
-    fn failing_builds_open_it_and_a_good_build_resets_only_them() {
+    fn failing_builds_open_it() {
         let b = breaker();
-        b.record(Phase::Configure, false, 0);
-        b.record(Phase::Configure, false, 0);
-        b.record(Phase::Configure, true, 0);
-        b.record(Phase::Configure, false, 0);
-        b.record(Phase::Configure, false, 0);
-        assert_eq!(b.admit(1), Admit::Call);
-        b.record(Phase::Configure, false, 1);
+        b.record(Phase::Configure, false, 0, None);
+        b.record(Phase::Configure, false, 0, None);
+        b.record(Phase::Configure, true, 0, None);
+        call(&b, 1);
+        b.record(Phase::Configure, false, 1, None);
         assert_eq!(b.admit(2), Admit::Bypass(1001));
     }
 
     #[test]
     fn cooloff_is_capped() {
         let b = breaker();
-        for i in 0..10 {
+        for i in 0..10u64 {
             let t = i * 10_000;
-            let _ = b.admit(t);
-            b.record(Phase::Rank, false, t);
+            if let Admit::Call(ticket) = b.admit(t) {
+                b.record(Phase::Rank, false, t, Some(ticket));
+            }
         }
         let s = b.status(90_000);
         assert!(s.open_until_ms.unwrap() - 90_000 <= 3000);
@@ -269,8 +374,22 @@ mod tests {
     fn zero_failures_disables_it() {
         let b = Breaker::new(BreakerConfig { failures: 0, ..Default::default() });
         for t in 0..100 {
-            b.record(Phase::Rank, false, t);
+            let ticket = call(&b, t);
+            b.record(Phase::Rank, false, t, Some(ticket));
         }
-        assert_eq!(b.admit(100), Admit::Call);
+        call(&b, 100);
+    }
+
+    #[test]
+    fn a_healthy_stage_stays_on_the_fast_path() {
+        let b = breaker();
+        for t in 0..10 {
+            let ticket = call(&b, t);
+            b.record(Phase::Rank, true, t, Some(ticket));
+        }
+        assert!(b.clean.load(Ordering::Acquire));
+        let ticket = call(&b, 11);
+        b.record(Phase::Rank, false, 11, Some(ticket));
+        assert!(!b.clean.load(Ordering::Acquire));
     }
 }

@@ -180,6 +180,7 @@ impl Chain {
                 bypassed: None,
                 safety_valve: false,
             };
+            let mut ticket = None;
             let outcome = match stage.events.breaker.admit(req.now_ms) {
                 Admit::Bypass(until) => {
                     record.bypassed = Some(stage.events.breaker.status(req.now_ms));
@@ -188,7 +189,8 @@ impl Chain {
                         format!("its breaker is open after repeated failures; next probe at {until} ms"),
                     ))
                 }
-                Admit::Call => {
+                Admit::Call(t) => {
+                    ticket = Some(t);
                     req.decided_by = Some(reason.clone());
                     let outcome = stage
                         .plugin
@@ -196,7 +198,7 @@ impl Chain {
                         .await
                         .and_then(|r| validate_answer(&r, current.len()).map(|()| r));
                     if outcome.is_ok() {
-                        stage.events.succeeded(Phase::Rank, req.now_ms);
+                        stage.events.succeeded(Phase::Rank, req.now_ms, ticket);
                     }
                     outcome
                 }
@@ -214,7 +216,7 @@ impl Chain {
                     record.detail = ranking.detail;
                 }
                 Err(fault) => {
-                    stage.events.failed(Phase::Rank, &fault, req.now_ms);
+                    stage.events.failed(Phase::Rank, &fault, req.now_ms, ticket);
                     if fault.cause != Cause::Bypassed {
                         tracing::warn!(stage = %stage.name, cause = fault.cause.as_str(), message = %fault.message, "routing_policy_error: stage skipped");
                     }
@@ -254,9 +256,9 @@ impl Chain {
                 continue;
             }
             match stage.plugin.observe(req, account, outcome).await {
-                Ok(()) => stage.events.succeeded(Phase::Observe, req.now_ms),
+                Ok(()) => stage.events.succeeded(Phase::Observe, req.now_ms, None),
                 Err(f) => {
-                    stage.events.failed(Phase::Observe, &f, req.now_ms);
+                    stage.events.failed(Phase::Observe, &f, req.now_ms, None);
                     failed.push(PolicyError::new(&stage.name, Phase::Observe, &f));
                 }
             }

@@ -1,15 +1,20 @@
 //! The one wasmtime [`Engine`] of the process, its linker, the thread that builds
 //! plugin instances, and the compiler.
 //!
-//! Calls into plugins are asynchronous (see [`super::bounded`]): the engine
-//! counts fuel, and a guest yields to the executor every [`YIELD_FUEL`] units of
-//! its own work. Fuel is the CPU budget of a call — the deadline in ms times
-//! [`FUEL_PER_MS`] — so a budget measures what the plugin did, not how long the
-//! scheduler kept its thread waiting, and no ticker thread has to run for a
-//! deadline to fire. (The epoch ticker this replaces was a sleeping thread: on a
-//! saturated machine it woke late and a 25 ms deadline stretched to seconds,
-//! and a descheduled worker tripped the deadline of a plugin that needed
-//! microseconds.)
+//! Calls into plugins are asynchronous (see [`super::bounded`]), and two clocks
+//! drive them:
+//!
+//! - **Fuel is the CPU budget** of a call — the deadline in ms times
+//!   [`FUEL_PER_MS`] — counted by the guest's own instructions, so a budget
+//!   measures what the plugin did, not how long the scheduler kept its thread
+//!   waiting, and it fires however saturated the machine is.
+//! - **The epoch makes a call yield**: a ticker thread advances the engine's
+//!   epoch every millisecond while calls run, and a guest yields to the executor
+//!   at the next tick. A guest spending its time in host calls (which burn no
+//!   fuel: a loop of `log` or WASI calls) therefore still yields every
+//!   millisecond, the call's wall-clock bound is checked each time, and the
+//!   worker thread it runs on serves other requests in between. Should the
+//!   ticker be starved of CPU, fuel still yields every [`YIELD_FUEL`].
 //!
 //! Instances are instantiated and configured on a thread of their own — never
 //! on the threads that serve requests — so a plugin whose `configure` is slow
@@ -18,7 +23,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -58,6 +63,7 @@ pub fn wasmtime_config() -> Config {
     config
         .wasm_component_model(true)
         .consume_fuel(true)
+        .epoch_interruption(true)
         // Component-model async is for guests that export async functions;
         // rankers are synchronous functions called on a fiber, which needs none.
         .concurrency_support(false)
@@ -77,6 +83,7 @@ impl PolicyEngine {
     /// the disk cache.
     pub fn new(cache_dir: Option<PathBuf>) -> Result<Arc<Self>> {
         let engine = bare_engine()?;
+        spawn_ticker(&engine);
         let mut linker = Linker::<Sandbox>::new(&engine);
         // WASI 0.2.12's `exit-with-code` is linked too: a guest whose runtime
         // reports its code through it has the code recorded. (`exit` carries
@@ -192,6 +199,52 @@ impl Builder {
     /// Runs `task` on the builder thread and waits for its result.
     pub async fn run<T: Send + 'static>(&self, task: impl Future<Output = T> + Send + 'static) -> Result<T> {
         self.handle.spawn(task).await.context("the plugin builder thread failed")
+    }
+}
+
+/// How often the epoch advances while a plugin call runs: how long a guest may
+/// go without yielding, host calls included.
+pub const EPOCH_TICK: Duration = Duration::from_millis(1);
+/// How often it advances while none runs: an idle gateway does not wake a
+/// thread a thousand times a second. A call that starts during an idle spell
+/// gets its first tick at most this late.
+pub const IDLE_TICK: Duration = Duration::from_millis(10);
+
+/// Plugin calls running now; the ticker slows down when there are none.
+static ACTIVE_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Marks a plugin call as running for as long as it lives.
+pub struct CallGuard(());
+
+impl CallGuard {
+    /// Counts a call in.
+    pub fn enter() -> CallGuard {
+        ACTIVE_CALLS.fetch_add(1, Ordering::AcqRel);
+        CallGuard(())
+    }
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        ACTIVE_CALLS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Advances the epoch for as long as the engine lives.
+fn spawn_ticker(engine: &Engine) {
+    let weak = engine.weak();
+    let spawned = std::thread::Builder::new().name("poolgate-epoch".into()).spawn(move || {
+        while let Some(engine) = weak.upgrade() {
+            engine.increment_epoch();
+            drop(engine);
+            let busy = ACTIVE_CALLS.load(Ordering::Acquire) > 0;
+            std::thread::sleep(if busy { EPOCH_TICK } else { IDLE_TICK });
+        }
+    });
+    if let Err(e) = spawned {
+        // Fuel still yields and still enforces the budget; calls that wait in
+        // host calls are then bounded only when they yield on fuel.
+        tracing::error!(error = %e, "cannot start the epoch ticker; plugin calls yield on fuel only");
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use super::breaker::{Breaker, BreakerConfig, Phase};
+use super::breaker::{Breaker, BreakerConfig, Phase, Ticket};
 use super::decision::PolicyError;
 use super::fault::Fault;
 
@@ -83,18 +83,24 @@ impl StageEvents {
         let _ = self.sink.set(sink);
     }
 
-    /// A call of `phase` succeeded.
-    pub fn succeeded(&self, phase: Phase, now_ms: u64) {
-        self.breaker.record(phase, true, now_ms);
+    /// A call of `phase` succeeded (a `rank` call hands back its ticket).
+    pub fn succeeded(&self, phase: Phase, now_ms: u64, ticket: Option<Ticket>) {
+        self.breaker.record(phase, true, now_ms, ticket);
     }
 
     /// A call of `phase` failed with `fault`: counted, fed to the breaker and the
     /// sink, and — unless it is a `rank` failure, which its own request records —
     /// kept for the next decision record.
-    pub fn failed(&self, phase: Phase, fault: &Fault, now_ms: u64) {
+    ///
+    /// A stage skipped because no instance was free in time (`fault.capacity`)
+    /// is recorded but not held against the plugin: the pool was busy, the
+    /// plugin did nothing wrong.
+    pub fn failed(&self, phase: Phase, fault: &Fault, now_ms: u64, ticket: Option<Ticket>) {
         let slot = phase as usize;
         if fault.cause != super::fault::Cause::Bypassed {
-            self.breaker.record(phase, false, now_ms);
+            if !fault.capacity {
+                self.breaker.record(phase, false, now_ms, ticket);
+            }
             self.counts[slot].fetch_add(1, Ordering::Relaxed);
             self.last.lock()[slot] = Some(LastFailure { at_ms: now_ms, fault: fault.clone() });
         }

@@ -51,6 +51,10 @@ pub struct Fault {
     pub cause: Cause,
     /// A one-line explanation for the operator.
     pub message: String,
+    /// The stage was skipped because every instance was busy, not because the
+    /// plugin failed: recorded, but not held against it by the breaker.
+    #[serde(skip)]
+    pub capacity: bool,
 }
 
 /// Longest fault message kept (a guest's `Err` text or its stderr can be long).
@@ -62,7 +66,14 @@ impl Fault {
     /// [`MAX_MESSAGE_BYTES`] long, keeping its start and its end (where a
     /// traceback says what went wrong).
     pub fn new(cause: Cause, message: impl Into<String>) -> Self {
-        let message = message.into();
+        let mut message = message.into();
+        // Cut first: a guest may hand over tens of MiB, and joining lines costs
+        // a copy per line.
+        if message.len() > 4 * MAX_MESSAGE_BYTES {
+            let head = floor(&message, 2 * MAX_MESSAGE_BYTES);
+            let tail = ceil(&message, message.len() - 2 * MAX_MESSAGE_BYTES);
+            message = format!("{}\n{}", &message[..head], &message[tail..]);
+        }
         let mut message = if message.contains('\n') {
             message.lines().map(str::trim_end).filter(|l| !l.trim().is_empty()).collect::<Vec<_>>().join(" | ")
         } else {
@@ -73,7 +84,12 @@ impl Fault {
             let tail = ceil(&message, message.len() - (MAX_MESSAGE_BYTES * 2 / 3 - 5));
             message = format!("{} … {}", &message[..head], &message[tail..]);
         }
-        Fault { cause, message }
+        Fault { cause, message, capacity: false }
+    }
+
+    /// A stage skipped for want of a free instance.
+    pub fn busy(message: impl Into<String>) -> Self {
+        Fault { capacity: true, ..Fault::new(Cause::Timeout, message) }
     }
 
     /// Classifies an error returned by a call into the guest. `memory_denied` says
@@ -96,7 +112,10 @@ impl Fault {
         }
         let message = match trap {
             Some(t) => t.to_string(),
-            None => format!("{err:#}"),
+            // A host error (a full resource table, a refused WASI call): its
+            // root cause says what happened; the context above it is the wasm
+            // backtrace.
+            None => err.root_cause().to_string(),
         };
         Fault::new(Cause::Trap, first_line(&message))
     }
@@ -160,6 +179,22 @@ mod tests {
         let fuel = wasmtime::Error::new(wasmtime::Trap::OutOfFuel);
         let f = Fault::from_call_error(&fuel, false, "25 ms");
         assert_eq!((f.cause, f.message.as_str()), (Cause::Timeout, "CPU budget of 25 ms used up"));
+    }
+
+    #[test]
+    fn a_host_error_is_named_by_its_root_cause() {
+        let err = wasmtime::Error::msg("table has reached its capacity")
+            .context("error while executing at wasm backtrace:\n  0: 0x1 - <unknown>");
+        let f = Fault::from_call_error(&err, false, "25 ms");
+        assert_eq!(f.message, "table has reached its capacity");
+    }
+
+    #[test]
+    fn a_huge_many_line_message_costs_little() {
+        let started = std::time::Instant::now();
+        let f = Fault::new(Cause::Error, "a\n".repeat(20 << 20));
+        assert!(f.message.len() <= MAX_MESSAGE_BYTES + 4);
+        assert!(started.elapsed() < std::time::Duration::from_millis(500), "{:?}", started.elapsed());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use wasmtime::component::{ComponentExportIndex, Func, TypedFunc};
 
 use super::bindings::{Account, AccountInfo, Outcome, Policy, PolicyPre, QuotaWindow, Ranking, Request};
 use super::bounded::{Bounded, Cut};
-use super::engine::{YIELD_FUEL, fuel};
+use super::engine::{CallGuard, YIELD_FUEL, fuel};
 use super::fault::{Cause, Fault};
 use super::lowering::{FastAccount, FastWindow, fast_accounts, fast_windows};
 use super::sandbox::{Sandbox, SandboxSpec};
@@ -59,6 +59,15 @@ impl Instance {
         store.limiter(|s| &mut s.limiter);
         let prepared =
             store.set_fuel(fuel(budget.cpu)).and_then(|()| store.fuel_async_yield_interval(Some(YIELD_FUEL)));
+        // Yield at every epoch tick (1 ms), host calls or not — through tokio's
+        // own yield, which lets the worker poll its I/O driver before the call
+        // resumes (a plain re-wake could run 61 such slices back to back, and a
+        // `/healthz` waiting on the driver would wait for all of them).
+        store.epoch_deadline_callback(|_| {
+            Ok(wasmtime::UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())))
+        });
+        store.set_epoch_deadline(1);
+        let _running = CallGuard::enter();
         prepared.map_err(|e| Fault::new(Cause::Host, format!("cannot prepare the store: {e}")))?;
         let instantiated = Bounded::new(
             async {
@@ -94,7 +103,7 @@ impl Instance {
         windows: &[QuotaWindow],
         budget: Budget,
     ) -> Result<Ranking, Fault> {
-        self.begin(req, budget)?;
+        let _running = self.begin(req, budget)?;
         // SAFETY: `rank` was type-checked against exactly these types when the
         // instance was created.
         let typed = unsafe { TypedFunc::<RankParams<'_>, RankResults>::new_unchecked(self.rank) };
@@ -115,7 +124,7 @@ impl Instance {
         outcome: &Outcome,
         budget: Budget,
     ) -> Result<(), Fault> {
-        self.begin(req, budget)?;
+        let _running = self.begin(req, budget)?;
         let called = Bounded::new(
             self.policy.poolgate_policy_ranker().call_observe(&mut self.store, req, account, *outcome),
             budget.wall,
@@ -124,9 +133,11 @@ impl Instance {
         settle(&mut self.store, called, budget)
     }
 
-    fn begin(&mut self, req: &Request, budget: Budget) -> Result<(), Fault> {
+    fn begin(&mut self, req: &Request, budget: Budget) -> Result<CallGuard, Fault> {
         self.store.data_mut().begin_call(req.id, req.now_ms);
-        self.store.set_fuel(fuel(budget.cpu)).map_err(|e| Fault::new(Cause::Host, format!("cannot refuel: {e}")))
+        self.store.set_epoch_deadline(1);
+        self.store.set_fuel(fuel(budget.cpu)).map_err(|e| Fault::new(Cause::Host, format!("cannot refuel: {e}")))?;
+        Ok(CallGuard::enter())
     }
 
     /// Bytes of memory the instance holds (all memories and tables).
@@ -143,7 +154,9 @@ fn settle<T>(store: &mut Store<Sandbox>, result: Result<wasmtime::Result<T>, Cut
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
             let f = Fault::from_call_error(&e, store.data().limiter.denied, &budget.describe());
-            Err(if f.cause == Cause::Trap { f.with_stderr(stderr) } else { f })
+            // What the guest printed last explains a trap, and an `oom` that
+            // ended in a panic ("memory allocation failed").
+            Err(if matches!(f.cause, Cause::Trap | Cause::Oom) { f.with_stderr(stderr) } else { f })
         }
         Err(Cut::Wall(d)) => Err(Fault::new(
             Cause::Timeout,

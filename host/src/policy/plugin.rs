@@ -350,12 +350,12 @@ async fn refill(shared: Weak<Shared>, wake: Arc<Notify>) {
             match s.build().await {
                 Ok(instance) => {
                     s.instances.built(instance);
-                    s.events.succeeded(Phase::Configure, wall_ms());
+                    s.events.succeeded(Phase::Configure, wall_ms(), None);
                     delay = None;
                 }
                 Err(fault) => {
                     s.instances.build_failed(&fault);
-                    s.events.failed(Phase::Configure, &fault, wall_ms());
+                    s.events.failed(Phase::Configure, &fault, wall_ms(), None);
                     let wait = backoff(delay);
                     delay = Some(wait);
                     drop(s);

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use super::fault::{Cause, Fault};
+use super::fault::Fault;
 use super::instance::Instance;
 
 /// First wait after a failed build.
@@ -94,7 +94,7 @@ impl InstancePool {
         if let Some(f) = &*self.last_build_error.lock() {
             message += &format!(" (the last instance build failed: {})", f.message);
         }
-        Fault::new(Cause::Timeout, message)
+        Fault::busy(message)
     }
 
     /// Returns an instance after a successful call.

@@ -16,7 +16,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use super::bindings::{Level, poolgate};
 use super::limiter::Limiter;
 use super::names;
-use super::state::StateStore;
+use super::state::{MAX_KEY_BYTES, StateStore};
 use super::stdio::{LogBudget, MAX_LINE_BYTES, StdioBuffer, tail, truncate};
 
 /// Log lines a plugin may write per call before the host drops the rest.
@@ -104,10 +104,12 @@ impl Sandbox {
         tail(&err)
     }
 
-    /// One log line, if the plugin's allowance has room.
+    /// One log line, if the plugin's allowance has room. Line breaks and other
+    /// control characters are escaped: a plugin must not be able to write a
+    /// line that looks like one of the gateway's own.
     fn emit(&self, level: Level, message: &str) {
         let Some(dropped) = self.spec.logs.admit() else { return };
-        let msg = truncate(message, MAX_LINE_BYTES);
+        let msg = escape_controls(truncate(message, MAX_LINE_BYTES));
         let (plugin, request) = (&*self.spec.plugin, self.request_id);
         if dropped > 0 {
             tracing::warn!(plugin, dropped, "plugin log lines dropped (over the rate limit)");
@@ -140,6 +142,10 @@ impl poolgate::policy::host::Host for Sandbox {
     }
 
     fn state_get(&mut self, key: String) -> Option<String> {
+        // No key that long can be stored; do not make the store hash it.
+        if key.len() > MAX_KEY_BYTES {
+            return None;
+        }
         self.spec.state.get(&self.spec.scope, &key, self.now_ms)
     }
 
@@ -148,7 +154,9 @@ impl poolgate::policy::host::Host for Sandbox {
     }
 
     fn state_delete(&mut self, key: String) {
-        self.spec.state.delete(&self.spec.scope, &key)
+        if key.len() <= MAX_KEY_BYTES {
+            self.spec.state.delete(&self.spec.scope, &key)
+        }
     }
 
     fn state_limit(&mut self, max_entries: u32) {
@@ -157,5 +165,29 @@ impl poolgate::policy::host::Host for Sandbox {
 
     fn window_name(&mut self, name: u32) -> String {
         names::resolve(name).to_string()
+    }
+}
+
+/// `s` with line breaks, tabs and other control characters written as escapes.
+fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    std::borrow::Cow::Owned(
+        s.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plugin_cannot_forge_a_log_line() {
+        let forged = "innocent\n2026-12-01T00:00:00Z ERROR poolgate::gateway: FORGED\r\x1b[31m";
+        let out = escape_controls(forged);
+        assert!(!out.contains('\n') && !out.contains('\r') && !out.contains('\x1b'), "{out}");
+        assert!(out.starts_with("innocent\\n2026"), "{out}");
+        assert!(matches!(escape_controls("plain"), std::borrow::Cow::Borrowed(_)));
     }
 }

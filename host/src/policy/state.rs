@@ -174,12 +174,19 @@ impl StateStore for MemoryState {
 
     fn set(&self, scope: &str, key: &str, value: &str, ttl_ms: Option<u64>, now_ms: u64) {
         if key.len() > MAX_KEY_BYTES || value.len() > MAX_VALUE_BYTES {
-            tracing::warn!(
-                scope,
-                key_len = key.len(),
-                value_len = value.len(),
-                "plugin state write too large; dropped"
-            );
+            // Counted, and logged at powers of two: a plugin writing oversized
+            // entries in a loop must not flood the log.
+            let mut inner = self.inner.lock();
+            inner.dropped_writes += 1;
+            if inner.dropped_writes.is_power_of_two() {
+                tracing::warn!(
+                    scope,
+                    key_len = key.len(),
+                    value_len = value.len(),
+                    dropped = inner.dropped_writes,
+                    "plugin state write too large (key ≤ 1 KiB, value ≤ 64 KiB); dropped"
+                );
+            }
             return;
         }
         let mut guard = self.inner.lock();

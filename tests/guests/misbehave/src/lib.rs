@@ -21,6 +21,24 @@ struct Misbehave {
     ms: u64,
     bytes: usize,
     calls: u64,
+    /// Misbehave only on every `every`-th call (1: always), so that a plugin
+    /// that works half the time can be had.
+    every: u64,
+}
+
+/// A loop of host calls that never ends on its own: host calls burn no fuel,
+/// so only the host's wall-clock bound can stop it.
+fn host_call_loop(kind: &str, bytes: usize) -> ! {
+    let big = "k".repeat(bytes);
+    loop {
+        match kind {
+            "log" => log::info(&big),
+            "state-get" => {
+                std::hint::black_box(state::get(&big));
+            }
+            _ => state::set(&big, "v", None),
+        }
+    }
 }
 
 /// Burns CPU for `ms` of wall-clock time.
@@ -61,6 +79,7 @@ impl Ranker for Misbehave {
         let configure = o.string("configure")?;
         let ms = o.u64("ms")?.unwrap_or(10_000);
         let bytes = o.usize("bytes")?.unwrap_or(64 * 1024);
+        let every = o.u64("every")?.unwrap_or(1).max(1);
         o.done()?;
         if fault == "configure" {
             return Err("option `fault`: refusing to configure, as asked".into());
@@ -72,10 +91,11 @@ impl Ranker for Misbehave {
             Some("spin-after-first") if not_the_first() => spin(ms),
             Some("sleep-after-first") if not_the_first() => sleep(ms),
             Some("trap-after-first") if not_the_first() => panic!("misbehave: configure fails after the first"),
-            Some("spin-after-first" | "sleep-after-first" | "trap-after-first") => {}
+            Some("log-loop-after-first") if not_the_first() => host_call_loop("log", bytes),
+            Some("spin-after-first" | "sleep-after-first" | "trap-after-first" | "log-loop-after-first") => {}
             Some(other) => return Err(format!("option `configure`: unknown mode `{other}`")),
         }
-        Ok(Misbehave { fault, on_model, addr, observe, ms, bytes, calls: 0 })
+        Ok(Misbehave { fault, on_model, addr, observe, ms, bytes, calls: 0, every })
     }
 
     fn rank(&mut self, req: &Request, c: &Candidates) -> Result<Ranking, String> {
@@ -86,7 +106,18 @@ impl Ranker for Misbehave {
         }
         let n = c.len() as u32;
         self.calls += 1;
+        if self.calls % self.every != 0 {
+            return Ok(c.unchanged("spared"));
+        }
         match self.fault.as_str() {
+            "log-loop" => host_call_loop("log", self.bytes),
+            "state-get-loop" => host_call_loop("state-get", self.bytes),
+            "state-set-loop" => host_call_loop("state-set", self.bytes),
+            "err-lines" => Err("a\n".repeat(self.bytes / 2)),
+            "forge-log" => {
+                log::warn("innocent\n2026-12-01T00:00:00.000000Z ERROR poolgate::gateway: FORGED by a plugin");
+                Ok(c.unchanged("forged"))
+            }
             "sleep" => {
                 sleep(self.ms);
                 Ok(c.unchanged("slept"))
