@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
 use poolgate::case::Case;
-use poolgate::policy::bindings::{Account, QuotaWindow, Request, WindowKind};
+use poolgate::policy::types::{Account, QuotaWindow, Request, WindowKind};
 use poolgate::policy::{BreakerConfig, Chain, Limits, MemoryState, PluginRef, PluginSpec, PolicyEngine, StageSpec};
 
 const SIZES: [usize; 3] = [4, 16, 64];
@@ -82,7 +82,7 @@ fn chain(engine: &Arc<PolicyEngine>, case: &Case, plugins: &[&str]) -> Chain {
 
 /// Native Rust headroom ranking over the same records (the baseline).
 fn native_headroom(req: &Request, accounts: &[Account], windows: &[QuotaWindow]) -> Vec<u32> {
-    let family = poolgate::snapshot::model_family(&req.model);
+    let family = poolgate::account::model_family(&req.model);
     let key = |a: &Account| {
         let mut used: f64 = 0.0;
         for w in windows.iter().filter(|w| w.account == a.id) {
@@ -134,7 +134,7 @@ fn criterion_groups(c: &mut Criterion, engine: &Arc<PolicyEngine>) {
     for n in SIZES {
         let case = pool(n);
         let req = case.request();
-        let cands = case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS);
+        let cands = case.candidates(poolgate::account::DEFAULT_FRESHNESS_MS);
         for (label, plugins) in CHAINS {
             let label = label.replace(' ', "-");
             let ch = chain(engine, &case, plugins);
@@ -202,7 +202,7 @@ fn summary(engine: &Arc<PolicyEngine>) {
         for n in SIZES {
             let case = pool(n);
             let req = case.request();
-            let cands = case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS);
+            let cands = case.candidates(poolgate::account::DEFAULT_FRESHNESS_MS);
             let ch = chain(engine, &case, plugins);
             let (w50, w99) = measure_chain(&ch, &req, &cands, 20_000);
             let stages = plugins.len();

@@ -100,7 +100,7 @@ fn measure(b: &Built) -> Row {
     for n in SIZES {
         let case = pool(n);
         let plugin = load(&restarted, b, &case);
-        let c = case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS);
+        let c = case.candidates(poolgate::account::DEFAULT_FRESHNESS_MS);
         let mut req = case.request();
         // Calls are asynchronous, as in `serve`: time them inside one runtime.
         let samples = poolgate::policy::block_on(async {

@@ -20,9 +20,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use crate::account::{AccountSnapshot, model_family};
 use crate::policy::Candidates;
-use crate::policy::bindings as wit;
-use crate::snapshot::{AccountSnapshot, model_family};
+use crate::policy::types as wit;
 
 /// One case.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -226,7 +226,7 @@ impl Case {
 
     /// The pool table for `configure`.
     pub fn pool(&self) -> Vec<wit::AccountInfo> {
-        self.accounts.iter().map(AccountSnapshot::info).collect()
+        self.accounts.iter().map(|a| crate::policy::view::pool_entry(&a.id, a.alias(), a.primary)).collect()
     }
 
     /// The request record.
@@ -248,14 +248,8 @@ impl Case {
     /// usable-first partition), with their windows.
     pub fn candidates(&self, freshness_ms: u64) -> Candidates {
         let family = model_family(&self.request.model);
-        let mut windows = Vec::new();
-        let accounts = self
-            .accounts
-            .iter()
-            .enumerate()
-            .map(|(i, a)| a.to_wit(i as u32, family, self.now_ms, freshness_ms, &mut windows))
-            .collect();
-        Candidates { accounts, windows }
+        let accounts = self.accounts.iter().enumerate().map(|(i, a)| (i as u32, a));
+        crate::policy::view::candidates(accounts, family, self.now_ms, freshness_ms)
     }
 
     /// The observations as (request, pool index, outcome).

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 
+use crate::account::DEFAULT_FRESHNESS_MS;
 use crate::case::Case;
 use crate::policy::{
     BreakerConfig, Chain, Decision, Limits, MemoryState, PluginRef, PluginSpec, PolicyEngine, StageSpec,
 };
-use crate::snapshot::DEFAULT_FRESHNESS_MS;
 
 /// The verdict on one case.
 #[derive(Debug)]

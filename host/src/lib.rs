@@ -4,20 +4,22 @@
 //! Where things live:
 //! - [`policy`] — the plugin runtime: engine, sandbox, instance pools, and the chain
 //!   (`policy::chain` is where a request's order is decided).
-//! - [`snapshot`] — the plain-data view of an account that the chain ranks.
+//! - [`account`] — the account model: quota windows, statuses, cooldowns, as plain data.
 //! - [`gateway`] — the HTTP proxy around the chain (`gateway::proxy` serves one request).
 //! - [`config`] — the TOML configuration.
 //! - [`case`] — the JSON case format of `poolgate rank` and `poolgate plugin test`.
 //! - [`sim`] — a simulated Anthropic upstream whose quota moves (`poolgate demo`).
+//! - [`random`] — random keys and ids, and the cheap pseudo-random step the demo varies with.
 
+pub mod account;
 pub mod case;
 pub mod cli;
 pub mod config;
 pub mod fixtures;
 pub mod gateway;
 pub mod policy;
+pub mod random;
 pub mod sim;
-pub mod snapshot;
 
 /// The components built from `plugins/*` and `tests/guests/*` by `build.rs`.
 pub mod artifacts {

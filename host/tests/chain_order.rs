@@ -89,9 +89,9 @@ fn a_failed_middle_stage_passes_its_input_through_to_the_next() {
 #[test]
 fn a_failed_first_stage_serves_pool_order_with_usable_accounts_first() {
     let mut case = pool_case(4);
-    case.accounts[0].cooldown = Some(poolgate::snapshot::Cooldown {
+    case.accounts[0].cooldown = Some(poolgate::account::Cooldown {
         until_ms: case.now_ms + 60_000,
-        reason: poolgate::snapshot::CooldownReason::Transient,
+        reason: poolgate::account::CooldownReason::Transient,
     });
     let chain = chain(&case, vec![misbehave("trap")]);
     let d = rank(&chain, &case, "m");
@@ -103,9 +103,9 @@ fn a_failed_first_stage_serves_pool_order_with_usable_accounts_first() {
 fn the_safety_valve_never_lets_the_chain_drop_every_usable_account() {
     let mut case = pool_case(3);
     // a2 is the only one kept by the stage, and it is cooling.
-    case.accounts[2].cooldown = Some(poolgate::snapshot::Cooldown {
+    case.accounts[2].cooldown = Some(poolgate::account::Cooldown {
         until_ms: case.now_ms + 60_000,
-        reason: poolgate::snapshot::CooldownReason::Transient,
+        reason: poolgate::account::CooldownReason::Transient,
     });
     let chain = chain(&case, vec![misbehave("drop-all-but-last")]);
     let d = rank(&chain, &case, "m");

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use example_plugins::{Built, Lang, built, engine, fixtures_dir, warm};
 use poolgate::case::Case;
-use poolgate::policy::bindings::{Outcome, Request};
 use poolgate::policy::plugin::Plugin;
+use poolgate::policy::types::{Outcome, Request};
 use poolgate::policy::{BreakerConfig, Chain, Limits, MemoryState, PluginRef, PluginSpec, PolicyEngine};
 
 /// Builds `lang`'s example, runs the shared fixtures through it, and checks that
@@ -180,7 +180,7 @@ fn a_mixed_language_chain_serves_requests_end_to_end() {
     for i in 0..200u64 {
         req.id = i + 1;
         req.now_ms = case.now_ms + i;
-        let d = block_on(chain.rank(req.clone(), case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS)));
+        let d = block_on(chain.rank(req.clone(), case.candidates(poolgate::account::DEFAULT_FRESHNESS_MS)));
         assert!(d.policy_errors.is_empty(), "request {i}: {:?}", d.policy_errors);
         assert_eq!(d.order.head(), Some("early"), "request {i}");
         block_on(chain.observe(&req, 0, &Outcome::Success));
@@ -189,7 +189,7 @@ fn a_mixed_language_chain_serves_requests_end_to_end() {
     let early = case.accounts.iter().position(|a| a.id == "early").unwrap() as u32;
     block_on(chain.observe(&req, early, &Outcome::RateLimited(None)));
     let next = Request { id: 999, now_ms: req.now_ms + 1, ..req.clone() };
-    let d = block_on(chain.rank(next, case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS)));
+    let d = block_on(chain.rank(next, case.candidates(poolgate::account::DEFAULT_FRESHNESS_MS)));
     assert!(d.policy_errors.is_empty(), "{:?}", d.policy_errors);
     assert_eq!(d.order.head(), Some("roomy"), "{d:?}");
 }
@@ -212,7 +212,7 @@ fn large_components_load_from_the_compile_cache_after_a_restart() {
         // The first call is served by the instance made at load: no compile, no
         // instantiation on the request path.
         let case = fixture_pool();
-        let c = case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS);
+        let c = case.candidates(poolgate::account::DEFAULT_FRESHNESS_MS);
         let started = Instant::now();
         poolgate::policy::block_on(plugin.rank(&case.request(), &c.accounts, &c.windows))
             .unwrap_or_else(|f| panic!("{lang:?}: {f:?}"));

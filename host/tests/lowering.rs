@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use poolgate::policy::bindings::{Account, QuotaWindow};
+use poolgate::policy::types::{Account, QuotaWindow};
 use serde_json::json;
 
 /// The echo guest's canonical text, built on the host side.
@@ -114,7 +114,7 @@ fn a_guest_receives_exactly_what_the_host_holds() {
         let n = 1 + (round % 20);
         let case = random_case(&mut rng, n);
         let chain = chain(&case, vec![stage(&guest("misbehave"), json!({ "fault": "echo" }), 1000)]);
-        let cands = case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS);
+        let cands = case.candidates(poolgate::account::DEFAULT_FRESHNESS_MS);
         // The chain hands stage 1 the usable accounts first.
         let mut first: Vec<Account> = cands.accounts.clone();
         first.sort_by_key(|a| !a.usable);

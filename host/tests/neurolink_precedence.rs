@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use common::*;
 use poolgate::case::Case;
-use poolgate::policy::bindings::Outcome;
+use poolgate::policy::types::Outcome;
 use poolgate::policy::{Chain, Decision, MemoryState, StageSpec};
 use serde_json::{Value, json};
 
@@ -54,7 +54,7 @@ fn neurolink_chain(spill: u32) -> Vec<StageSpec> {
 }
 
 fn run(chain: &Chain, case: &Case) -> Decision {
-    poolgate::policy::block_on(chain.rank(case.request(), case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS)))
+    poolgate::policy::block_on(chain.rank(case.request(), case.candidates(poolgate::account::DEFAULT_FRESHNESS_MS)))
 }
 
 /// Reports a successful response of `case`'s request on `account`.

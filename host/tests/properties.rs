@@ -23,11 +23,11 @@ mod common;
 use std::sync::Arc;
 
 use common::ENGINE;
+use poolgate::account::DEFAULT_FRESHNESS_MS;
 use poolgate::case::Case;
-use poolgate::policy::bindings::{Account, QuotaWindow, Request};
 use poolgate::policy::plugin::Plugin;
+use poolgate::policy::types::{Account, QuotaWindow, Request};
 use poolgate::policy::{Limits, MemoryState, PluginRef, PluginSpec};
-use poolgate::snapshot::DEFAULT_FRESHNESS_MS;
 use serde_json::{Value, json};
 
 const COMPARATORS: [&str; 4] = ["headroom", "fill-first", "expiry-first", "headroom-first"];

@@ -152,7 +152,11 @@ macro_rules! export_ranker {
                     $crate::rt::observe::<$ty>(req, account, ended)
                 }
             }
-    $crate::bindings::__export_policy!(PoolgateGuest with_types_in $crate::bindings);
+            // Exported from a WebAssembly component only: natively (a
+            // `cargo build --workspace`, or a plugin's own unit tests) the
+            // crate is a plain library, as its export names are no symbol names.
+            #[cfg(target_arch = "wasm32")]
+            $crate::bindings::__export_policy!(PoolgateGuest with_types_in $crate::bindings);
         };
     };
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use crate::config::{Config, validate};
-use crate::gateway::Gateway;
+use crate::gateway::Generation;
 use crate::policy::PolicyEngine;
 
 /// Arguments of `poolgate check`.
@@ -27,17 +27,24 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
     };
     let engine = PolicyEngine::new(config.cache_dir())?;
+    engine.set_compile_limits(config.compile_limits());
     let accounts: Vec<String> = config.accounts.iter().filter(|a| a.enabled).map(|a| a.id.clone()).collect();
     let bound = config.compile_limits().timeout + crate::gateway::RELOAD_TIMEOUT;
+    // Exactly what `serve` builds for a generation — credentials, the chain
+    // compiled, configured and smoke-tested — and nothing it would serve with.
     let loaded = crate::policy::block_on(async move {
-        match tokio::time::timeout(bound, Gateway::new(config, engine)).await {
+        let state: std::sync::Arc<dyn crate::policy::StateStore> =
+            std::sync::Arc::new(crate::policy::MemoryState::with_limits(config.state_limits()));
+        let metrics = std::sync::Arc::new(crate::gateway::metrics::Metrics::default());
+        let accounts = Default::default();
+        let build = Generation::build(1, config, &engine, &state, &accounts, &metrics);
+        match tokio::time::timeout(bound, build).await {
             Ok(r) => r,
             Err(_) => Err(anyhow::anyhow!("loading the configuration took longer than {} s", bound.as_secs())),
         }
     });
     match loaded {
-        Ok(gw) => {
-            let g = gw.generation();
+        Ok(g) => {
             let stages: Vec<String> = g.chain.status(0).into_iter().map(|s| s.name).collect();
             println!("{}: ok", args.config.display());
             println!(

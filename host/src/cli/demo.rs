@@ -22,9 +22,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::config::{AccountConfig, ClientKey, Config, StageConfig};
-use crate::gateway::{auth, now_ms, server};
+use crate::gateway::{now_ms, server};
 use crate::policy::PolicyEngine;
-use crate::sim::{Scenario, SimUpstream, random_hex};
+use crate::random::random_hex;
+use crate::sim::{Scenario, SimUpstream};
 use table::{Screen, View};
 use traffic::Traffic;
 
@@ -165,9 +166,12 @@ async fn demo(args: Args) -> Result<()> {
 fn config(args: &Args, sim: &SimUpstream, keys: &KeyDir, client_key: &str, admin_token: &str) -> Result<Config> {
     let mut config = Config::default();
     config.server.listen = args.listen.clone();
-    config.server.client_keys =
-        vec![ClientKey { name: "demo".into(), sha256: Some(hex::encode(auth::digest(client_key))), key_env: None }];
-    config.server.admin_token_sha256 = Some(hex::encode(auth::digest(admin_token)));
+    config.server.client_keys = vec![ClientKey {
+        name: "demo".into(),
+        sha256: Some(hex::encode(crate::config::digest(client_key))),
+        key_env: None,
+    }];
+    config.server.admin_token_sha256 = Some(hex::encode(crate::config::digest(admin_token)));
     // Nothing a demo serves is worth a long wait at exit.
     config.server.shutdown_grace_ms = 2_000;
     config.policy.chain = args

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use crate::config::{Config, validate};
-use crate::gateway::routes::Reloader;
+use sha2::{Digest, Sha256};
+
+use crate::gateway::routes::{ReloadRequest, Reloader};
 use crate::gateway::{Gateway, server, watch};
 use crate::policy::PolicyEngine;
 
@@ -51,14 +53,32 @@ pub async fn serve(config: Config, path: Option<PathBuf>) -> Result<()> {
         Box::new(move |gw: &Arc<Gateway>| {
             // Weak: the hook lives in the gateway's own routes.
             let gw = Arc::downgrade(gw);
-            let r: Reloader = Arc::new(move |trigger: &'static str| {
+            let r: Reloader = Arc::new(move |request: ReloadRequest| {
                 let (gw, p) = (gw.clone(), p.clone());
                 Box::pin(async move {
                     let gw = gw.upgrade().ok_or("the gateway is shutting down")?;
+                    let trigger = request.trigger;
+                    let turn = gw.reload_turn().await;
                     let file = p.display().to_string();
-                    match Config::load_indexed(&p) {
+                    let text = match std::fs::read_to_string(&p) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            let message = format!("cannot read config {file}: {e}");
+                            gw.refuse_reload(trigger, &message);
+                            return Err(message);
+                        }
+                    };
+                    if let Some(want) = request.expect_sha256
+                        && <[u8; 32]>::from(Sha256::digest(text.as_bytes())) != want
+                    {
+                        // Rewritten since the watcher saw it settle: it will see
+                        // that change and come back once the file is whole.
+                        tracing::debug!(file, "config changed again before its reload ran; waiting for it to settle");
+                        return Ok(gw.generation().number);
+                    }
+                    match Config::load_text(&p, &text) {
                         Ok((config, index)) => {
-                            gw.reload(config, trigger, &|m| validate::locate(m, &index, &file)).await
+                            gw.reload_in_turn(&turn, config, trigger, &|m| validate::locate(m, &index, &file)).await
                         }
                         Err(e) => {
                             let message = format!("{e:#}");

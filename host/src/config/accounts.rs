@@ -1,11 +1,14 @@
 //! `[[accounts]]`: the upstream accounts of the pool and where their secrets live.
 //!
 //! Secrets are referenced, never written in the file: an environment variable or
-//! a file path. A [`Secret`] prints as `***` so it cannot leak into logs.
+//! a file path. A [`Secret`] prints as `***` so it cannot leak into logs; they
+//! are read when the config is resolved (see [`super::secrets`]).
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
+
+use super::secrets::Secret;
 use serde::{Deserialize, Serialize};
 
 /// The default upstream.
@@ -85,31 +88,5 @@ impl AccountConfig {
             (Some(_), Some(_)) => bail!("give either api_key_env or token_file, not both"),
             (None, None) => bail!("no credential: set api_key_env or token_file"),
         }
-    }
-}
-
-/// A credential. Never printed, never serialized.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a non-empty credential (surrounding whitespace removed).
-    pub fn new(value: String) -> Result<Secret> {
-        let v = value.trim();
-        if v.is_empty() {
-            bail!("empty credential");
-        }
-        Ok(Secret(v.to_string()))
-    }
-
-    /// The credential, for the one place that sends it upstream.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("***")
     }
 }

@@ -4,7 +4,9 @@
 //! Every key is documented in `docs/configuration.md`.
 
 mod accounts;
+mod cooldowns;
 pub mod schema;
+mod secrets;
 mod server;
 pub mod validate;
 
@@ -13,10 +15,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-pub use accounts::{ANTHROPIC_API, AccountConfig, AccountKind, Secret};
+pub use accounts::{ANTHROPIC_API, AccountConfig, AccountKind};
+pub use cooldowns::CooldownConfig;
+pub use secrets::{Resolved, ResolvedAccount, Secret, base_prefix, digest};
 pub use server::{ClientKey, GatewayConfig, LogFormat, ServerConfig};
 
-use crate::gateway::cooldown::CooldownConfig;
 use crate::policy::{self, BreakerConfig, Limits, PluginRef, PluginSpec, StageSpec};
 
 /// The whole configuration file.
@@ -38,6 +41,9 @@ pub struct Config {
     /// The accounts of the pool.
     #[serde(default)]
     pub accounts: Vec<AccountConfig>,
+    /// What the file refers to, resolved when it was loaded (secrets read once).
+    #[serde(skip)]
+    pub resolved: Option<std::sync::Arc<Resolved>>,
 }
 
 /// `[policy]`.
@@ -108,7 +114,7 @@ fn default_memory_mb() -> usize {
     policy::DEFAULT_MEMORY_MB
 }
 fn default_freshness_ms() -> u64 {
-    crate::snapshot::DEFAULT_FRESHNESS_MS
+    crate::account::DEFAULT_FRESHNESS_MS
 }
 
 fn default_configure_timeout_ms() -> u64 {
@@ -222,8 +228,17 @@ impl Config {
     /// As [`Config::load`], also returning the line of every key, to locate
     /// problems found later (a plugin refusing its options).
     pub fn load_indexed(path: &Path) -> Result<(Config, validate::LineIndex)> {
-        let (config, index) = Self::read(path)?;
-        validate::meaning(&config, &index, &path.display().to_string())?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
+        Self::load_text(path, &text)
+    }
+
+    /// As [`Config::load_indexed`], for the file's text already read (a reload
+    /// checks that it read what the file watcher saw settle).
+    pub fn load_text(path: &Path, text: &str) -> Result<(Config, validate::LineIndex)> {
+        let (mut config, index) = validate::parse(text, &path.display().to_string())?;
+        config.resolve_paths(path.parent().unwrap_or(Path::new(".")));
+        let resolved = validate::meaning(&config, &index, &path.display().to_string())?;
+        config.resolved = Some(std::sync::Arc::new(resolved));
         Ok((config, index))
     }
 

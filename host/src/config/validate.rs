@@ -311,7 +311,7 @@ pub fn locate(message: &str, index: &LineIndex, file: &str) -> String {
 
 /// The meaning checks of a parsed config: everything that can be judged without
 /// loading plugins. `base` resolves relative paths; `index` locates keys.
-pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<(), Problems> {
+pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<super::Resolved, Problems> {
     let mut items = Vec::new();
     let mut add = |path: String, message: String| {
         let line = index.get(&path).copied().or_else(|| {
@@ -324,15 +324,6 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<(), Pro
     if s.listen.parse::<std::net::SocketAddr>().is_err() {
         add("server.listen".into(), format!("`{}` is not an address with a port (e.g. 127.0.0.1:8787)", s.listen));
     }
-    if let Err(e) = crate::gateway::auth::AdminToken::from_config(s) {
-        add("server.admin_token_env".into(), format!("{e:#}"));
-    }
-    for (i, k) in s.client_keys.iter().enumerate() {
-        if let Err(e) = crate::gateway::auth::ClientKeys::from_config(std::slice::from_ref(k)) {
-            let msg = format!("{e:#}");
-            add(format!("server.client_keys[{i}]"), msg.split_once(": ").map_or(msg.clone(), |(_, m)| m.to_string()));
-        }
-    }
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (i, a) in config.accounts.iter().enumerate() {
         let here = format!("accounts[{i}]");
@@ -341,16 +332,18 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<(), Pro
         } else if let Some(first) = seen.insert(a.id.as_str(), i) {
             add(format!("{here}.id"), format!("duplicate account id `{}` (also accounts[{first}])", a.id));
         }
-        if a.enabled
-            && let Err(e) = a.credential()
-        {
-            let key = if a.token_file.is_some() { "token_file" } else { "api_key_env" };
-            add(format!("{here}.{key}"), format!("{e:#}"));
-        }
-        if let Err(e) = crate::gateway::upstream::base_prefix(a.base_url()) {
-            add(format!("{here}.base_url"), e.to_string());
-        }
     }
+    // Credentials, client keys, the admin token and base URLs: resolved once,
+    // here, and kept for the gateway.
+    let resolved = match config.resolve() {
+        Ok(r) => Some(r),
+        Err(problems) => {
+            for (path, message) in problems {
+                add(path, message);
+            }
+            None
+        }
+    };
     let builtins = crate::policy::builtin_names();
     for (i, st) in config.policy.chain.iter().enumerate() {
         let here = format!("policy.chain[{i}].plugin");
@@ -384,11 +377,12 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<(), Pro
             format!("{} is below cooldown_ms ({})", b.max_cooldown_ms, b.cooldown_ms),
         );
     }
-    if items.is_empty() {
-        Ok(())
-    } else {
-        items.sort_by_key(|p| p.line);
-        Err(Problems { file: file.to_string(), items })
+    match resolved {
+        Some(resolved) if items.is_empty() => Ok(resolved),
+        _ => {
+            items.sort_by_key(|p| p.line);
+            Err(Problems { file: file.to_string(), items })
+        }
     }
 }
 

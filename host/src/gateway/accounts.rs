@@ -13,8 +13,8 @@ use serde::Serialize;
 
 use super::cooldown::{self, Answer, CooldownConfig, Plan, Streaks};
 use super::quota::QuotaReading;
+use crate::account::{AccountSnapshot, Cooldown, CooldownReason, ModelGate, Status, WindowReading};
 use crate::config::AccountConfig;
-use crate::snapshot::{AccountSnapshot, Cooldown, CooldownReason, ModelGate, Status, WindowReading};
 
 /// Learned state of one account.
 #[derive(Debug)]
@@ -307,7 +307,7 @@ pub struct CooldownStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::WindowReading;
+    use crate::account::WindowReading;
 
     const NOW: u64 = 1_760_000_000_000;
 

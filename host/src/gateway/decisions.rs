@@ -9,6 +9,68 @@ use serde::Serialize;
 
 use crate::policy::Decision;
 
+/// How one attempt went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    /// Its answer went to the client.
+    Served,
+    /// It failed before the first byte reached the client; the next account was tried.
+    Failover,
+    /// The upstream could not be reached.
+    ConnectError,
+    /// No usable account was left for it.
+    NoUsableAccount,
+    /// Every usable account was at its in-flight limit and the queue was full.
+    QueueFull,
+    /// It waited the whole queue timeout for an in-flight slot.
+    QueueTimeout,
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ending {
+    /// Not yet: the answer is still streaming.
+    Pending,
+    /// The upstream's answer reached the client whole.
+    Complete,
+    /// The upstream's answer broke after its first byte.
+    StreamError,
+    /// The client went away before the answer was whole.
+    ClientGone,
+    /// Every account was cooling: a local 429.
+    Parked,
+    /// The admission queue was full: a local 429.
+    QueueFull,
+    /// The admission queue timed out: a local 429.
+    QueueTimeout,
+    /// The last attempt's upstream error was passed on.
+    UpstreamError,
+    /// No account could be reached: a local 502.
+    Unreachable,
+    /// No account could take it: a local 503.
+    NoAccount,
+}
+
+impl Ending {
+    /// The name used in metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ending::Pending => "pending",
+            Ending::Complete => "complete",
+            Ending::StreamError => "stream_error",
+            Ending::ClientGone => "client_gone",
+            Ending::Parked => "parked",
+            Ending::QueueFull => "queue_full",
+            Ending::QueueTimeout => "queue_timeout",
+            Ending::UpstreamError => "upstream_error",
+            Ending::Unreachable => "unreachable",
+            Ending::NoAccount => "no_account",
+        }
+    }
+}
+
 /// One upstream attempt of a request.
 #[derive(Debug, Clone, Serialize)]
 pub struct Attempt {
@@ -22,8 +84,8 @@ pub struct Attempt {
     /// The upstream status; none on a connection failure.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
-    /// What happened, in a word: `served`, `failover`, `connect_error`, ...
-    pub outcome: String,
+    /// What happened.
+    pub outcome: AttemptOutcome,
     /// Time spent waiting for an in-flight slot, ms.
     pub queued_ms: u64,
     /// Time to the upstream's response headers, ms.
@@ -61,9 +123,8 @@ pub struct RequestRecord {
     pub reason: String,
     /// The status the client got.
     pub status: u16,
-    /// How the response ended: `complete`, `stream_error`, `client_gone`, or a
-    /// local answer (`parked`, `queue_timeout`, ...).
-    pub outcome: String,
+    /// How the request ended.
+    pub outcome: Ending,
     /// Total time, ms.
     pub duration_ms: u64,
 }

@@ -15,7 +15,8 @@ use super::metrics::Metrics;
 use super::now_ms;
 use super::upstream::Target;
 use crate::config::{AccountConfig, Config};
-use crate::policy::bindings::{self as wit, AccountInfo};
+use crate::policy::types::{self as wit, AccountInfo};
+use crate::policy::view;
 use crate::policy::{Candidates, Chain, Fault, Phase, PolicyEngine, StateStore};
 
 /// An account of this generation's pool.
@@ -61,39 +62,34 @@ impl Generation {
         states: &Mutex<HashMap<String, Arc<AccountState>>>,
         metrics: &Arc<Metrics>,
     ) -> Result<Generation> {
+        // Secrets were read when the file was loaded; a config built in code is
+        // resolved now.
+        let resolved = config.resolved()?;
         let mut problems = Vec::new();
         let mut enabled = Vec::new();
         let mut disabled = Vec::new();
-        for (i, account) in config.accounts.iter().enumerate() {
+        for (i, account) in resolved.accounts.iter().enumerate() {
             let state = states
                 .lock()
-                .entry(account.id.clone())
-                .or_insert_with(|| Arc::new(AccountState::new(&account.id)))
+                .entry(account.config.id.clone())
+                .or_insert_with(|| Arc::new(AccountState::new(&account.config.id)))
                 .clone();
-            if !account.enabled {
-                disabled.push((account.clone(), state));
+            let Some(credential) = &account.credential else {
+                disabled.push((account.config.clone(), state));
                 continue;
-            }
-            match account.credential().and_then(|c| Target::new(account.base_url(), account.kind, &c)) {
-                Ok(target) => enabled.push((account.clone(), target, state)),
-                Err(e) => problems.push(format!("accounts[{i}] (`{}`): {e:#}", account.id)),
+            };
+            match Target::new(&account.base, account.config.kind, credential) {
+                Ok(target) => enabled.push((account.config.clone(), target, state)),
+                Err(e) => problems.push(format!("accounts[{i}] (`{}`): {e:#}", account.config.id)),
             }
         }
-        let client_keys = ClientKeys::from_config(&config.server.client_keys).unwrap_or_else(|e| {
-            problems.push(format!("server.client_keys: {e:#}"));
-            ClientKeys::default()
-        });
-        let admin = AdminToken::from_config(&config.server).unwrap_or_else(|e| {
-            problems.push(format!("server.admin_token: {e:#}"));
-            AdminToken::default()
-        });
+        let client_keys = ClientKeys::new(resolved.client_keys.clone());
+        let admin = AdminToken::new(resolved.admin);
         if !problems.is_empty() {
             bail!("{}", problems.join("\n"));
         }
-        let pool: Vec<AccountInfo> = enabled
-            .iter()
-            .map(|(c, _, _)| AccountInfo { id: c.id.clone(), alias: c.alias().to_string(), primary: c.primary })
-            .collect();
+        let pool: Vec<AccountInfo> =
+            enabled.iter().map(|(c, _, _)| view::pool_entry(&c.id, c.alias(), c.primary)).collect();
         let chain = Chain::load(engine, config.stage_specs()?, pool, plugin_state.clone(), config.breaker()).await?;
         let sink = metrics.clone();
         chain.set_sink(Arc::new(move |stage: &str, phase: Phase, fault: &Fault| {
@@ -147,15 +143,12 @@ impl Generation {
     /// The candidates for a request of model `family` at `now`, leaving out the
     /// pool indices in `exclude` (accounts already tried).
     pub fn candidates(&self, family: Option<&str>, now: u64, exclude: &[u32]) -> Candidates {
-        let freshness = self.config.policy.freshness_ms;
-        let mut windows = Vec::new();
-        let accounts = self
+        let snapshots = self
             .accounts
             .iter()
             .filter(|a| !exclude.contains(&a.index))
-            .map(|a| a.state.snapshot(&a.config).to_wit(a.index, family, now, freshness, &mut windows))
-            .collect();
-        Candidates { accounts, windows }
+            .map(|a| (a.index, a.state.snapshot(&a.config)));
+        view::candidates(snapshots, family, now, self.config.policy.freshness_ms)
     }
 
     /// The account at pool index `index`.

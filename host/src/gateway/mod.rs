@@ -4,20 +4,24 @@
 //!
 //! - [`generation`]: one loaded configuration (accounts, credentials, chain),
 //!   swapped atomically on reload.
-//! - [`proxy`]: one client request end to end — rank, admit, send, fail over,
-//!   stream back. [`relay`] is the response body that releases the lease and
-//!   reports the outcome when the stream ends.
+//! - [`proxy`]: one client request end to end, as named phases — read, rank,
+//!   admit, attempt, learn, commit or fail over, answer. [`attempt`] is one
+//!   try on one account and the pure failover decision; [`finish`] is the one
+//!   place a request ends; [`relay`] is the response body that finishes it
+//!   when the stream ends.
 //! - [`accounts`], [`quota`], [`cooldown`], [`admission`]: learned state, the quota
 //!   signal, the cooldown plan, the in-flight limits and queue.
 //! - [`routes`], [`server`]: the HTTP surface and the listener.
 
 pub mod accounts;
 pub mod admission;
+pub mod attempt;
 pub mod auth;
 pub mod change;
 pub mod cooldown;
 pub mod decisions;
 pub mod errors;
+pub mod finish;
 pub mod generation;
 pub mod metrics;
 pub mod proxy;
@@ -87,8 +91,9 @@ pub struct Gateway {
     pub metrics: Arc<metrics::Metrics>,
     /// The last decision records.
     pub decisions: decisions::DecisionLog,
-    /// The upstream HTTP client (pooled connections, TCP_NODELAY).
-    pub http: upstream::Upstream,
+    /// What sends requests to accounts: the pooled HTTP client
+    /// ([`upstream::Upstream`]), or a scripted one in tests.
+    pub http: Arc<dyn upstream::Transport>,
     next_request: AtomicU64,
     /// The last reload's outcome.
     pub last_reload: Mutex<Option<ReloadStatus>>,
@@ -112,11 +117,22 @@ impl Gateway {
         plugin_state: Arc<dyn StateStore>,
     ) -> Result<Arc<Gateway>> {
         install_crypto();
+        let connect = Duration::from_millis(config.gateway.connect_timeout_ms);
+        let http = Arc::new(upstream::Upstream::new(connect)?);
+        Self::with_transport(config, engine, plugin_state, http).await
+    }
+
+    /// As [`Gateway::with_state`], sending upstream through `http`.
+    pub async fn with_transport(
+        config: Config,
+        engine: Arc<PolicyEngine>,
+        plugin_state: Arc<dyn StateStore>,
+        http: Arc<dyn upstream::Transport>,
+    ) -> Result<Arc<Gateway>> {
         let states = Mutex::new(HashMap::new());
         let metrics = Arc::new(metrics::Metrics::default());
         engine.set_compile_limits(config.compile_limits());
         let first = Generation::build(1, config, &engine, &plugin_state, &states, &metrics).await?;
-        let http = upstream::Upstream::new(Duration::from_millis(first.config.gateway.connect_timeout_ms))?;
         let decisions = decisions::DecisionLog::new(first.config.server.decisions_kept);
         Ok(Arc::new(Gateway {
             current: ArcSwap::from_pointee(first),
@@ -152,7 +168,25 @@ impl Gateway {
         trigger: &str,
         locate: &(dyn Fn(&str) -> String + Sync),
     ) -> Result<u64, String> {
-        let _one_at_a_time = self.reloading.lock().await;
+        let turn = self.reload_turn().await;
+        self.reload_in_turn(&turn, config, trigger, locate).await
+    }
+
+    /// Waits for the reloads before this one to finish: reloads run one at a
+    /// time, and a reload that reads its config from a file reads it in its
+    /// turn (so it reads what is there when it runs, not when it was asked).
+    pub async fn reload_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.reloading.lock().await
+    }
+
+    /// [`Gateway::reload`], for a caller holding its turn.
+    pub async fn reload_in_turn(
+        &self,
+        _turn: &tokio::sync::MutexGuard<'_, ()>,
+        config: Config,
+        trigger: &str,
+        locate: &(dyn Fn(&str) -> String + Sync),
+    ) -> Result<u64, String> {
         let number = self.generation().number + 1;
         let started = std::time::Instant::now();
         let limits = config.compile_limits();

@@ -1,14 +1,21 @@
-//! One client request, end to end: read the facts, rank the pool, take an
-//! in-flight slot, send upstream with the account's credential, learn from the
-//! answer, fail over before the first byte, and stream the answer back.
+//! One client request, end to end, as a list of named phases over one context
+//! ([`Exchange`]):
 //!
-//! Failover happens only while nothing has reached the client: on 429, 529, 5xx,
-//! 401/403 or a connection failure, the same body goes to the next account the
-//! chain ranks for attempt n+1 (the accounts already tried are no longer
+//! ```text
+//! read ─► rank ─► admit ─► attempt ─► learn ─┬─► commit ─► answer (relayed; finished when its body ends)
+//!          ▲                                  └─► fail over: the next attempt ranks again
+//!          └──────────────────────────────────────┘
+//!          out of accounts ─► answer (local: parked 429, 502, 503, or the last upstream error)
+//! ```
+//!
+//! Failover happens only while nothing has reached the client: on 429, 529,
+//! 5xx, 401/403 or a connection failure, the same body goes to the next account
+//! the chain ranks for attempt n+1 (the accounts already tried are no longer
 //! candidates). A 2xx is committed only once its first body chunk has arrived,
-//! so a stream that dies before its first byte fails over too. When no usable
-//! account remains, the answer is local: 429 with `retry-after` = the earliest
-//! recovery and `x-poolgate-pool: parked` — a cooling account is never probed.
+//! so a stream that dies before its first byte fails over too. Whether an
+//! attempt fails over is a pure function of how it went ([`next`]). When no
+//! usable account remains, the answer is local; a cooling account is never
+//! probed. Every way a request ends goes through [`Finish`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,20 +23,20 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
-use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 
-use super::admission::{Refused, Slot};
-use super::cooldown::{Answer, CooldownConfig, fails_over};
-use super::decisions::{Attempt, RequestRecord};
+use super::admission::{Lease, Refused, Slot};
+use super::attempt::{self, Answered, Attempted, Failure, Next, next};
+use super::decisions::{Attempt, AttemptOutcome, Ending, RequestRecord};
 use super::errors::{error, final_error, rate_limited};
-use super::generation::{Generation, PoolAccount};
-use super::relay::{self, Finish, Relay};
+use super::finish::{Finish, Observe};
+use super::generation::Generation;
+use super::relay::Relay;
 use super::request::{BodyFacts, body_facts, session_id};
-use super::{Gateway, accounts::Change, now_ms, quota, upstream};
-
-use crate::policy::bindings as wit;
-use crate::snapshot::model_family;
+use super::{Gateway, now_ms, upstream};
+use crate::account::model_family;
+use crate::policy::Decision;
+use crate::policy::types as wit;
 
 /// The API a route serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +69,8 @@ impl Api {
 
 /// A client request, read.
 pub struct Incoming {
+    /// The request's number (already on any early refusal).
+    pub id: u64,
     /// Method.
     pub method: Method,
     /// Path and query, as the client sent them.
@@ -74,364 +83,317 @@ pub struct Incoming {
     pub client: Option<String>,
 }
 
-/// How the last attempt failed, answered when no account is left to try.
-enum Failed {
-    /// The upstream answered with an error status (kept to pass on).
-    Answer { status: StatusCode, headers: HeaderMap, body: Bytes },
-    /// The upstream could not be reached.
-    Unreachable(String),
+/// Serves one request: its phases, in order.
+pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response {
+    let mut x = match Exchange::read(gw, api, incoming) {
+        Ok(x) => x,
+        Err(answer) => return *answer,
+    };
+    while let Some(ranked) = x.rank().await {
+        let (lease, queued_ms) = match x.admit(&ranked).await {
+            Ok(admitted) => admitted,
+            Err(refused) => return x.refused(ranked, refused),
+        };
+        let attempted = x.attempt(lease, queued_ms).await;
+        let request = x.learn(ranked, &attempted);
+        match next(attempted) {
+            Next::Commit(answered) => return x.commit(request, answered),
+            Next::FailOver(failure) => x.last = Some((failure, request)),
+        }
+    }
+    x.out_of_accounts()
 }
 
-/// Serves one request.
-pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response {
-    let started = Instant::now();
-    let generation = gw.generation();
-    let id = gw.next_request_id();
-    let facts = if incoming.method == Method::POST {
-        match body_facts(&incoming.body) {
-            Ok(f) => f,
-            Err(e) => return tag(error(StatusCode::BAD_REQUEST, "invalid_request_error", &e.0), id, None, None),
-        }
-    } else {
-        BodyFacts::default()
-    };
-    if generation.accounts.is_empty() {
-        let msg = "poolgate has no usable accounts configured: add an [[accounts]] entry (with api_key_env or token_file) to the config, or enable one";
-        return tag(final_error(StatusCode::SERVICE_UNAVAILABLE, "api_error", msg), id, None, None);
-    }
-    let model = facts.model.clone().unwrap_or_default();
-    let family = model_family(&model);
-    let session = session_id(&facts, &incoming.headers);
-    let mut record = RequestRecord {
-        id,
-        at_ms: now_ms(),
-        generation: generation.number,
-        api: api.name(),
-        model: model.clone(),
-        session: session.clone(),
-        stream: facts.stream,
-        client: incoming.client.clone(),
-        attempts: Vec::new(),
-        account: None,
-        reason: String::new(),
-        status: 0,
-        outcome: String::new(),
-        duration_ms: 0,
-    };
-    let cfg = &generation.config;
-    let pool = generation.accounts.len();
-    let max_attempts = if cfg.gateway.max_attempts == 0 { pool } else { cfg.gateway.max_attempts.min(pool) };
-    let mut tried: Vec<u32> = Vec::new();
-    let mut last_failure: Option<Failed> = None;
-    // The request, account and outcome of the last failed attempt: `observe`
-    // hears about it if no later attempt serves.
-    let mut last_attempt: Option<(wit::Request, u32, wit::Outcome)> = None;
+/// One rank of the chain for one attempt.
+pub struct Ranked {
+    attempt: u32,
+    /// The request as the chain saw it.
+    request: wit::Request,
+    decision: Decision,
+    /// Pool indices of the usable accounts, best first.
+    order: Vec<u32>,
+}
 
-    for attempt in 0..max_attempts as u32 {
+/// Everything one request carries from phase to phase.
+pub struct Exchange {
+    gw: Arc<Gateway>,
+    generation: Arc<Generation>,
+    api: Api,
+    incoming: Incoming,
+    started: Instant,
+    family: Option<&'static str>,
+    record: RequestRecord,
+    /// Pool indices of the accounts tried so far (no longer candidates).
+    tried: Vec<u32>,
+    max_attempts: u32,
+    /// How the last failed attempt went, with the request the chain saw for
+    /// it: the answer when no account is left, and what the chain hears.
+    last: Option<(Failure, wit::Request)>,
+}
+
+impl Exchange {
+    /// Phase *read*: the body's facts (model, stream, session) and the record.
+    fn read(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Result<Exchange, Box<Response>> {
+        let started = Instant::now();
+        let id = incoming.id;
+        let generation = gw.generation();
+        let facts = if incoming.method == Method::POST {
+            body_facts(&incoming.body)
+                .map_err(|e| Box::new(tag_id(error(StatusCode::BAD_REQUEST, "invalid_request_error", &e.0), id)))?
+        } else {
+            BodyFacts::default()
+        };
+        if generation.accounts.is_empty() {
+            let msg = "poolgate has no usable accounts configured: add an [[accounts]] entry (with api_key_env or token_file) to the config, or enable one";
+            return Err(Box::new(tag_id(final_error(StatusCode::SERVICE_UNAVAILABLE, "api_error", msg), id)));
+        }
+        let model = facts.model.clone().unwrap_or_default();
+        let pool = generation.accounts.len();
+        let max = generation.config.gateway.max_attempts;
+        let max_attempts = if max == 0 { pool } else { max.min(pool) } as u32;
+        let record = RequestRecord {
+            id,
+            at_ms: now_ms(),
+            generation: generation.number,
+            api: api.name(),
+            session: session_id(&facts, &incoming.headers),
+            model,
+            stream: facts.stream,
+            client: incoming.client.clone(),
+            attempts: Vec::new(),
+            account: None,
+            reason: String::new(),
+            status: 0,
+            outcome: Ending::Pending,
+            duration_ms: 0,
+        };
+        let family = model_family(&record.model);
+        Ok(Exchange {
+            family,
+            gw,
+            generation,
+            api,
+            incoming,
+            started,
+            record,
+            tried: Vec::new(),
+            max_attempts,
+            last: None,
+        })
+    }
+
+    /// Phase *rank*: the chain orders the accounts not tried yet. `None` once
+    /// the attempts are used up or no candidate is left.
+    async fn rank(&mut self) -> Option<Ranked> {
+        let attempt = self.record.attempts.len() as u32;
+        if attempt >= self.max_attempts {
+            return None;
+        }
         let now = now_ms();
-        let candidates = generation.candidates(family, now, &tried);
+        let candidates = self.generation.candidates(self.family, now, &self.tried);
         if candidates.accounts.is_empty() {
-            break;
+            return None;
         }
         let usable: Vec<u32> = candidates.accounts.iter().filter(|a| a.usable).map(|a| a.id).collect();
         let request = wit::Request {
-            id,
+            id: self.record.id,
             now_ms: now,
-            model: model.clone(),
-            session: session.clone(),
-            api: api.shape(),
+            model: self.record.model.clone(),
+            session: self.record.session.clone(),
+            api: self.api.shape(),
             attempt,
             replayable: true,
             decided_by: None,
         };
-        let decision = generation.chain.rank(request.clone(), candidates).await;
-        gw.metrics.chain_duration(decision.duration_us / 1e6);
-        record.reason = decision.reason.clone();
-        let slots: Vec<Slot<'_>> = decision
+        let decision = self.generation.chain.rank(request.clone(), candidates).await;
+        self.gw.metrics.chain_duration(decision.duration_us / 1e6);
+        self.record.reason.clone_from(&decision.reason);
+        let order: Vec<u32> = decision.order.indices().iter().copied().filter(|i| usable.contains(i)).collect();
+        if order.is_empty() {
+            self.record.attempts.push(local_attempt(attempt, decision, AttemptOutcome::NoUsableAccount));
+            return None;
+        }
+        Some(Ranked { attempt, request, decision, order })
+    }
+
+    /// Phase *admit*: an in-flight slot on the first ranked account with room,
+    /// waiting in the queue if none has; with the time waited, ms.
+    async fn admit(&self, ranked: &Ranked) -> Result<(Lease, u64), Refused> {
+        let cfg = &self.generation.config.gateway;
+        let slots: Vec<Slot<'_>> = ranked
             .order
-            .indices()
             .iter()
-            .filter(|i| usable.contains(i))
-            .filter_map(|&i| generation.account(i))
+            .filter_map(|&i| self.generation.account(i))
             .map(|a| (&a.state, a.config.max_in_flight))
             .collect();
-        if slots.is_empty() {
-            record.attempts.push(local_attempt(attempt, decision, "no_usable_account"));
-            break;
-        }
         let queued = Instant::now();
-        let timeout = Duration::from_millis(cfg.gateway.queue_timeout_ms);
-        let lease = match gw.admission.acquire(&slots, cfg.gateway.queue_max, timeout).await {
-            Ok(lease) => lease,
-            Err(refused) => {
-                let (what, msg) = match refused {
-                    Refused::QueueFull => {
-                        ("queue_full", "poolgate: every account is at its in-flight limit and the queue is full")
-                    }
-                    Refused::Timeout => {
-                        ("queue_timeout", "poolgate: timed out waiting for an account with in-flight room")
-                    }
-                };
-                record.attempts.push(local_attempt(attempt, decision, what));
-                let mut r = rate_limited(msg, 1_000);
-                r.headers_mut().insert("x-poolgate-queue", HeaderValue::from_static(what));
-                return finish_local(&gw, &generation, r, record, what, started, last_attempt);
-            }
-        };
-        let queued_ms = queued.elapsed().as_millis() as u64;
-        let account = generation
+        let timeout = Duration::from_millis(cfg.queue_timeout_ms);
+        let lease = self.gw.admission.acquire(&slots, cfg.queue_max, timeout).await?;
+        Ok((lease, queued.elapsed().as_millis() as u64))
+    }
+
+    /// Phase *attempt*: the request goes to the leased account, and the answer
+    /// is read up to its first body chunk.
+    async fn attempt(&mut self, lease: Lease, queued_ms: u64) -> Attempted {
+        let account = self
+            .generation
             .accounts
             .iter()
             .find(|a| Arc::ptr_eq(&a.state, lease.account()))
             .expect("a lease is on one of this generation's accounts");
-        tried.push(account.index);
-        let sent = Instant::now();
-        account.state.attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let timeout = Duration::from_millis(cfg.gateway.response_timeout_ms);
-        let result = gw
-            .http
-            .send(&account.target, &incoming.method, &incoming.uri, &incoming.headers, &incoming.body, timeout)
-            .await;
-        let upstream_ms = sent.elapsed().as_millis() as u64;
-        let mut this = Attempt {
-            attempt,
-            decision,
-            account: Some(account.config.id.clone()),
-            status: None,
-            outcome: String::new(),
-            queued_ms,
-            upstream_ms: Some(upstream_ms),
-        };
-        record.account = Some(account.config.id.clone());
-        let response = match result {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(request = id, account = %account.config.id, error = %e, "upstream connection failed");
-                gw.metrics.attempt(&account.config.id, None);
-                connection_failed(&gw, account, family, &cfg.cooldowns, "connect_error");
-                this.outcome = "connect_error".into();
-                record.attempts.push(this);
-                drop(lease);
-                last_failure = Some(Failed::Unreachable(e));
-                last_attempt = Some((request, account.index, wit::Outcome::Failed));
-                continue;
-            }
-        };
-        gw.metrics.upstream_latency(&account.config.id, sent.elapsed().as_secs_f64());
-        let status = response.status();
-        let reading = quota::parse(response.headers(), now_ms());
-        gw.metrics.attempt(&account.config.id, Some(status.as_u16()));
-        note(
-            &gw,
+        self.tried.push(account.index);
+        attempt::send(&self.gw, &self.generation, account, &self.incoming, lease, queued_ms).await
+    }
+
+    /// Phase *learn*: what the answer says about the account (quota, cooldown,
+    /// streaks) and the attempt's entry in the record. Gives back the request
+    /// the chain saw, for `observe`.
+    fn learn(&mut self, ranked: Ranked, attempted: &Attempted) -> wit::Request {
+        let (outcome, status) = attempt::learn(&self.gw, &self.generation, self.family, attempted);
+        let account = self.generation.account(attempted.account).map(|a| a.config.id.clone());
+        self.record.account.clone_from(&account);
+        self.record.attempts.push(Attempt {
+            attempt: ranked.attempt,
+            decision: ranked.decision,
             account,
-            account.state.record(Answer::Status(status.as_u16()), &reading, family, &cfg.cooldowns, now_ms()),
-        );
-        this.status = Some(status.as_u16());
+            status,
+            outcome,
+            queued_ms: attempted.queued_ms,
+            upstream_ms: Some(attempted.upstream_ms),
+        });
+        ranked.request
+    }
 
-        if fails_over(status.as_u16()) {
-            let headers = response.headers().clone();
-            let body = upstream::read_small(response).await;
-            this.outcome = "failover".into();
-            record.attempts.push(this);
-            gw.metrics.failover(&account.config.id, status.as_str());
-            tracing::info!(request = id, account = %account.config.id, status = status.as_u16(), "failing over");
-            last_failure = Some(Failed::Answer { status, headers, body });
-            let ended = match status.as_u16() {
-                429 => wit::Outcome::RateLimited(reading.retry_after_ms),
-                529 => wit::Outcome::Overloaded,
-                s => wit::Outcome::UpstreamError(s),
-            };
-            last_attempt = Some((request, account.index, ended));
-            drop(lease);
-            continue;
-        }
-
-        // Commit only once the first byte is here: until then, nothing has
-        // reached the client and the request can still move.
-        let sse = upstream::is_plain_sse(response.headers());
-        let mut headers = response.headers().clone();
-        let mut stream = Box::pin(upstream::body_stream(response));
-        let first = match stream.next().await {
-            Some(Ok(b)) => b,
-            None => Bytes::new(),
-            Some(Err(e)) if status.is_success() => {
-                tracing::warn!(request = id, account = %account.config.id, error = %e, "upstream failed before the first byte");
-                connection_failed(&gw, account, family, &cfg.cooldowns, "stream_error");
-                this.outcome = "failover".into();
-                record.attempts.push(this);
-                drop(lease);
-                last_failure = Some(Failed::Unreachable(format!("stream failed before the first byte: {e}")));
-                last_attempt = Some((request, account.index, wit::Outcome::Failed));
-                continue;
-            }
-            Some(Err(_)) => Bytes::new(),
-        };
-        this.outcome = "served".into();
-        record.attempts.push(this);
-        record.status = status.as_u16();
-        let policy_error = record
-            .attempts
-            .iter()
-            .rev()
-            .find_map(|a| a.decision.policy_errors.first())
-            .map(|e| format!("{}:{}", e.stage, e.cause.as_str()));
+    /// Phase *commit*: the account's answer streams back through the relay,
+    /// which finishes the request when the body ends.
+    fn commit(self, request: wit::Request, answered: Answered) -> Response {
+        let Answered { account, status, mut headers, first, rest, sse, lease } = answered;
         upstream::retain_forwardable(&mut headers);
-        let finish = Finish {
-            gateway: gw.clone(),
-            generation: generation.clone(),
-            lease,
-            account: account.index,
-            request,
-            record,
-            started,
-        };
-        let reason = finish.record.reason.clone();
-        let attempts = finish.record.attempts.len();
         let length = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
-        let body = Body::from_stream(Relay::new(first, stream, sse, length, finish));
-        let mut out = Response::new(body);
-        *out.status_mut() = status;
-        *out.headers_mut() = headers;
-        // The account's id: what the config, `/status` and the decision record
-        // name it by (the alias is in the record).
-        let r = tag(out, id, Some(&account.config.id), Some(&reason));
-        return with_attempt_headers(r, attempts, policy_error.as_deref());
+        let finish = self.into_finish(Some(lease), true, Observe::Answer { account, request });
+        let mut head = Response::new(Body::empty());
+        *head.status_mut() = status;
+        *head.headers_mut() = headers;
+        let head = finish.respond(head);
+        head.map(|_| Body::from_stream(Relay::new(first, rest, sse, length, finish, status.as_u16())))
     }
 
-    // Out of accounts to try.
-    let now = now_ms();
-    let all_cooling = generation.accounts.iter().all(|a| !a.state.snapshot(&a.config).usable(family, now));
-    // Parked: every account is cooling and nothing but rate limits (or nothing at
-    // all) stood in the way. Other failures are passed on as they were.
-    let rate_limited_last = match &last_failure {
-        None => true,
-        Some(Failed::Answer { status, .. }) => matches!(status.as_u16(), 429 | 529),
-        Some(Failed::Unreachable(_)) => false,
-    };
-    if all_cooling && rate_limited_last {
-        let earliest = generation
-            .accounts
-            .iter()
-            .filter_map(|a| {
-                let s = a.state.snapshot(&a.config);
-                let gate = s.active_gate(family, now).map(|g| g.until_ms);
-                s.active_cooldown(now).map(|c| c.until_ms).into_iter().chain(gate).min()
-            })
-            .min()
-            .unwrap_or(now + 1_000);
-        gw.metrics.parked();
-        let mut r = rate_limited(
-            "poolgate: every account is cooling down (rate limited or exhausted); retry after the time given",
-            earliest.saturating_sub(now),
-        );
-        r.headers_mut().insert("x-poolgate-pool", HeaderValue::from_static("parked"));
-        return finish_local(&gw, &generation, r, record, "parked", started, last_attempt);
+    /// The admission queue refused the request: a local 429.
+    fn refused(mut self, ranked: Ranked, refused: Refused) -> Response {
+        let (outcome, ending, what, msg) = match refused {
+            Refused::QueueFull => (
+                AttemptOutcome::QueueFull,
+                Ending::QueueFull,
+                "queue_full",
+                "poolgate: every account is at its in-flight limit and the queue is full",
+            ),
+            Refused::Timeout => (
+                AttemptOutcome::QueueTimeout,
+                Ending::QueueTimeout,
+                "queue_timeout",
+                "poolgate: timed out waiting for an account with in-flight room",
+            ),
+        };
+        self.record.attempts.push(local_attempt(ranked.attempt, ranked.decision, outcome));
+        let mut r = rate_limited(msg, 1_000);
+        r.headers_mut().insert("x-poolgate-queue", HeaderValue::from_static(what));
+        let observe = self.observe_last();
+        self.into_finish(None, false, observe).now(r, ending)
     }
-    match last_failure {
-        Some(Failed::Answer { status, mut headers, body }) => {
-            let mut r = Response::new(Body::from(body));
-            *r.status_mut() = status;
-            upstream::retain_forwardable(&mut headers);
-            *r.headers_mut() = headers;
-            finish_local(&gw, &generation, r, record, "upstream_error", started, last_attempt)
-        }
-        Some(Failed::Unreachable(why)) => {
-            let r = error(
-                StatusCode::BAD_GATEWAY,
-                "api_error",
-                &format!("poolgate: the upstream could not be reached ({why})"),
+
+    /// Phase *answer*, when no account is left to try: parked, the last
+    /// upstream error passed on, a 502 when nothing could be reached, or a 503.
+    fn out_of_accounts(mut self) -> Response {
+        if let Some(retry_after_ms) = self.parked() {
+            self.gw.metrics.parked();
+            let mut r = rate_limited(
+                "poolgate: every account is cooling down (rate limited or exhausted); retry after the time given",
+                retry_after_ms,
             );
-            finish_local(&gw, &generation, r, record, "unreachable", started, last_attempt)
+            r.headers_mut().insert("x-poolgate-pool", HeaderValue::from_static("parked"));
+            let observe = self.observe_last();
+            return self.into_finish(None, false, observe).now(r, Ending::Parked);
         }
-        None => {
+        let Some((failure, request)) = self.last.take() else {
             let r = error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "overloaded_error",
                 "poolgate: no account could take the request",
             );
-            finish_local(&gw, &generation, r, record, "no_account", started, last_attempt)
+            return self.into_finish(None, false, Observe::Nothing).now(r, Ending::NoAccount);
+        };
+        let observe = Observe::Known((request, failure.account(), failure.outcome()));
+        match failure {
+            Failure::Refused { status, mut headers, body, .. } => {
+                let mut r = Response::new(Body::from(body));
+                *r.status_mut() = status;
+                upstream::retain_forwardable(&mut headers);
+                *r.headers_mut() = headers;
+                // The answer is that account's: it says so.
+                self.into_finish(None, true, observe).now(r, Ending::UpstreamError)
+            }
+            Failure::Unreachable { why, .. } => {
+                let msg = format!("poolgate: the upstream could not be reached ({why})");
+                let r = error(StatusCode::BAD_GATEWAY, "api_error", &msg);
+                self.into_finish(None, false, observe).now(r, Ending::Unreachable)
+            }
+        }
+    }
+
+    /// Whether the pool is parked — every account cooling, and nothing but rate
+    /// limits (or nothing at all) stood in the way — with how long until the
+    /// earliest recovery, ms. A cooling account is never probed.
+    fn parked(&self) -> Option<u64> {
+        let now = now_ms();
+        let accounts = &self.generation.accounts;
+        let all_cooling = accounts.iter().all(|a| !a.state.snapshot(&a.config).usable(self.family, now));
+        let rate_limited_last = self.last.as_ref().is_none_or(|(f, _)| f.is_rate_limit());
+        if !(all_cooling && rate_limited_last) {
+            return None;
+        }
+        let earliest = accounts
+            .iter()
+            .filter_map(|a| {
+                let s = a.state.snapshot(&a.config);
+                let gate = s.active_gate(self.family, now).map(|g| g.until_ms);
+                s.active_cooldown(now).map(|c| c.until_ms).into_iter().chain(gate).min()
+            })
+            .min()
+            .unwrap_or(now + 1_000);
+        Some(earliest.saturating_sub(now))
+    }
+
+    /// What the chain hears when the gateway answers itself: how the last
+    /// failed attempt went, if there was one.
+    fn observe_last(&mut self) -> Observe {
+        match self.last.take() {
+            Some((failure, request)) => Observe::Known((request, failure.account(), failure.outcome())),
+            None => Observe::Nothing,
+        }
+    }
+
+    /// The request's end, carrying its record.
+    fn into_finish(self, lease: Option<Lease>, account_answers: bool, observe: Observe) -> Finish {
+        Finish {
+            gateway: self.gw,
+            generation: self.generation,
+            started: self.started,
+            record: self.record,
+            lease,
+            account_answers,
+            observe,
         }
     }
 }
 
-/// Cools `account` after its connection failed before anything reached the
-/// client, and counts the failover with `cause`.
-fn connection_failed(
-    gw: &Gateway,
-    account: &PoolAccount,
-    family: Option<&str>,
-    cooldowns: &CooldownConfig,
-    cause: &str,
-) {
-    let change =
-        account.state.record(Answer::ConnectFailed, &quota::QuotaReading::default(), family, cooldowns, now_ms());
-    note(gw, account, change);
-    gw.metrics.failover(&account.config.id, cause);
+/// The record entry of a rank that reached no account.
+fn local_attempt(attempt: u32, decision: Decision, outcome: AttemptOutcome) -> Attempt {
+    Attempt { attempt, decision, account: None, status: None, outcome, queued_ms: 0, upstream_ms: None }
 }
 
-/// Reports a cooldown change to metrics and the log.
-fn note(gw: &Gateway, account: &PoolAccount, change: Change) {
-    match change {
-        Change::Cooled(reason) => {
-            gw.metrics.cooldown(&account.config.id, reason.as_str());
-            tracing::info!(account = %account.config.id, reason = reason.as_str(), "account cooling down");
-        }
-        Change::Gated(family) => {
-            gw.metrics.cooldown(&account.config.id, "model_exhausted");
-            tracing::info!(account = %account.config.id, family, "model family gated on account");
-        }
-        Change::Cleared | Change::None => {}
-    }
-}
-
-fn local_attempt(attempt: u32, decision: crate::policy::Decision, outcome: &str) -> Attempt {
-    Attempt { attempt, decision, account: None, status: None, outcome: outcome.into(), queued_ms: 0, upstream_ms: None }
-}
-
-/// Ends a request answered by the gateway itself (or with a kept upstream
-/// error), telling the chain how the last attempt ended, if there was one.
-fn finish_local(
-    gw: &Gateway,
-    generation: &Arc<Generation>,
-    r: Response,
-    mut record: RequestRecord,
-    outcome: &str,
-    started: Instant,
-    last_attempt: Option<(wit::Request, u32, wit::Outcome)>,
-) -> Response {
-    if let Some((request, account, ended)) = last_attempt {
-        relay::observe(generation.clone(), request, account, ended);
-    }
-    record.status = r.status().as_u16();
-    record.outcome = outcome.into();
-    record.duration_ms = started.elapsed().as_millis() as u64;
-    let (id, reason, attempts) = (record.id, record.reason.clone(), record.attempts.len());
-    let alias = record.account.clone();
-    gw.metrics.request(record.account.as_deref().unwrap_or("-"), record.status);
-    gw.decisions.push(record);
-    with_attempt_headers(tag(r, id, alias.as_deref(), Some(&reason)), attempts, None)
-}
-
-/// Adds the explanation headers every response carries.
-pub fn tag(mut r: Response, id: u64, alias: Option<&str>, reason: Option<&str>) -> Response {
-    let h = r.headers_mut();
-    h.insert("x-poolgate-request-id", HeaderValue::from(id));
-    if let Some(v) = alias.and_then(|a| HeaderValue::from_str(a).ok()) {
-        h.insert("x-poolgate-account", v);
-    }
-    if let Some(v) = reason.filter(|r| !r.is_empty()).and_then(|r| HeaderValue::from_str(r).ok()) {
-        h.insert("x-poolgate-reason", v);
-    }
-    r
-}
-
-fn with_attempt_headers(mut r: Response, attempts: usize, policy_error: Option<&str>) -> Response {
-    let h = r.headers_mut();
-    if attempts > 0 {
-        h.insert("x-poolgate-attempts", HeaderValue::from(attempts));
-    }
-    if let Some(v) = policy_error.and_then(|p| HeaderValue::from_str(p).ok()) {
-        h.insert("x-poolgate-policy-error", v);
-    }
+/// Tags an answer given before the request had a record (a malformed body, no
+/// accounts) with its request id.
+pub fn tag_id(mut r: Response, id: u64) -> Response {
+    r.headers_mut().insert("x-poolgate-request-id", HeaderValue::from(id));
     r
 }

@@ -16,7 +16,7 @@
 
 use http::HeaderMap;
 
-use crate::snapshot::{Status, WindowReading};
+use crate::account::{Status, WindowReading};
 
 const UNIFIED: &str = "anthropic-ratelimit-unified-";
 

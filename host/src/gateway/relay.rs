@@ -13,61 +13,19 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 
-use super::Gateway;
-use super::admission::Lease;
-use super::decisions::RequestRecord;
+use super::attempt::Rest;
+use super::decisions::Ending;
+use super::finish::Finish;
 use super::generation::Generation;
-use crate::policy::bindings as wit;
+use crate::policy::types as wit;
 
 /// The SSE event sent when the upstream stream breaks after the first byte.
 pub const STREAM_ERROR_EVENT: &[u8] =
     b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"upstream stream interrupted (poolgate)\"}}\n\n";
-
-/// What to do once the response is over.
-pub struct Finish {
-    /// The gateway.
-    pub gateway: Arc<Gateway>,
-    /// The generation the request ran on (its chain gets `observe`).
-    pub generation: Arc<Generation>,
-    /// The in-flight slot, released on finish.
-    pub lease: Lease,
-    /// Pool index of the serving account.
-    pub account: u32,
-    /// The request as the chain saw it.
-    pub request: wit::Request,
-    /// The record to complete and keep.
-    pub record: RequestRecord,
-    /// When the client request arrived.
-    pub started: Instant,
-}
-
-impl Finish {
-    /// Completes the request with `outcome` (`complete`, `stream_error`, `client_gone`).
-    pub fn complete(self, outcome: &str) {
-        let Finish { gateway, generation, lease, account, request, mut record, started } = self;
-        drop(lease);
-        let ended = if outcome == "complete" {
-            match record.status {
-                200..=299 => wit::Outcome::Success,
-                429 => wit::Outcome::RateLimited(None),
-                529 => wit::Outcome::Overloaded,
-                s => wit::Outcome::UpstreamError(s),
-            }
-        } else {
-            wit::Outcome::Failed
-        };
-        observe(generation, request, account, ended);
-        record.outcome = outcome.to_string();
-        record.duration_ms = started.elapsed().as_millis() as u64;
-        gateway.metrics.request(record.account.as_deref().unwrap_or("-"), record.status);
-        gateway.decisions.push(record);
-    }
-}
 
 /// Tells the chain how a request ended. The calls run at once when they finish
 /// in one go (microseconds: the common case), so that what they store — an
@@ -89,8 +47,6 @@ pub fn observe(generation: Arc<Generation>, request: wit::Request, account: u32,
         Err(_) => tracing::warn!("observe could not finish: no async runtime to continue on"),
     }
 }
-
-type Upstream = Pin<Box<dyn Stream<Item = Result<Bytes, hyper::Error>> + Send>>;
 
 /// Passes SSE chunks on at event boundaries: a chunk that ends inside an event
 /// is held until the event completes. Chunks that end on a boundary (the normal
@@ -126,10 +82,12 @@ impl SseFramer {
 /// The relayed body.
 pub struct Relay {
     first: Option<Bytes>,
-    upstream: Upstream,
+    upstream: Rest,
     sse: bool,
     framer: SseFramer,
     finish: Option<Finish>,
+    /// The upstream's status, for the record.
+    status: u16,
     ended: bool,
     /// The upstream's `content-length`: hyper stops reading the body once that
     /// many bytes went out, so reaching it is the end.
@@ -140,13 +98,22 @@ pub struct Relay {
 impl Relay {
     /// A body that starts with `first` (already read, to be sure the upstream
     /// answered before committing to it) and continues with `upstream`.
-    pub fn new(first: Bytes, upstream: Upstream, sse: bool, content_length: Option<u64>, finish: Finish) -> Self {
+    /// `finish` ends the request (with `status`) however the body ends.
+    pub fn new(
+        first: Bytes,
+        upstream: Rest,
+        sse: bool,
+        content_length: Option<u64>,
+        finish: Finish,
+        status: u16,
+    ) -> Self {
         Relay {
             first: Some(first),
             upstream,
             sse,
             framer: SseFramer::default(),
             finish: Some(finish),
+            status,
             ended: false,
             expected: content_length,
             sent: 0,
@@ -158,14 +125,14 @@ impl Relay {
         self.sent += chunk.len() as u64;
         if self.expected == Some(self.sent) {
             self.ended = true;
-            self.finish("complete");
+            self.finish(Ending::Complete);
         }
         Poll::Ready(Some(Ok(chunk)))
     }
 
-    fn finish(&mut self, outcome: &str) {
+    fn finish(&mut self, ending: Ending) {
         if let Some(f) = self.finish.take() {
-            f.complete(outcome);
+            f.complete(ending, self.status);
         }
     }
 
@@ -200,12 +167,12 @@ impl Stream for Relay {
                 }
                 Poll::Ready(None) => {
                     self.ended = true;
-                    self.finish("complete");
+                    self.finish(Ending::Complete);
                     return Poll::Ready(self.framer.rest().map(Ok));
                 }
                 Poll::Ready(Some(Err(e))) => {
                     self.ended = true;
-                    self.finish("stream_error");
+                    self.finish(Ending::StreamError);
                     tracing::warn!(error = %e, "upstream stream broke after the first byte");
                     if self.sse {
                         // Drop the torn event; end with a well-formed error event.
@@ -222,7 +189,7 @@ impl Stream for Relay {
 impl Drop for Relay {
     fn drop(&mut self) {
         // Dropped before the end: the client went away.
-        self.finish("client_gone");
+        self.finish(Ending::ClientGone);
     }
 }
 

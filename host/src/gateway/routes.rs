@@ -17,14 +17,32 @@ use serde::Deserialize;
 
 use super::errors::{error, final_error};
 use super::metrics::labels;
-use super::proxy::{Api, Incoming, forward};
+use super::proxy::{Api, Incoming, forward, tag_id};
 use super::{Gateway, now_ms};
 
 /// A hook the server installs to reload the configuration from its source:
 /// called with what triggered it, it resolves to the new generation's number or
 /// to why the reload was refused.
 pub type Reloader =
-    Arc<dyn Fn(&'static str) -> futures_util::future::BoxFuture<'static, Result<u64, String>> + Send + Sync>;
+    Arc<dyn Fn(ReloadRequest) -> futures_util::future::BoxFuture<'static, Result<u64, String>> + Send + Sync>;
+
+/// What asked for a reload.
+#[derive(Debug, Clone, Copy)]
+pub struct ReloadRequest {
+    /// `file-watch`, `sighup` or `admin`.
+    pub trigger: &'static str,
+    /// The SHA-256 of the config file the watcher saw settle: a reload that
+    /// reads anything else (the file is being rewritten again) leaves the
+    /// running configuration alone and lets the watcher come back.
+    pub expect_sha256: Option<[u8; 32]>,
+}
+
+impl ReloadRequest {
+    /// A reload of whatever the file holds now.
+    pub fn now(trigger: &'static str) -> Self {
+        ReloadRequest { trigger, expect_sha256: None }
+    }
+}
 
 /// Shared route state.
 #[derive(Clone)]
@@ -57,6 +75,7 @@ pub fn router(state: AppState) -> Router {
 
 async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
     let gw = state.gateway;
+    let id = gw.next_request_id();
     let generation = gw.generation();
     let client = if generation.client_keys.is_empty() {
         None
@@ -64,11 +83,12 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
         match generation.client_keys.check(&headers) {
             Some(name) => Some(name.to_string()),
             None => {
-                return final_error(
+                let r = final_error(
                     StatusCode::UNAUTHORIZED,
                     "authentication_error",
                     "poolgate: invalid or missing client key (send it as x-api-key or Authorization: Bearer)",
                 );
+                return tag_id(r, id);
             }
         }
     };
@@ -90,14 +110,14 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
         }
         let mut r = too_large();
         r.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
-        return r;
+        return tag_id(r, id);
     }
     let body = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
-        Err(_) => return too_large(),
+        Err(_) => return tag_id(too_large(), id),
     };
     drop(generation);
-    forward(gw, api, Incoming { method, uri, headers, body, client }).await
+    forward(gw, api, Incoming { id, method, uri, headers, body, client }).await
 }
 
 async fn messages(State(s): State<AppState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
@@ -216,7 +236,7 @@ async fn reload(State(s): State<AppState>, headers: HeaderMap) -> Response {
     };
     // Compiling runs on the blocking pool (or a child process) and configuring
     // on the plugin builder thread: the async workers only wait.
-    match tokio::spawn(reloader("admin")).await {
+    match tokio::spawn(reloader(ReloadRequest::now("admin"))).await {
         Ok(Ok(generation)) => json(&serde_json::json!({ "ok": true, "generation": generation })),
         Ok(Err(e)) => {
             let mut r = json(&serde_json::json!({ "ok": false, "errors": e.lines().collect::<Vec<_>>() }));

@@ -16,7 +16,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use super::Gateway;
-use super::routes::Reloader;
+use super::routes::{ReloadRequest, Reloader};
 
 /// How often the files are looked at.
 pub const POLL: Duration = Duration::from_millis(100);
@@ -79,7 +79,8 @@ pub fn watch_files(gateway: &Arc<Gateway>, config: PathBuf, reload: Reloader) ->
             }
             last = now;
             tracing::debug!(settle_ms = seen.elapsed().as_millis() as u64, "config or plugin file changed; reloading");
-            match tokio::spawn(reload("file-watch")).await {
+            let expect_sha256 = last.0[0].2;
+            match tokio::spawn(reload(ReloadRequest { trigger: "file-watch", expect_sha256 })).await {
                 // The reload logged what changed; nothing to add.
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => tracing::warn!(error = %e, "file change not applied; the running configuration stays"),
@@ -109,7 +110,7 @@ pub fn reload_on_sighup(gateway: &Arc<Gateway>, reload: Reloader) -> tokio::task
             if weak.upgrade().is_none() {
                 return;
             }
-            match tokio::spawn(reload("sighup")).await {
+            match tokio::spawn(reload(ReloadRequest::now("sighup"))).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => tracing::warn!(error = %e, "SIGHUP reload refused; the running configuration stays"),
                 Err(e) => tracing::error!(error = %e, "reload task failed"),

@@ -158,10 +158,17 @@ fn settle<T>(store: &mut Store<Sandbox>, result: Result<wasmtime::Result<T>, Cut
             // ended in a panic ("memory allocation failed").
             Err(if matches!(f.cause, Cause::Trap | Cause::Oom) { f.with_stderr(stderr) } else { f })
         }
-        Err(Cut::Wall(d)) => Err(Fault::new(
+        Err(Cut::Busy(d)) => Err(Fault::new(
             Cause::Timeout,
             format!(
-                "still running after its wall-clock bound of {} ms (waiting in a host call such as a sleep, or starved of CPU)",
+                "busy for its wall-clock bound of {} ms, most of it in host calls (its CPU budget counts only its own instructions)",
+                d.as_millis()
+            ),
+        )),
+        Err(Cut::Waited(d)) => Err(Fault::new(
+            Cause::Timeout,
+            format!(
+                "waited {} ms at once in a host call (a sleep or a poll): past its wall-clock bound",
                 d.as_millis()
             ),
         )),

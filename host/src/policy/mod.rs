@@ -8,6 +8,7 @@
 //! - [`sandbox`]: what a running plugin can touch (the host interface, nothing
 //!   else), with [`limiter`] (memory) and [`stdio`] (its output, bounded).
 //! - [`chain`]: the stages in order — where a request's account order is decided.
+//! - [`view`]: the account model turned into the records plugins receive.
 //! - [`breaker`], [`events`], [`fault`], [`decision`], [`state`], [`names`]: the
 //!   pieces around it.
 //!
@@ -16,7 +17,7 @@
 //! ends within its bounds as a [`Fault`], the request is served without the
 //! stage, and the host's memory stays bounded.
 
-pub mod bindings;
+mod bindings;
 pub mod bounded;
 pub mod breaker;
 pub mod chain;
@@ -34,6 +35,18 @@ pub mod pool;
 pub mod sandbox;
 pub mod state;
 pub mod stdio;
+pub mod view;
+
+/// The records of `wit/policy.wit` a caller of the runtime reads or writes: a
+/// request's facts, how it ended, and — for tests and benchmarks that look
+/// inside a decision — what the plugins received. The bindings they come from
+/// stay private; the account model becomes these only in [`view`].
+pub mod types {
+    pub use super::bindings::{
+        Account, AccountInfo, ApiShape, Cooldown, CooldownReason, Freshness, Outcome, QuotaWindow, Ranking, Request,
+        WindowKind, WindowStatus,
+    };
+}
 
 pub use breaker::{BreakerConfig, Phase};
 pub use chain::{Candidates, Chain, StageSpec, StageStatus};

@@ -13,7 +13,10 @@
 //!
 //! - [`scenario`]: the accounts, budgets, clock and latency to start from.
 //! - [`quota`]: the ledger arithmetic and the headers that report it.
-//! - [`wire`]: requests read and replies rendered.
+//! - [`reply`]: what the simulated model reads from a request and answers.
+//!
+//! How answers are written — bodies, events, error envelopes, quota headers —
+//! is the `poolgate_wire` crate's, which the test mock shares.
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -29,9 +32,9 @@
 //! ```
 
 pub mod quota;
+pub mod reply;
 pub mod scenario;
 mod server;
-pub mod wire;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,6 +50,7 @@ pub use scenario::{AccountSpec, BucketSpec, Latency, Scenario, Timescale, Window
 
 use crate::config::Secret;
 use crate::gateway::now_ms;
+use crate::random::{random_hex, splitmix, uuid_like};
 use quota::Ledger;
 use server::{Account, Shared};
 
@@ -112,7 +116,7 @@ impl SimUpstream {
                     name: spec.name.clone(),
                     note: spec.note.clone(),
                     key: Secret::new(format!("sk-ant-sim-{}", random_hex(24)?))?,
-                    organization: uuid_like(splitmix(fnv(&spec.name)), splitmix(fnv(&spec.name) ^ 1)),
+                    organization: organization(&spec.name),
                     ledger: Mutex::new(Ledger::new(spec, &scenario.timescale, now)),
                     served: Default::default(),
                     refused: Default::default(),
@@ -201,33 +205,8 @@ impl Drop for SimUpstream {
     }
 }
 
-/// `bytes` random bytes, hex-encoded, from the operating system's CSPRNG (by
-/// way of the TLS stack's provider, already linked for upstream HTTPS).
-pub fn random_hex(bytes: usize) -> Result<String> {
-    let mut buf = vec![0u8; bytes];
-    rustls::crypto::ring::default_provider()
-        .secure_random
-        .fill(&mut buf)
-        .map_err(|_| anyhow::anyhow!("the operating system's random source failed"))?;
-    Ok(hex::encode(buf))
-}
-
-/// SplitMix64: a tiny, well-mixed pseudo-random step. Jitter, reply lengths
-/// and the demo's traffic vary with it; nothing secret is derived from it.
-pub fn splitmix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// A UUID-shaped string from two 64-bit values.
-pub fn uuid_like(a: u64, b: u64) -> String {
-    let h = format!("{a:016x}{b:016x}");
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
-}
-
-/// FNV-1a: a stable hash of a name (organization ids stay the same across runs).
-fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+/// A stable fake organization id for the account `name`, the same in every run.
+fn organization(name: &str) -> String {
+    let h = poolgate_wire::ids::fnv1a(name.as_bytes());
+    uuid_like(splitmix(h), splitmix(h ^ 1))
 }

@@ -11,7 +11,12 @@
 //!   weekly window, the session window, or the per-model bucket of its family;
 //! - a per-model bucket (`7d_oi`) is reported only on answers for its family;
 //! - resets are epoch seconds, rounded up so that a client waiting for the
-//!   reported reset never arrives before the window has actually rolled over.
+//!   reported reset never arrives before the window has actually rolled over;
+//! - utilizations are reported to at most 4 decimals.
+//!
+//! How the headers are written is `poolgate_wire::ratelimit`'s.
+
+use poolgate_wire::ratelimit::{self, Quota};
 
 use crate::sim::scenario::{AccountSpec, Timescale, WindowSpec};
 
@@ -67,6 +72,13 @@ impl Window {
     /// The reset in epoch seconds, rounded up.
     pub fn reset_s(&self) -> u64 {
         self.resets_at_ms.div_ceil(1000)
+    }
+
+    /// The window as an answer reports it: utilization to 4 decimals, status
+    /// `rejected` once spent.
+    fn reported(&self) -> ratelimit::Window {
+        let utilization = (self.utilization() * 10_000.0).round() / 10_000.0;
+        ratelimit::Window::new(utilization, if self.exhausted() { "rejected" } else { "allowed" }, self.reset_s())
     }
 }
 
@@ -191,42 +203,21 @@ impl Ledger {
             None if reported.iter().any(|w| w.utilization() >= WARNING) => "allowed_warning",
             None => "allowed",
         };
-        let mut out = vec![
-            (unified("status"), status.to_string()),
-            (unified("reset"), claim_window.reset_s().to_string()),
-            (unified("representative-claim"), claim(&claim_window.name)),
-        ];
-        for w in reported {
-            out.push((unified(&format!("{}-utilization", w.name)), fraction(w.utilization())));
-            out.push((
-                unified(&format!("{}-status", w.name)),
-                if w.exhausted() { "rejected" } else { "allowed" }.to_string(),
-            ));
-            out.push((unified(&format!("{}-reset", w.name)), w.reset_s().to_string()));
+        let bucket = self.bucket_for(family).map(|w| {
+            let name = w.name.strip_prefix("7d_").unwrap_or(&w.name);
+            (name.to_string(), w.reported())
+        });
+        Quota {
+            status: Some(status.to_string()),
+            reset_s: Some(claim_window.reset_s()),
+            representative_claim: Some(ratelimit::claim(&claim_window.name)),
+            five_hour: Some(self.five_hour.reported()),
+            seven_day: Some(self.seven_day.reported()),
+            buckets: bucket.into_iter().collect(),
+            ..Quota::default()
         }
-        out
+        .headers()
     }
-}
-
-fn unified(suffix: &str) -> String {
-    format!("anthropic-ratelimit-unified-{suffix}")
-}
-
-/// The representative claim naming a window. `7d_oi` is included-overage
-/// credit, which Anthropic names `seven_day_overage_included`.
-fn claim(window: &str) -> String {
-    match window {
-        "5h" => "five_hour".into(),
-        "7d" => "seven_day".into(),
-        "7d_oi" => "seven_day_overage_included".into(),
-        other => format!("seven_day_{}", other.trim_start_matches("7d_")),
-    }
-}
-
-/// A utilization as Anthropic writes it: a plain fraction, at most 4 decimals.
-fn fraction(f: f64) -> String {
-    let rounded = (f * 10_000.0).round() / 10_000.0;
-    format!("{rounded}")
 }
 
 #[cfg(test)]
@@ -234,8 +225,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::account::Status;
     use crate::gateway::quota;
-    use crate::snapshot::Status;
 
     const NOW: u64 = 1_760_000_000_000;
 
@@ -294,7 +285,7 @@ mod tests {
         assert_eq!(get("status"), Some("rejected"));
         assert_eq!(get("representative-claim"), Some("five_hour"));
         assert_eq!(get("5h-status"), Some("rejected"));
-        assert_eq!(get("5h-utilization"), Some("1"));
+        assert_eq!(get("5h-utilization"), Some("1.0"));
         // 20.5 s is rounded up to the next whole second, never down.
         assert_eq!(get("5h-reset"), Some(((NOW + 21_000) / 1000).to_string().as_str()));
         assert_eq!(get("reset"), get("5h-reset"));
@@ -304,7 +295,7 @@ mod tests {
         let r = parsed(&l, Some("sonnet"), Some(&refusal), NOW);
         use crate::gateway::cooldown::{Answer, CooldownConfig, Plan, Streaks, plan};
         let p = plan(Answer::Status(429), &r, Some("sonnet"), Streaks::default(), &CooldownConfig::default(), NOW);
-        assert_eq!(p, Plan::Cool { until_ms: NOW + 21_000, reason: crate::snapshot::CooldownReason::SessionExhausted });
+        assert_eq!(p, Plan::Cool { until_ms: NOW + 21_000, reason: crate::account::CooldownReason::SessionExhausted });
 
         assert!(l.admit(Some("sonnet"), NOW + 20_499).is_err());
         assert!(l.admit(Some("sonnet"), NOW + 20_500).is_ok(), "served again once the window rolled over");

@@ -22,14 +22,16 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use parking_lot::Mutex;
+use poolgate_wire::error::{self, ErrorType};
+use poolgate_wire::{header as wire_header, ids, message, models, request};
 
 use super::quota::Ledger;
+use super::reply::{self, CHUNKING, MODELS};
 use super::scenario::Scenario;
-use super::splitmix;
-use super::wire::{self, Reply};
+use crate::account::model_family;
 use crate::config::Secret;
 use crate::gateway::{auth, now_ms};
-use crate::snapshot::model_family;
+use crate::random::splitmix;
 
 /// Bodies above this are refused, as upstream does; Claude Code sends ~90 KB a
 /// turn and a few MB with images.
@@ -112,43 +114,37 @@ impl Drop for InFlight {
     }
 }
 
-fn request_id(n: u64) -> String {
-    format!("req_sim{n:018}")
+/// The simulator's ids: `req_sim…`, `msg_sim…`, `toolu_sim…`.
+fn sim_id(prefix: &str, n: u64) -> String {
+    ids::numbered(prefix, "sim", n)
 }
 
-fn error(status: StatusCode, kind: &str, message: &str, rid: &str) -> Response {
-    let mut r = Response::new(Body::from(wire::error_body(kind, message, rid)));
-    *r.status_mut() = status;
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if let Ok(v) = HeaderValue::from_str(rid) {
-        h.insert("request-id", v);
-    }
+fn request_id(n: u64) -> String {
+    sim_id("req_", n)
+}
+
+/// An error in Anthropic's shape, with the `request_id` in the body and the header.
+fn error(kind: ErrorType, message: &str, rid: &str) -> Response {
+    let mut r = json(error::body(kind, message, Some(rid)).into(), rid);
+    *r.status_mut() = StatusCode::from_u16(kind.status()).expect("Anthropic's statuses are valid");
     r
 }
 
 fn unauthorized(rid: &str) -> Response {
-    error(StatusCode::UNAUTHORIZED, "authentication_error", "invalid x-api-key", rid)
+    error(ErrorType::Authentication, error::INVALID_API_KEY, rid)
 }
 
 async fn read_body(body: Body, rid: &str) -> Result<Bytes, Response> {
-    axum::body::to_bytes(body, BODY_LIMIT).await.map_err(|_| {
-        error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "request_too_large",
-            "Request exceeds the maximum allowed number of bytes.",
-            rid,
-        )
-    })
+    axum::body::to_bytes(body, BODY_LIMIT).await.map_err(|_| error(ErrorType::RequestTooLarge, error::TOO_LARGE, rid))
 }
 
 fn with_headers(mut r: Response, account: &Account, rid: &str, quota: Vec<(String, String)>) -> Response {
     let h = r.headers_mut();
     if let Ok(v) = HeaderValue::from_str(rid) {
-        h.insert("request-id", v);
+        h.insert(wire_header::REQUEST_ID, v);
     }
     if let Ok(v) = HeaderValue::from_str(&account.organization) {
-        h.insert("anthropic-organization-id", v);
+        h.insert(wire_header::ORGANIZATION_ID, v);
     }
     for (name, value) in quota {
         if let (Ok(n), Ok(v)) = (http::HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(&value)) {
@@ -168,21 +164,21 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) 
         Ok(b) => b,
         Err(r) => return r,
     };
-    let ask = match wire::parse_messages(&body) {
+    let ask = match reply::parse_messages(&body) {
         Ok(a) => a,
-        Err(m) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", &m, &rid),
+        Err(m) => return error(ErrorType::InvalidRequest, &m, &rid),
     };
     let Some(family) = model_family(&ask.model) else {
-        return error(StatusCode::NOT_FOUND, "not_found_error", &format!("model: {}", ask.model), &rid);
+        return error(ErrorType::NotFound, &format!("model: {}", ask.model), &rid);
     };
     let latency = s.scenario.latency;
     let (low, high) = (*s.scenario.reply_words.start(), *s.scenario.reply_words.end());
     let words = low + (random % u64::from(high.saturating_sub(low) + 1)) as u32;
-    let reply = Reply::new(
+    let reply = reply::reply(
         &ask,
-        format!("msg_sim{n:018}"),
-        format!("toolu_sim{n:018}"),
-        wire::input_tokens(&body),
+        sim_id("msg_", n),
+        sim_id("toolu_", n),
+        request::estimate_input_tokens(&body),
         words,
         random >> 32,
     );
@@ -203,13 +199,7 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) 
         Err(q) => {
             account.refused.fetch_add(1, Ordering::Relaxed);
             tokio::time::sleep(latency.rejection).await;
-            let msg = "This request would exceed your account's rate limit. Please try again later.";
-            return with_headers(
-                error(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", msg, &rid),
-                &account,
-                &rid,
-                q,
-            );
+            return with_headers(error(ErrorType::RateLimit, error::RATE_LIMITED, &rid), &account, &rid, q);
         }
     };
     account.served.fetch_add(1, Ordering::Relaxed);
@@ -217,7 +207,7 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) 
     let jitter = latency.jitter.mul_f64((random >> 11) as f64 / (1u64 << 53) as f64);
     tokio::time::sleep(latency.first_byte + jitter).await;
 
-    let events = reply.events();
+    let events: Vec<Bytes> = reply.events(&CHUNKING).into_iter().map(Bytes::from).collect();
     let response = if ask.stream {
         let gap = latency.per_event;
         let stream = futures_util::stream::unfold(
@@ -232,15 +222,15 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) 
         );
         let mut r = Response::new(Body::from_stream(stream));
         let h = r.headers_mut();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static(wire_header::EVENT_STREAM));
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static(wire_header::NO_CACHE));
         r
     } else {
         // A JSON reply arrives once the whole message would have been generated.
         tokio::time::sleep(latency.per_event * events.len().saturating_sub(1) as u32).await;
         drop(guard);
         let mut r = Response::new(Body::from(reply.to_json()));
-        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(wire_header::JSON));
         r
     };
     with_headers(response, &account, &rid, quota)
@@ -255,17 +245,10 @@ async fn count_tokens(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bo
         Ok(b) => b,
         Err(r) => return r,
     };
-    let parsed: Result<serde_json::Value, _> = serde_json::from_slice(&body);
-    let problem = match &parsed {
-        Err(e) => Some(format!("invalid JSON body: {e}")),
-        Ok(v) if v.get("model").and_then(|m| m.as_str()).is_none() => Some("model: Field required".to_string()),
-        Ok(v) if !v.get("messages").is_some_and(|m| m.is_array()) => Some("messages: Field required".to_string()),
-        Ok(_) => None,
-    };
-    if let Some(p) = problem {
-        return error(StatusCode::BAD_REQUEST, "invalid_request_error", &p, &rid);
+    if let Err(p) = request::check_count_tokens(&body) {
+        return error(ErrorType::InvalidRequest, &p, &rid);
     }
-    json(format!("{{\"input_tokens\":{}}}", wire::input_tokens(&body)).into(), &rid)
+    json(message::count_tokens_body(request::estimate_input_tokens(&body)).into(), &rid)
 }
 
 async fn models(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
@@ -273,7 +256,7 @@ async fn models(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     if s.authenticate(&headers).is_none() {
         return unauthorized(&rid);
     }
-    json(wire::models_page(), &rid)
+    json(models::page(MODELS).into(), &rid)
 }
 
 async fn model(State(s): State<Arc<Shared>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
@@ -281,22 +264,22 @@ async fn model(State(s): State<Arc<Shared>>, headers: HeaderMap, Path(id): Path<
     if s.authenticate(&headers).is_none() {
         return unauthorized(&rid);
     }
-    match wire::model_object(&id) {
-        Some(body) => json(body, &rid),
-        None => error(StatusCode::NOT_FOUND, "not_found_error", &format!("model: {id}"), &rid),
+    match MODELS.iter().find(|m| m.id == id) {
+        Some(m) => json(models::object(m).into(), &rid),
+        None => error(ErrorType::NotFound, &format!("model: {id}"), &rid),
     }
 }
 
 fn json(body: Bytes, rid: &str) -> Response {
     let mut r = Response::new(Body::from(body));
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(wire_header::JSON));
     if let Ok(v) = HeaderValue::from_str(rid) {
-        h.insert("request-id", v);
+        h.insert(wire_header::REQUEST_ID, v);
     }
     r
 }
 
 async fn not_found(State(s): State<Arc<Shared>>) -> Response {
-    error(StatusCode::NOT_FOUND, "not_found_error", "Not Found", &request_id(s.next().0))
+    error(ErrorType::NotFound, "Not Found", &request_id(s.next().0))
 }

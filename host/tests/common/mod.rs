@@ -67,5 +67,5 @@ pub fn chain_with_state(case: &Case, stages: Vec<StageSpec>, state: Arc<dyn Stat
 pub fn rank(chain: &Chain, case: &Case, model: &str) -> Decision {
     let mut req = case.request();
     req.model = model.to_string();
-    poolgate::policy::block_on(chain.rank(req, case.candidates(poolgate::snapshot::DEFAULT_FRESHNESS_MS)))
+    poolgate::policy::block_on(chain.rank(req, case.candidates(poolgate::account::DEFAULT_FRESHNESS_MS)))
 }

@@ -6,6 +6,9 @@
 //! unified rate-limit headers, a 529, a connection reset before or during a stream, a hang.
 //! Reaching the real API is neither possible nor wanted, so this crate is that upstream: a
 //! real HTTP server on loopback that the gateway under test forwards to.
+//! How an answer is written (bodies, events, error envelopes, quota headers) is
+//! `poolgate_wire`'s, shared with the demo's simulated upstream; this crate decides what
+//! each account answers and when.
 //!
 //! Each credential (`x-api-key` or `authorization: Bearer`) is an [`Account`] with a FIFO
 //! of one-shot [`Step`]s, a default step and a [`Quota`]. Every request is recorded on
@@ -33,12 +36,12 @@
 //! ```
 #![deny(missing_docs)]
 
+mod chunks;
 mod conn;
 mod quota;
+mod reply;
 mod script;
 mod server;
-mod sse;
-mod wire;
 
 use std::io;
 use std::net::SocketAddr;
@@ -47,9 +50,9 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-pub use quota::{Quota, Window, now_s, rfc3339};
+pub use poolgate_wire::ratelimit::{Quota, Window, now_s, rfc3339};
+pub use reply::{DEFAULT_TEXT, MODELS};
 pub use script::{Account, Step};
-pub use wire::{DEFAULT_TEXT, MODELS};
 
 /// Server-wide settings; [`MockUpstream::start`] uses [`Config::default`].
 #[derive(Clone, Debug)]

@@ -1,203 +1,43 @@
-//! Scripted quota headers.
+//! Scripted quota headers: what the mock does with a [`Quota`] beyond writing it.
 //!
-//! The gateway ranks accounts by what Anthropic tells it in response headers: the
-//! `anthropic-ratelimit-unified-*` family on subscription (OAuth) traffic and the
-//! `anthropic-ratelimit-{requests,tokens,…}-*` family on API-key traffic. A test states an
-//! account's quota once as a [`Quota`]; the server renders it into those exact header names
-//! and formats (utilizations as fractions, unified resets as epoch seconds, API-key resets
-//! as RFC 3339) on every response of that account.
-//!
+//! A test states an account's quota once as a [`Quota`] (`poolgate_wire`'s, which knows
+//! the header names and formats); the server sends it on every response of that account.
 //! Rendering happens when the quota is set, not per request, so the hot path only clones
 //! reference-counted header values.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use axum::http::{HeaderName, HeaderValue};
+use poolgate_wire::ratelimit::{Quota, Window, claim, now_s};
 
-const UNIFIED: &str = "anthropic-ratelimit-unified-";
+/// The reading a unified 429 carries: `quota` with unified status `rejected`, plus the
+/// reset, claim and binding window a real rejection always names when the script left
+/// them out (so a gateway under test can always park the account until a reset).
+pub(crate) fn rejected(quota: &Quota) -> Quota {
+    let mut q = quota.clone();
+    let reset = *q.reset_s.get_or_insert(now_s() + 3600);
+    q.status = Some("rejected".to_owned());
+    q.representative_claim.get_or_insert_with(|| claim("5h"));
+    if q.five_hour.is_none() && q.seven_day.is_none() {
+        q.five_hour = Some(Window::new(1.0, "rejected", reset));
+    }
+    q
+}
 
-/// An account's quota state, rendered as Anthropic's rate-limit response headers.
+/// Renders the headers into typed name/value pairs, once, for the hot path.
 ///
-/// Every field is optional: a header is sent only for a field that is set, so a test can
-/// reproduce partial or odd header sets seen in the wild.
-#[derive(Clone, Debug, Default)]
-pub struct Quota {
-    /// `anthropic-ratelimit-unified-status`: `"allowed"`, `"allowed_warning"` or `"rejected"`.
-    pub status: Option<String>,
-    /// `anthropic-ratelimit-unified-reset`, epoch seconds: reset of the binding window.
-    pub reset_s: Option<u64>,
-    /// `anthropic-ratelimit-unified-representative-claim`, e.g. `"five_hour"`.
-    pub representative_claim: Option<String>,
-    /// The `5h-utilization`, `5h-status` and `5h-reset` headers.
-    pub five_hour: Option<Window>,
-    /// The `7d-utilization`, `7d-status` and `7d-reset` headers.
-    pub seven_day: Option<Window>,
-    /// Per-model weekly buckets: `("oi", w)` renders `7d_oi-utilization`, `7d_oi-status`
-    /// and `7d_oi-reset`.
-    pub buckets: Vec<(String, Window)>,
-    /// `anthropic-ratelimit-unified-overage-status`.
-    pub overage_status: Option<String>,
-    /// `anthropic-ratelimit-unified-overage-disabled-reason`.
-    pub overage_disabled_reason: Option<String>,
-    /// Any other header, sent verbatim (name, value), after the unified family.
-    pub extra: Vec<(String, String)>,
-}
-
-/// One rate-limit window of the unified family.
-#[derive(Clone, Debug)]
-pub struct Window {
-    /// Fraction used: `0.03` is 3%. May exceed `1.0`.
-    pub utilization: f64,
-    /// `"allowed"`, `"allowed_warning"`, `"rejected"`, …
-    pub status: String,
-    /// When the window resets, epoch seconds.
-    pub reset_s: u64,
-}
-
-impl Window {
-    /// A window with the given utilization, status and reset.
-    pub fn new(utilization: f64, status: &str, reset_s: u64) -> Window {
-        Window { utilization, status: status.to_owned(), reset_s }
-    }
-
-    /// An `"allowed"` window.
-    pub fn allowed(utilization: f64, reset_s: u64) -> Window {
-        Window::new(utilization, "allowed", reset_s)
-    }
-}
-
-impl Quota {
-    /// A typical subscription reading: unified status `allowed`, claim `five_hour`, both
-    /// windows at the given utilizations, resetting 5 hours and 7 days from now.
-    pub fn unified(five_hour: f64, seven_day: f64) -> Quota {
-        let now = now_s();
-        let reset_5h = now + 5 * 3600;
-        let window = |u: f64, reset: u64| Window::new(u, if u >= 1.0 { "rejected" } else { "allowed" }, reset);
-        Quota {
-            status: Some(if five_hour >= 1.0 || seven_day >= 1.0 { "rejected" } else { "allowed" }.to_owned()),
-            reset_s: Some(reset_5h),
-            representative_claim: Some("five_hour".to_owned()),
-            five_hour: Some(window(five_hour, reset_5h)),
-            seven_day: Some(window(seven_day, now + 7 * 86400)),
-            ..Quota::default()
-        }
-    }
-
-    /// Adds `anthropic-ratelimit-unified-fallback-percentage` (a fraction, e.g. `0.5`).
-    pub fn with_fallback_percentage(mut self, fraction: f64) -> Quota {
-        self.extra.push((format!("{UNIFIED}fallback-percentage"), format_fraction(fraction)));
-        self
-    }
-
-    /// Adds the API-key family for one limit `kind` (`"requests"`, `"tokens"`,
-    /// `"input-tokens"` or `"output-tokens"`): `anthropic-ratelimit-<kind>-limit`,
-    /// `-remaining` and `-reset` (RFC 3339, from `reset_s` epoch seconds).
-    pub fn with_api_limit(mut self, kind: &str, limit: u64, remaining: u64, reset_s: u64) -> Quota {
-        let name = |suffix: &str| format!("anthropic-ratelimit-{kind}-{suffix}");
-        self.extra.push((name("limit"), limit.to_string()));
-        self.extra.push((name("remaining"), remaining.to_string()));
-        self.extra.push((name("reset"), rfc3339(reset_s)));
-        self
-    }
-
-    /// The headers this quota renders to, in the order they are sent.
-    pub fn headers(&self) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        let mut put = |suffix: &str, value: String| out.push((format!("{UNIFIED}{suffix}"), value));
-        if let Some(status) = &self.status {
-            put("status", status.clone());
-        }
-        if let Some(reset) = self.reset_s {
-            put("reset", reset.to_string());
-        }
-        if let Some(claim) = &self.representative_claim {
-            put("representative-claim", claim.clone());
-        }
-        let mut window = |label: &str, w: &Window| {
-            put(&format!("{label}-utilization"), format_fraction(w.utilization));
-            put(&format!("{label}-status"), w.status.clone());
-            put(&format!("{label}-reset"), w.reset_s.to_string());
-        };
-        if let Some(w) = &self.five_hour {
-            window("5h", w);
-        }
-        if let Some(w) = &self.seven_day {
-            window("7d", w);
-        }
-        for (bucket, w) in &self.buckets {
-            window(&format!("7d_{bucket}"), w);
-        }
-        if let Some(s) = &self.overage_status {
-            put("overage-status", s.clone());
-        }
-        if let Some(r) = &self.overage_disabled_reason {
-            put("overage-disabled-reason", r.clone());
-        }
-        out.extend(self.extra.iter().cloned());
-        out
-    }
-
-    /// The reading a unified 429 carries: this quota with unified status `rejected`, plus
-    /// the reset, claim and binding window a real rejection always names when the script
-    /// left them out (so a gateway under test can always park the account until a reset).
-    pub(crate) fn rejected(&self) -> Quota {
-        let mut q = self.clone();
-        let reset = *q.reset_s.get_or_insert(now_s() + 3600);
-        q.status = Some("rejected".to_owned());
-        q.representative_claim.get_or_insert_with(|| "five_hour".to_owned());
-        if q.five_hour.is_none() && q.seven_day.is_none() {
-            q.five_hour = Some(Window::new(1.0, "rejected", reset));
-        }
-        q
-    }
-
-    /// Renders the headers into typed name/value pairs, once, for the hot path.
-    pub(crate) fn render(&self) -> Vec<(HeaderName, HeaderValue)> {
-        self.headers()
-            .into_iter()
-            .map(|(name, value)| {
-                // A bad name or value is a bug in the test script; say which header it was.
-                let n = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
-                    .unwrap_or_else(|e| panic!("invalid quota header name `{name}`: {e}"));
-                let v = HeaderValue::try_from(value.as_str())
-                    .unwrap_or_else(|e| panic!("invalid value for quota header `{name}`: {e}"));
-                (n, v)
-            })
-            .collect()
-    }
-}
-
-/// Seconds since the Unix epoch.
-pub fn now_s() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-/// Formats epoch seconds as RFC 3339 UTC, e.g. `2026-11-20T12:00:00Z`, the format of the
-/// API-key family's `-reset` headers.
-pub fn rfc3339(epoch_s: u64) -> String {
-    let days = (epoch_s / 86400) as i64;
-    let secs = epoch_s % 86400;
-    let (y, m, d) = civil_from_days(days);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
-}
-
-/// Howard Hinnant's days-to-civil algorithm: avoids a date crate for one format.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-/// Anthropic sends fractions like `0.03` and `1.0`; `{:?}` gives the shortest exact form
-/// and keeps the `.0` on whole numbers, as a float parser on the other side expects.
-fn format_fraction(f: f64) -> String {
-    format!("{f:?}")
+/// # Panics
+/// If a header name or value is not valid in HTTP: a bug in the test script, named.
+pub(crate) fn render(quota: &Quota) -> Vec<(HeaderName, HeaderValue)> {
+    quota
+        .headers()
+        .into_iter()
+        .map(|(name, value)| {
+            let n = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+                .unwrap_or_else(|e| panic!("invalid quota header name `{name}`: {e}"));
+            let v = HeaderValue::try_from(value.as_str())
+                .unwrap_or_else(|e| panic!("invalid value for quota header `{name}`: {e}"));
+            (n, v)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -205,44 +45,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rfc3339_formats_known_instants() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(rfc3339(1_795_003_199), "2026-11-18T11:59:59Z");
-    }
-
-    #[test]
-    fn headers_render_unified_family_names_and_formats() {
-        let q = Quota {
-            status: Some("allowed".into()),
-            reset_s: Some(100),
-            representative_claim: Some("five_hour".into()),
-            five_hour: Some(Window::allowed(0.03, 100)),
-            seven_day: Some(Window::new(1.0, "rejected", 200)),
-            buckets: vec![("oi".into(), Window::allowed(0.5, 300))],
-            overage_status: Some("rejected".into()),
-            overage_disabled_reason: Some("org_level_disabled".into()),
-            extra: vec![("x-extra".into(), "1".into())],
-        }
-        .with_fallback_percentage(0.5);
-        let h = q.headers();
-        let get = |n: &str| h.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
-        assert_eq!(get("anthropic-ratelimit-unified-status"), Some("allowed"));
-        assert_eq!(get("anthropic-ratelimit-unified-5h-utilization"), Some("0.03"));
-        assert_eq!(get("anthropic-ratelimit-unified-7d-utilization"), Some("1.0"));
-        assert_eq!(get("anthropic-ratelimit-unified-7d-status"), Some("rejected"));
-        assert_eq!(get("anthropic-ratelimit-unified-7d_oi-reset"), Some("300"));
-        assert_eq!(get("anthropic-ratelimit-unified-overage-disabled-reason"), Some("org_level_disabled"));
-        assert_eq!(get("anthropic-ratelimit-unified-fallback-percentage"), Some("0.5"));
-        assert_eq!(get("x-extra"), Some("1"));
-        assert_eq!(q.render().len(), h.len());
-    }
-
-    #[test]
     fn rejected_fills_in_what_a_real_rejection_names() {
-        let q = Quota::default().rejected();
+        let q = rejected(&Quota::default());
         assert_eq!(q.status.as_deref(), Some("rejected"));
+        assert_eq!(q.representative_claim.as_deref(), Some("five_hour"));
         assert!(q.reset_s.is_some());
         assert_eq!(q.five_hour.unwrap().status, "rejected");
+        let kept = rejected(&Quota::unified_at(0.5, 0.2, 1_000));
+        assert_eq!((kept.reset_s, kept.five_hour.unwrap().status.as_str()), (Some(19_000), "allowed"));
+    }
+
+    #[test]
+    fn every_header_renders() {
+        let q = Quota::unified_at(0.5, 0.2, 1_000).with_api_limit("requests", 10, 9, 0);
+        assert_eq!(render(&q).len(), q.headers().len());
     }
 }

@@ -11,8 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use axum::http::{HeaderName, HeaderValue};
+use poolgate_wire::ids::fnv1a;
+use poolgate_wire::ratelimit::Quota;
 
-use crate::quota::Quota;
+use crate::quota;
 
 /// What an account does with one request.
 ///
@@ -111,7 +113,7 @@ impl Account {
                 script: Mutex::new(Script {
                     queue: VecDeque::new(),
                     default: Step::Ok,
-                    quota_headers: quota.render().into(),
+                    quota_headers: quota::render(&quota).into(),
                     quota,
                     org: HeaderValue::try_from(org).expect("hex org id is a valid header value"),
                 }),
@@ -135,7 +137,7 @@ impl Account {
     /// # Panics
     /// If a header name or value in `quota` is not valid in HTTP.
     pub fn set_quota(&self, quota: Quota) {
-        let rendered = quota.render().into();
+        let rendered = quota::render(&quota).into();
         let mut script = self.script();
         script.quota = quota;
         script.quota_headers = rendered;
@@ -204,9 +206,4 @@ pub(crate) struct Taken {
     pub step: Step,
     pub quota_headers: Arc<[(HeaderName, HeaderValue)]>,
     pub org: HeaderValue,
-}
-
-/// A stable, dependency-free hash for the default organization id.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3))
 }

@@ -18,20 +18,23 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, head, post};
 use bytes::Bytes;
+use poolgate_wire::error::{self, ErrorType};
+use poolgate_wire::{header, ids, message, request};
 
+use crate::chunks::Chunks;
 use crate::conn::ConnControl;
+use crate::quota;
+use crate::reply::{self, CHUNKING};
 use crate::script::{Account, Step, Taken};
-use crate::sse::{self, Chunks};
-use crate::wire::{self, Reply};
 use crate::{Config, Recorded};
 
 /// Bodies above this are refused; Claude Code sends ~90 KB, long contexts a few MB.
 const BODY_LIMIT: usize = 64 << 20;
 
-const REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
-const ORG_ID: HeaderName = HeaderName::from_static("anthropic-organization-id");
-const JSON: HeaderValue = HeaderValue::from_static("application/json");
-const EVENT_STREAM: HeaderValue = HeaderValue::from_static("text/event-stream; charset=utf-8");
+const REQUEST_ID: HeaderName = HeaderName::from_static(header::REQUEST_ID);
+const ORG_ID: HeaderName = HeaderName::from_static(header::ORGANIZATION_ID);
+const JSON: HeaderValue = HeaderValue::from_static(header::JSON);
+const EVENT_STREAM: HeaderValue = HeaderValue::from_static(header::EVENT_STREAM);
 
 /// State shared by the server task and the [`crate::MockUpstream`] handle.
 pub(crate) struct Shared {
@@ -71,7 +74,7 @@ impl Shared {
 
     /// A unique id with an Anthropic-looking prefix (`req_`, `msg_`, `toolu_`).
     fn id(&self, prefix: &str) -> String {
-        format!("{prefix}01mock{:018}", self.ids.fetch_add(1, Ordering::Relaxed))
+        ids::numbered(prefix, "01mock", self.ids.fetch_add(1, Ordering::Relaxed))
     }
 }
 
@@ -143,8 +146,7 @@ async fn handle(shared: Arc<Shared>, endpoint: Endpoint, req: Request) -> Respon
     let (parts, body) = req.into_parts();
     let request_id = HeaderValue::try_from(shared.id("req_")).expect("ids are ASCII");
     let Ok(body) = axum::body::to_bytes(body, BODY_LIMIT).await else {
-        let msg = "Request exceeds the maximum allowed number of bytes.";
-        return error(&request_id, 413, "request_too_large", msg);
+        return error(&request_id, ErrorType::RequestTooLarge, error::TOO_LARGE);
     };
     let account = credential(&parts.headers).and_then(|c| shared.lookup(c));
     if shared.config.record {
@@ -165,11 +167,11 @@ async fn handle(shared: Arc<Shared>, endpoint: Endpoint, req: Request) -> Respon
         // Probes are answered cheaply and without a credential: an auth error here makes
         // Claude Code retry for minutes.
         Endpoint::Probe => return respond_empty(&request_id),
-        Endpoint::NotFound => return error(&request_id, 404, "not_found_error", "Not found"),
+        Endpoint::NotFound => return error(&request_id, ErrorType::NotFound, "Not found"),
         _ => {}
     }
     let Some(account) = account else {
-        return error(&request_id, 401, "authentication_error", "invalid x-api-key");
+        return error(&request_id, ErrorType::Authentication, error::INVALID_API_KEY);
     };
     let taken = account.take();
     let step = taken.step.clone();
@@ -204,8 +206,8 @@ fn play<'a>(ctx: &'a Ctx, step: Step) -> std::pin::Pin<Box<dyn Future<Output = R
             }
             Step::ResetMidStream { after_events } => reply(ctx, None, default_gap, Some(after_events)),
             Step::RateLimited { unified, retry_after } => rate_limited(ctx, unified, retry_after),
-            Step::Overloaded => account_error(ctx, 529, "overloaded_error", "Overloaded"),
-            Step::ServerError(status) => account_error(ctx, status, "api_error", "Internal server error"),
+            Step::Overloaded => account_error(ctx, 529, ErrorType::Overloaded, "Overloaded"),
+            Step::ServerError(status) => account_error(ctx, status, ErrorType::Api, "Internal server error"),
             Step::Status { status, body, headers } => custom(ctx, status, body, headers),
             Step::Delay { ms, then } => {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -227,23 +229,30 @@ fn play<'a>(ctx: &'a Ctx, step: Step) -> std::pin::Pin<Box<dyn Future<Output = R
 
 /// Whether a normal reply would be SSE: only a well-formed streaming Messages request.
 fn wants_stream(ctx: &Ctx) -> bool {
-    ctx.endpoint == Endpoint::Messages && wire::parse_messages(&ctx.body).is_ok_and(|ask| ask.stream)
+    ctx.endpoint == Endpoint::Messages && reply::parse_messages(&ctx.body).is_ok_and(|ask| ask.stream)
 }
 
 /// The endpoint's normal reply, optionally spaced out by `gap` (SSE only) or cut after
 /// `cut` events (or half the body, for JSON).
 fn reply(ctx: &Ctx, text: Option<&str>, gap: Duration, cut: Option<usize>) -> Response {
     let (body, stream) = match ctx.endpoint {
-        Endpoint::Messages => match wire::parse_messages(&ctx.body) {
+        Endpoint::Messages => match reply::parse_messages(&ctx.body) {
             Ok(ask) => {
                 let stream = ask.stream;
-                let reply = Reply::new(ask, text, &|prefix| ctx.shared.id(prefix));
-                if stream { (Err(sse::events(&reply)), true) } else { (Ok(reply.to_json()), false) }
+                let reply = reply::reply(ask, text, &|prefix| ctx.shared.id(prefix));
+                if stream {
+                    (Err(reply.events(&CHUNKING).into_iter().map(Bytes::from).collect()), true)
+                } else {
+                    (Ok(Bytes::from(reply.to_json())), false)
+                }
             }
-            Err(msg) => return account_error(ctx, 400, "invalid_request_error", &msg),
+            Err(msg) => return account_error(ctx, 400, ErrorType::InvalidRequest, &msg),
         },
-        Endpoint::CountTokens => (Ok(wire::count_tokens_body(&ctx.body)), false),
-        _ => (Ok(wire::models_body()), false),
+        Endpoint::CountTokens => {
+            let count = message::count_tokens_body(request::estimate_input_tokens(&ctx.body));
+            (Ok(Bytes::from(count)), false)
+        }
+        _ => (Ok(reply::models_body()), false),
     };
     let cut = cut.and_then(|after| Some((after, ctx.control.clone()?)));
     let mut response = match (body, cut) {
@@ -281,13 +290,12 @@ fn account_headers(ctx: &Ctx, headers: &mut HeaderMap, quota: &[(HeaderName, Hea
 fn rate_limited(ctx: &Ctx, unified: bool, retry_after: Option<String>) -> Response {
     let mut response;
     if unified {
-        let rejected = ctx.account.quota().rejected().render();
-        let msg = "This request would exceed your account's rate limit. Please try again later.";
-        response = json_response(429, wire::error_body("rate_limit_error", msg));
+        let rejected = quota::render(&quota::rejected(&ctx.account.quota()));
+        response = json_response(429, body(ErrorType::RateLimit, error::RATE_LIMITED));
         account_headers(ctx, response.headers_mut(), &rejected);
     } else {
         // The bare burst limit: no rate-limit headers at all, and Anthropic's bare message.
-        response = json_response(429, wire::error_body("rate_limit_error", "Error"));
+        response = json_response(429, body(ErrorType::RateLimit, "Error"));
         response.headers_mut().insert(REQUEST_ID, ctx.request_id.clone());
         response.headers_mut().insert(ORG_ID, ctx.taken.org.clone());
     }
@@ -298,8 +306,8 @@ fn rate_limited(ctx: &Ctx, unified: bool, retry_after: Option<String>) -> Respon
     response
 }
 
-fn account_error(ctx: &Ctx, status: u16, kind: &str, message: &str) -> Response {
-    let mut response = json_response(status, wire::error_body(kind, message));
+fn account_error(ctx: &Ctx, status: u16, kind: ErrorType, message: &str) -> Response {
+    let mut response = json_response(status, body(kind, message));
     account_headers(ctx, response.headers_mut(), &ctx.taken.quota_headers);
     response
 }
@@ -334,9 +342,14 @@ fn json_response(status: u16, body: Bytes) -> Response {
     response
 }
 
+/// An error body; the mock's carry no `request_id` field (the header has it).
+fn body(kind: ErrorType, message: &str) -> Bytes {
+    error::body(kind, message, None).into()
+}
+
 /// An error that no account answered (no or unknown credential, unknown path).
-fn error(request_id: &HeaderValue, status: u16, kind: &str, message: &str) -> Response {
-    let mut response = json_response(status, wire::error_body(kind, message));
+fn error(request_id: &HeaderValue, kind: ErrorType, message: &str) -> Response {
+    let mut response = json_response(kind.status(), body(kind, message));
     response.headers_mut().insert(REQUEST_ID, request_id.clone());
     response
 }

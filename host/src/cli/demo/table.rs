@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::traffic::Counts;
 use crate::gateway::accounts::AccountStatus;
-use crate::gateway::decisions::RequestRecord;
+use crate::gateway::decisions::{Ending, RequestRecord};
 use crate::gateway::{Gateway, now_ms};
 
 /// Decisions the live table lists.
@@ -294,7 +294,7 @@ fn short_session(r: &RequestRecord) -> &str {
 }
 
 fn status_text(r: &RequestRecord) -> String {
-    if r.outcome == "complete" { r.status.to_string() } else { format!("{} {}", r.status, r.outcome) }
+    if r.outcome == Ending::Complete { r.status.to_string() } else { format!("{} {}", r.status, r.outcome.as_str()) }
 }
 
 fn reason(r: &RequestRecord) -> &str {

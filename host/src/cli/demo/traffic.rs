@@ -15,8 +15,8 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::sim::uuid_like;
-use crate::snapshot::model_family;
+use crate::account::model_family;
+use crate::random::{splitmix, uuid_like};
 
 /// The models sessions use, one per session in turn.
 const MODELS: &[&str] = &["claude-sonnet-4-5", "claude-opus-4-1", "claude-fable-5"];
@@ -115,7 +115,7 @@ async fn session_loop(n: u32, seed: u64, client: Client, counts: Arc<Mutex<Count
     let family = model_family(model).unwrap_or("other").to_string();
     let mut rng = seed ^ (u64::from(n) << 32);
     let mut next = move || {
-        rng = crate::sim::splitmix(rng);
+        rng = splitmix(rng);
         rng
     };
     let system = system_prompt();

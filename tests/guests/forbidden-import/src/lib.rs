@@ -8,6 +8,10 @@
 //! because Rust's wasip2 std already carries wasi:http 0.2 types, which a
 //! stand-in on that track would have to match.
 
+// A WebAssembly component only: on a native target (`cargo build --workspace`)
+// the crate is empty, since its exports' names are not native symbol names.
+#![cfg(target_arch = "wasm32")]
+
 use poolgate_sdk::prelude::*;
 
 mod http {

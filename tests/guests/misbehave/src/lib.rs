@@ -11,6 +11,10 @@
 //! apart through plugin state); `ms` is how long a sleep or spin lasts and
 //! `bytes` how big a flood or a reason is.
 
+// A WebAssembly component only: on a native target (`cargo build --workspace`)
+// the crate is empty, since its exports' names are not native symbol names.
+#![cfg(target_arch = "wasm32")]
+
 use poolgate_sdk::prelude::*;
 
 struct Misbehave {
@@ -106,7 +110,7 @@ impl Ranker for Misbehave {
         }
         let n = c.len() as u32;
         self.calls += 1;
-        if self.calls % self.every != 0 {
+        if !self.calls.is_multiple_of(self.every) {
             return Ok(c.unchanged("spared"));
         }
         match self.fault.as_str() {

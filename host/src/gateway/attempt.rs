@@ -1,0 +1,274 @@
+//! One attempt on one account: send, read the answer up to its first body
+//! chunk, and say how it went ([`Attempted`]); then what the gateway learns
+//! from it ([`learn`]) and whether the request moves on ([`next`], a pure
+//! function of how it went).
+//!
+//! A 2xx is committed only once its first body chunk has arrived — until then
+//! nothing has reached the client and the request can still move, so a stream
+//! that dies before its first byte fails over like a 5xx.
+
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use http::{HeaderMap, StatusCode};
+
+use super::admission::Lease;
+use super::cooldown::{Answer, fails_over};
+use super::decisions::AttemptOutcome;
+use super::finish::outcome_of;
+use super::generation::{Generation, PoolAccount};
+use super::proxy::Incoming;
+use super::quota::{self, QuotaReading};
+use super::upstream::{self, BoxError};
+use super::{Gateway, accounts::Change, now_ms};
+use crate::policy::types as wit;
+
+/// The rest of an upstream body, after its first chunk.
+pub type Rest = Pin<Box<dyn Stream<Item = Result<Bytes, BoxError>> + Send>>;
+
+/// How one attempt went.
+pub struct Attempted {
+    /// The account's pool index.
+    pub account: u32,
+    /// Time spent waiting for an in-flight slot, ms.
+    pub queued_ms: u64,
+    /// Time to the response headers (or the failure), ms.
+    pub upstream_ms: u64,
+    /// The quota the answer reported (empty without an answer).
+    pub reading: QuotaReading,
+    /// What came back.
+    pub how: How,
+}
+
+/// What came back from an attempt.
+pub enum How {
+    /// An answer to pass on: a 2xx whose first body chunk has arrived, or a
+    /// status that does not fail over (a 4xx the client caused).
+    Answered(Answered),
+    /// A status that moves the request to the next account: 429, 529, 5xx,
+    /// 401, 403. Its body is kept, to be passed on if no account is left.
+    Refused {
+        /// The status.
+        status: StatusCode,
+        /// Its headers.
+        headers: HeaderMap,
+        /// Its body (at most 64 KiB).
+        body: Bytes,
+    },
+    /// No response at all (connect error, timeout).
+    Unreachable(String),
+    /// A 2xx whose body broke before its first chunk.
+    Broke {
+        /// The status it had announced.
+        status: StatusCode,
+        /// What broke.
+        why: String,
+    },
+}
+
+/// An answer on its way to the client.
+pub struct Answered {
+    /// The account's pool index.
+    pub account: u32,
+    /// The upstream's status.
+    pub status: StatusCode,
+    /// The upstream's headers.
+    pub headers: HeaderMap,
+    /// The first body chunk (empty for an empty body).
+    pub first: Bytes,
+    /// The rest of the body.
+    pub rest: Rest,
+    /// Whether it is a plain (uncompressed) event stream, relayed event by event.
+    pub sse: bool,
+    /// The account's in-flight slot, held until the body ends.
+    pub lease: Lease,
+}
+
+/// How a failed attempt failed, kept to answer with when no account is left.
+pub enum Failure {
+    /// The upstream refused; its answer may be passed on.
+    Refused {
+        /// The account's pool index.
+        account: u32,
+        /// The status.
+        status: StatusCode,
+        /// Its headers.
+        headers: HeaderMap,
+        /// Its body.
+        body: Bytes,
+        /// What `retry-after` said, ms.
+        retry_after_ms: Option<u64>,
+    },
+    /// Nothing usable came back: no connection, or a body that broke at once.
+    Unreachable {
+        /// The account's pool index.
+        account: u32,
+        /// What failed.
+        why: String,
+    },
+}
+
+impl Failure {
+    /// Whether it was a rate limit or overload (which leaves the pool parked
+    /// rather than broken).
+    pub fn is_rate_limit(&self) -> bool {
+        matches!(self, Failure::Refused { status, .. } if matches!(status.as_u16(), 429 | 529))
+    }
+
+    /// The account that failed.
+    pub fn account(&self) -> u32 {
+        match self {
+            Failure::Refused { account, .. } | Failure::Unreachable { account, .. } => *account,
+        }
+    }
+
+    /// What the chain hears about it.
+    pub fn outcome(&self) -> wit::Outcome {
+        match self {
+            Failure::Refused { status, retry_after_ms, .. } => outcome_of(Some(status.as_u16()), *retry_after_ms),
+            Failure::Unreachable { .. } => outcome_of(None, None),
+        }
+    }
+}
+
+/// Whether a request goes on to the next account.
+pub enum Next {
+    /// The answer goes to the client.
+    Commit(Answered),
+    /// It failed before anything reached the client: try the next account.
+    FailOver(Failure),
+}
+
+/// The failover decision: an answer is committed, anything else moves on.
+pub fn next(attempted: Attempted) -> Next {
+    let Attempted { account, reading, how, .. } = attempted;
+    match how {
+        How::Answered(a) => Next::Commit(a),
+        How::Refused { status, headers, body } => {
+            Next::FailOver(Failure::Refused { account, status, headers, body, retry_after_ms: reading.retry_after_ms })
+        }
+        How::Unreachable(why) => Next::FailOver(Failure::Unreachable { account, why }),
+        How::Broke { why, .. } => {
+            Next::FailOver(Failure::Unreachable { account, why: format!("stream failed before the first byte: {why}") })
+        }
+    }
+}
+
+/// Sends the request to `account` (holding `lease`) and reads the answer up to
+/// its first body chunk.
+pub async fn send(
+    gw: &Gateway,
+    generation: &Generation,
+    account: &PoolAccount,
+    incoming: &Incoming,
+    lease: Lease,
+    queued_ms: u64,
+) -> Attempted {
+    let sent = Instant::now();
+    account.state.attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let timeout = Duration::from_millis(generation.config.gateway.response_timeout_ms);
+    let result = gw
+        .http
+        .send(&account.target, &incoming.method, &incoming.uri, &incoming.headers, &incoming.body, timeout)
+        .await;
+    let attempted = |reading, how| Attempted {
+        account: account.index,
+        queued_ms,
+        upstream_ms: sent.elapsed().as_millis() as u64,
+        reading,
+        how,
+    };
+    let response = match result {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(request = incoming.id, account = %account.config.id, error = %e, "upstream connection failed");
+            return attempted(QuotaReading::default(), How::Unreachable(e));
+        }
+    };
+    gw.metrics.upstream_latency(&account.config.id, sent.elapsed().as_secs_f64());
+    let status = response.status();
+    let reading = quota::parse(response.headers(), now_ms());
+    if fails_over(status.as_u16()) {
+        let headers = response.headers().clone();
+        let body = upstream::read_small(response).await;
+        return attempted(reading, How::Refused { status, headers, body });
+    }
+    let sse = upstream::is_plain_sse(response.headers());
+    let headers = response.headers().clone();
+    let mut rest: Rest = Box::pin(upstream::body_stream(response));
+    let first = match rest.next().await {
+        Some(Ok(b)) => b,
+        None => Bytes::new(),
+        Some(Err(e)) if status.is_success() => {
+            tracing::warn!(request = incoming.id, account = %account.config.id, error = %e, "upstream failed before the first byte");
+            return attempted(reading, How::Broke { status, why: e.to_string() });
+        }
+        Some(Err(_)) => Bytes::new(),
+    };
+    let answered = Answered { account: account.index, status, headers, first, rest, sse, lease };
+    attempted(reading, How::Answered(answered))
+}
+
+/// What the gateway learns from an attempt — quota, cooldowns, streaks,
+/// metrics — and the record entry's outcome and status.
+pub fn learn(
+    gw: &Gateway,
+    generation: &Generation,
+    family: Option<&str>,
+    attempted: &Attempted,
+) -> (AttemptOutcome, Option<u16>) {
+    let Some(account) = generation.account(attempted.account) else {
+        return (AttemptOutcome::ConnectError, None);
+    };
+    let id = &account.config.id;
+    let cooldowns = &generation.config.cooldowns;
+    let status = match &attempted.how {
+        How::Answered(a) => Some(a.status),
+        How::Refused { status, .. } | How::Broke { status, .. } => Some(*status),
+        How::Unreachable(_) => None,
+    };
+    gw.metrics.attempt(id, status.map(|s| s.as_u16()));
+    if let Some(s) = status {
+        let change = account.state.record(Answer::Status(s.as_u16()), &attempted.reading, family, cooldowns, now_ms());
+        note(gw, account, change);
+    }
+    let connection_failed = |cause: &str| {
+        let change = account.state.record(Answer::ConnectFailed, &QuotaReading::default(), family, cooldowns, now_ms());
+        note(gw, account, change);
+        gw.metrics.failover(id, cause);
+    };
+    let outcome = match &attempted.how {
+        How::Answered(_) => AttemptOutcome::Served,
+        How::Refused { status, .. } => {
+            gw.metrics.failover(id, status.as_str());
+            tracing::info!(account = %id, status = status.as_u16(), "failing over");
+            AttemptOutcome::Failover
+        }
+        How::Unreachable(_) => {
+            connection_failed("connect_error");
+            AttemptOutcome::ConnectError
+        }
+        How::Broke { .. } => {
+            connection_failed("stream_error");
+            AttemptOutcome::Failover
+        }
+    };
+    (outcome, status.map(|s| s.as_u16()))
+}
+
+/// Reports a cooldown change to metrics and the log.
+fn note(gw: &Gateway, account: &PoolAccount, change: Change) {
+    match change {
+        Change::Cooled(reason) => {
+            gw.metrics.cooldown(&account.config.id, reason.as_str());
+            tracing::info!(account = %account.config.id, reason = reason.as_str(), "account cooling down");
+        }
+        Change::Gated(family) => {
+            gw.metrics.cooldown(&account.config.id, "model_exhausted");
+            tracing::info!(account = %account.config.id, family, "model family gated on account");
+        }
+        Change::Cleared | Change::None => {}
+    }
+}

@@ -1,0 +1,169 @@
+//! The one place a request ends, however it ends: an answer streamed or
+//! buffered from an account, a local answer (a parked pool, a full queue, an
+//! unreachable upstream), a passed-on upstream error, or a client gone mid-way.
+//!
+//! [`Finish::respond`] writes the explanation headers on the response when it
+//! starts; [`Finish::complete`] — when the response is over, for a stream at its
+//! end — releases the in-flight slot, tells the chain how the request ended
+//! (`observe`), completes the decision record, counts it in the metrics and
+//! keeps it. The headers are the same on every path:
+//!
+//! - `x-poolgate-request-id` always;
+//! - `x-poolgate-account`: the id of the account whose answer the response is
+//!   (its alias is in the record) — an answer relayed, or the last upstream
+//!   error passed on — and never on an answer the gateway writes itself;
+//! - `x-poolgate-reason` and `x-poolgate-policy-error`: whenever the chain
+//!   decided something for the request, local answers included;
+//! - `x-poolgate-attempts`: how many times the chain ranked for it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::response::Response;
+use http::HeaderValue;
+
+use super::Gateway;
+use super::admission::Lease;
+use super::decisions::{Ending, RequestRecord};
+use super::generation::Generation;
+use super::relay;
+use crate::policy::types as wit;
+
+/// How the chain hears a request ended: the request as it saw it, the pool
+/// index of the account, and the outcome.
+pub type Observed = (wit::Request, u32, wit::Outcome);
+
+/// What the chain's `observe` hears when the request ends.
+pub enum Observe {
+    /// Nothing: no attempt reached an account.
+    Nothing,
+    /// The answer of `account` to `request`; how it went is known at its end
+    /// (a stream that breaks is a failure whatever its status said).
+    Answer {
+        /// The account's pool index.
+        account: u32,
+        /// The request as the chain saw it for that attempt.
+        request: wit::Request,
+    },
+    /// Known already: how the last failed attempt went.
+    Known(Observed),
+}
+
+/// A request on its way out.
+pub struct Finish {
+    pub(super) gateway: Arc<Gateway>,
+    /// The generation the request ran on (its chain hears how it ended).
+    pub(super) generation: Arc<Generation>,
+    /// When the client request arrived.
+    pub(super) started: Instant,
+    /// The record to complete and keep.
+    pub(super) record: RequestRecord,
+    /// The in-flight slot of the account answering, released on completion.
+    pub(super) lease: Option<Lease>,
+    /// Whether the response is `record.account`'s answer (and says so).
+    pub(super) account_answers: bool,
+    /// What the chain hears.
+    pub(super) observe: Observe,
+}
+
+impl Finish {
+    /// Writes the explanation headers on `r`.
+    pub fn respond(&self, mut r: Response) -> Response {
+        let record = &self.record;
+        let h = r.headers_mut();
+        h.insert("x-poolgate-request-id", HeaderValue::from(record.id));
+        if self.account_answers
+            && let Some(v) = record.account.as_deref().and_then(|a| HeaderValue::from_str(a).ok())
+        {
+            h.insert("x-poolgate-account", v);
+        }
+        if let Some(v) = Some(&record.reason).filter(|r| !r.is_empty()).and_then(|r| HeaderValue::from_str(r).ok()) {
+            h.insert("x-poolgate-reason", v);
+        }
+        let policy_error = record
+            .attempts
+            .iter()
+            .rev()
+            .find_map(|a| a.decision.policy_errors.first())
+            .map(|e| format!("{}:{}", e.stage, e.cause.as_str()));
+        if let Some(v) = policy_error.and_then(|p| HeaderValue::from_str(&p).ok()) {
+            h.insert("x-poolgate-policy-error", v);
+        }
+        if !record.attempts.is_empty() {
+            h.insert("x-poolgate-attempts", HeaderValue::from(record.attempts.len()));
+        }
+        r
+    }
+
+    /// Ends the request with HTTP `status`: a local answer at once, a relayed
+    /// one when its body ends.
+    pub fn complete(self, ending: Ending, status: u16) {
+        let Finish { gateway, generation, started, mut record, lease, observe, .. } = self;
+        drop(lease);
+        let observed = match observe {
+            Observe::Nothing => None,
+            Observe::Answer { account, request } => Some((request, account, relayed_outcome(ending, status))),
+            Observe::Known(o) => Some(o),
+        };
+        if let Some((request, account, outcome)) = observed {
+            relay::observe(generation, request, account, outcome);
+        }
+        record.status = status;
+        record.outcome = ending;
+        record.duration_ms = started.elapsed().as_millis() as u64;
+        gateway.metrics.request(record.account.as_deref().unwrap_or("-"), record.status);
+        gateway.decisions.push(record);
+    }
+
+    /// Answers with `r` at once (nothing streams) and ends the request.
+    pub fn now(self, r: Response, ending: Ending) -> Response {
+        let r = self.respond(r);
+        let status = r.status().as_u16();
+        self.complete(ending, status);
+        r
+    }
+}
+
+/// What the chain hears about an attempt that ended with HTTP `status`, or
+/// with no answer at all (`None`): the one mapping from statuses to outcomes.
+pub fn outcome_of(status: Option<u16>, retry_after_ms: Option<u64>) -> wit::Outcome {
+    match status {
+        None => wit::Outcome::Failed,
+        Some(200..=299) => wit::Outcome::Success,
+        Some(429) => wit::Outcome::RateLimited(retry_after_ms),
+        Some(529) => wit::Outcome::Overloaded,
+        Some(s) => wit::Outcome::UpstreamError(s),
+    }
+}
+
+/// How an answer that reached the client ended, for the chain: a stream that
+/// broke or a client that left is a failure whatever its status said.
+fn relayed_outcome(ending: Ending, status: u16) -> wit::Outcome {
+    match ending {
+        Ending::Complete | Ending::UpstreamError => outcome_of(Some(status), None),
+        _ => wit::Outcome::Failed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_mapping_from_statuses_to_outcomes() {
+        assert_eq!(format!("{:?}", outcome_of(Some(200), None)), format!("{:?}", wit::Outcome::Success));
+        assert_eq!(
+            format!("{:?}", outcome_of(Some(429), Some(5))),
+            format!("{:?}", wit::Outcome::RateLimited(Some(5)))
+        );
+        assert_eq!(format!("{:?}", outcome_of(Some(529), None)), format!("{:?}", wit::Outcome::Overloaded));
+        assert_eq!(format!("{:?}", outcome_of(Some(503), None)), format!("{:?}", wit::Outcome::UpstreamError(503)));
+        assert_eq!(format!("{:?}", outcome_of(None, None)), format!("{:?}", wit::Outcome::Failed));
+        assert_eq!(format!("{:?}", relayed_outcome(Ending::StreamError, 200)), format!("{:?}", wit::Outcome::Failed));
+        assert_eq!(format!("{:?}", relayed_outcome(Ending::ClientGone, 200)), format!("{:?}", wit::Outcome::Failed));
+        assert_eq!(
+            format!("{:?}", relayed_outcome(Ending::Complete, 400)),
+            format!("{:?}", wit::Outcome::UpstreamError(400))
+        );
+    }
+}
