@@ -423,3 +423,58 @@ async fn shutdown_lets_an_open_stream_finish() {
     let exit = tokio::task::spawn_blocking(move || gw.wait(Duration::from_secs(10))).await.unwrap();
     assert!(exit.is_some_and(|s| s.success()), "exited cleanly after the stream");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_says_which_request_it_was_and_only_an_accounts_names_it() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a");
+    let mut cfg = config(&mock.base_url(), &[("a", "KEY_A")], "").replace("[server]\n", "[server]\nmax_body_mb = 1\n");
+    cfg.push_str("[[server.client_keys]]\nname = \"team\"\nkey_env = \"PG_CLIENT\"\n");
+    let mut env = env3();
+    env.push(("PG_CLIENT", "client-secret-123"));
+    let gw = Gateway::start(&cfg, &env);
+    let send = |body: String, extra: Vec<(String, String)>| {
+        let mut rq = Gateway::client()
+            .post(format!("{}/v1/messages", gw.url))
+            .header("content-type", "application/json")
+            .body(body);
+        for (k, v) in extra {
+            rq = rq.header(k, v);
+        }
+        rq.send()
+    };
+    let key = || vec![("x-api-key".to_string(), "client-secret-123".to_string())];
+    let ok = message("m", false).to_string();
+    let mut many = key();
+    many.extend((0..120).map(|i| (format!("x-extra-{i}"), "v".to_string())));
+    let mut huge = key();
+    huge.push(("x-huge".into(), "v".repeat(70 << 10)));
+    let cases = [
+        ("{not json".to_string(), key(), 400),
+        (ok.clone(), vec![("x-api-key".into(), "wrong".into())], 401),
+        ("x".repeat(2 << 20), key(), 413),
+        (ok.clone(), many, 431),
+        (ok.clone(), huge, 431),
+    ];
+    for (body, extra, status) in cases {
+        let r = send(body, extra).await.unwrap();
+        assert_eq!(r.status().as_u16(), status);
+        assert!(r.headers().get("x-poolgate-request-id").is_some(), "{status} carries the request id");
+        assert!(r.headers().get("x-poolgate-account").is_none(), "{status} is no account's answer");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["type"], "error", "{status} in Anthropic's shape: {body}");
+    }
+    assert!(mock.requests().is_empty(), "none of them reached an account");
+
+    // A parked pool: the chain decided (it says why), but no account answered.
+    mock.account("key-a").push(Step::RateLimited { unified: true, retry_after: Some("60".into()) });
+    for _ in 0..2 {
+        let r = send(ok.clone(), key()).await.unwrap();
+        assert_eq!(r.status(), 429);
+        assert_eq!(header(&r, "x-poolgate-pool"), "parked");
+        assert!(r.headers().get("x-poolgate-account").is_none(), "a parked answer names no account");
+        assert!(!header(&r, "x-poolgate-reason").is_empty());
+        assert!(r.headers().get("x-poolgate-request-id").is_some());
+    }
+    assert_eq!(mock.requests().len(), 1, "a cooling account is not asked again");
+}

@@ -10,6 +10,8 @@ pub enum ErrorType {
     InvalidRequest,
     /// 401 `authentication_error`: no or an unknown credential.
     Authentication,
+    /// 403 `permission_error`: the credential may not do this.
+    Permission,
     /// 404 `not_found_error`: an unknown path or model.
     NotFound,
     /// 413 `request_too_large`: the body is over the limit.
@@ -28,6 +30,7 @@ impl ErrorType {
         match self {
             ErrorType::InvalidRequest => "invalid_request_error",
             ErrorType::Authentication => "authentication_error",
+            ErrorType::Permission => "permission_error",
             ErrorType::NotFound => "not_found_error",
             ErrorType::RequestTooLarge => "request_too_large",
             ErrorType::RateLimit => "rate_limit_error",
@@ -41,6 +44,7 @@ impl ErrorType {
         match self {
             ErrorType::InvalidRequest => 400,
             ErrorType::Authentication => 401,
+            ErrorType::Permission => 403,
             ErrorType::NotFound => 404,
             ErrorType::RequestTooLarge => 413,
             ErrorType::RateLimit => 429,
@@ -113,6 +117,7 @@ mod tests {
         let all = [
             ErrorType::InvalidRequest,
             ErrorType::Authentication,
+            ErrorType::Permission,
             ErrorType::NotFound,
             ErrorType::RequestTooLarge,
             ErrorType::RateLimit,
@@ -125,6 +130,7 @@ mod tests {
             [
                 (400, "invalid_request_error"),
                 (401, "authentication_error"),
+                (403, "permission_error"),
                 (404, "not_found_error"),
                 (413, "request_too_large"),
                 (429, "rate_limit_error"),

@@ -272,3 +272,37 @@ fn note(gw: &Gateway, account: &PoolAccount, change: Change) {
         Change::Cleared | Change::None => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempted(how: How, retry_after_ms: Option<u64>) -> Attempted {
+        let reading = QuotaReading { retry_after_ms, ..QuotaReading::default() };
+        Attempted { account: 3, queued_ms: 0, upstream_ms: 1, reading, how }
+    }
+
+    #[test]
+    fn a_refusal_fails_over_keeping_its_answer_and_retry_after() {
+        let how = How::Refused { status: StatusCode::TOO_MANY_REQUESTS, headers: HeaderMap::new(), body: "x".into() };
+        let Next::FailOver(f) = next(attempted(how, Some(30_000))) else { panic!("a 429 moves on") };
+        assert!(f.is_rate_limit());
+        assert_eq!(f.account(), 3);
+        assert!(matches!(f.outcome(), wit::Outcome::RateLimited(Some(30_000))));
+        assert!(matches!(f, Failure::Refused { ref body, .. } if &body[..] == b"x"));
+    }
+
+    #[test]
+    fn no_answer_fails_over_and_is_no_rate_limit() {
+        for how in [How::Unreachable("refused".into()), How::Broke { status: StatusCode::OK, why: "reset".into() }] {
+            let Next::FailOver(f) = next(attempted(how, None)) else { panic!("moves on") };
+            assert!(!f.is_rate_limit(), "a broken pool is not a parked one");
+            assert!(matches!(f.outcome(), wit::Outcome::Failed));
+        }
+        let how =
+            How::Refused { status: StatusCode::INTERNAL_SERVER_ERROR, headers: HeaderMap::new(), body: Bytes::new() };
+        let Next::FailOver(f) = next(attempted(how, None)) else { panic!("a 500 moves on") };
+        assert!(!f.is_rate_limit());
+        assert!(matches!(f.outcome(), wit::Outcome::UpstreamError(500)));
+    }
+}

@@ -91,47 +91,12 @@ pub fn plan(
     cfg: &CooldownConfig,
     now: u64,
 ) -> Plan {
-    let overage_usable = reading.overage_status == Some(Status::Allowed);
+    let upstream_error = || Plan::Cool {
+        until_ms: now + backoff(cfg.upstream_error_ms, cfg.upstream_error_max_ms, streaks.upstream_error),
+        reason: CooldownReason::UpstreamError,
+    };
     match answer {
-        Answer::Status(429) => {
-            if let Some(reset) = exhausted(reading.window("7d"), now) {
-                let fallback = reading.retry_after_ms.unwrap_or(cfg.window_without_reset_ms);
-                return Plan::Cool {
-                    until_ms: until(now, reset, fallback, cfg.weekly_ceiling_ms),
-                    reason: CooldownReason::WeeklyExhausted,
-                };
-            }
-            if !overage_usable && let Some(reset) = exhausted(reading.window("5h"), now) {
-                let fallback = reading.retry_after_ms.unwrap_or(cfg.window_without_reset_ms);
-                return Plan::Cool {
-                    until_ms: until(now, reset, fallback, cfg.session_ceiling_ms),
-                    reason: CooldownReason::SessionExhausted,
-                };
-            }
-            // A per-model bucket exhausted while the account-wide windows admit:
-            // gate only the family this request belongs to (dario #1385).
-            if let Some(family) = family {
-                let bucket_reset =
-                    reading.windows.iter().filter(|w| w.name.starts_with("7d_")).find_map(|w| exhausted(Some(w), now));
-                if let Some(reset) = bucket_reset {
-                    let fallback = reading.retry_after_ms.unwrap_or(cfg.window_without_reset_ms);
-                    return Plan::GateModel {
-                        family: family.to_string(),
-                        until_ms: until(now, reset, fallback, cfg.model_ceiling_ms),
-                    };
-                }
-            }
-            if reading.status == Some(Status::Rejected) && !overage_usable {
-                let fallback = reading.retry_after_ms.unwrap_or(cfg.unified_ms);
-                let reset = reading.retry_after_ms.is_none().then_some(reading.reset_ms).flatten();
-                return Plan::Cool {
-                    until_ms: until(now, reset, fallback, cfg.unified_ceiling_ms),
-                    reason: CooldownReason::UnifiedRejected,
-                };
-            }
-            let ms = reading.retry_after_ms.map_or(cfg.transient_ms, |r| r.clamp(1_000, cfg.transient_max_ms));
-            Plan::Cool { until_ms: now + ms, reason: CooldownReason::Transient }
-        }
+        Answer::Status(429) => rate_limited(reading, family, cfg, now),
         Answer::Status(529) => Plan::Cool {
             until_ms: now + backoff(cfg.overloaded_ms, cfg.overloaded_max_ms, streaks.overloaded),
             reason: CooldownReason::Overloaded,
@@ -140,33 +105,72 @@ pub fn plan(
             until_ms: now + backoff(cfg.auth_ms, cfg.auth_max_ms, streaks.auth),
             reason: CooldownReason::Auth,
         },
-        Answer::Status(s) if s >= 500 => Plan::Cool {
-            until_ms: now + backoff(cfg.upstream_error_ms, cfg.upstream_error_max_ms, streaks.upstream_error),
-            reason: CooldownReason::UpstreamError,
-        },
-        Answer::ConnectFailed => Plan::Cool {
-            until_ms: now + backoff(cfg.upstream_error_ms, cfg.upstream_error_max_ms, streaks.upstream_error),
-            reason: CooldownReason::UpstreamError,
-        },
-        Answer::Status(s) if (200..300).contains(&s) => {
-            // A success that still reports an exhausted window: cool proactively,
-            // so the next request does not spend a round trip to learn it.
-            if let Some(reset) = exhausted(reading.window("7d"), now).filter(|r| r.is_some()) {
-                return Plan::Cool {
-                    until_ms: until(now, reset, cfg.window_without_reset_ms, cfg.weekly_ceiling_ms),
-                    reason: CooldownReason::WeeklyExhausted,
-                };
-            }
-            if !overage_usable && let Some(reset) = exhausted(reading.window("5h"), now).filter(|r| r.is_some()) {
-                return Plan::Cool {
-                    until_ms: until(now, reset, cfg.window_without_reset_ms, cfg.session_ceiling_ms),
-                    reason: CooldownReason::SessionExhausted,
-                };
-            }
-            Plan::Clear
-        }
+        Answer::Status(s) if s >= 500 => upstream_error(),
+        Answer::ConnectFailed => upstream_error(),
+        Answer::Status(s) if (200..300).contains(&s) => succeeded(reading, cfg, now),
         Answer::Status(_) => Plan::Keep,
     }
+}
+
+/// A 429: the most specific cause the headers support — a spent weekly or
+/// session window, a per-model bucket, a unified rejection — else transient.
+fn rate_limited(reading: &QuotaReading, family: Option<&str>, cfg: &CooldownConfig, now: u64) -> Plan {
+    let overage_usable = reading.overage_status == Some(Status::Allowed);
+    let window_fallback = reading.retry_after_ms.unwrap_or(cfg.window_without_reset_ms);
+    if let Some(reset) = exhausted(reading.window("7d"), now) {
+        return Plan::Cool {
+            until_ms: until(now, reset, window_fallback, cfg.weekly_ceiling_ms),
+            reason: CooldownReason::WeeklyExhausted,
+        };
+    }
+    if !overage_usable && let Some(reset) = exhausted(reading.window("5h"), now) {
+        return Plan::Cool {
+            until_ms: until(now, reset, window_fallback, cfg.session_ceiling_ms),
+            reason: CooldownReason::SessionExhausted,
+        };
+    }
+    // A per-model bucket exhausted while the account-wide windows admit:
+    // gate only the family this request belongs to (dario #1385).
+    if let Some(family) = family {
+        let bucket_reset =
+            reading.windows.iter().filter(|w| w.name.starts_with("7d_")).find_map(|w| exhausted(Some(w), now));
+        if let Some(reset) = bucket_reset {
+            return Plan::GateModel {
+                family: family.to_string(),
+                until_ms: until(now, reset, window_fallback, cfg.model_ceiling_ms),
+            };
+        }
+    }
+    if reading.status == Some(Status::Rejected) && !overage_usable {
+        let fallback = reading.retry_after_ms.unwrap_or(cfg.unified_ms);
+        let reset = reading.retry_after_ms.is_none().then_some(reading.reset_ms).flatten();
+        return Plan::Cool {
+            until_ms: until(now, reset, fallback, cfg.unified_ceiling_ms),
+            reason: CooldownReason::UnifiedRejected,
+        };
+    }
+    let ms = reading.retry_after_ms.map_or(cfg.transient_ms, |r| r.clamp(1_000, cfg.transient_max_ms));
+    Plan::Cool { until_ms: now + ms, reason: CooldownReason::Transient }
+}
+
+/// A success: it lifts quota cooldowns, unless it still reports a spent
+/// window (with a reset) — then the account cools proactively, so the next
+/// request does not spend a round trip to learn it.
+fn succeeded(reading: &QuotaReading, cfg: &CooldownConfig, now: u64) -> Plan {
+    let overage_usable = reading.overage_status == Some(Status::Allowed);
+    if let Some(reset) = exhausted(reading.window("7d"), now).filter(|r| r.is_some()) {
+        return Plan::Cool {
+            until_ms: until(now, reset, cfg.window_without_reset_ms, cfg.weekly_ceiling_ms),
+            reason: CooldownReason::WeeklyExhausted,
+        };
+    }
+    if !overage_usable && let Some(reset) = exhausted(reading.window("5h"), now).filter(|r| r.is_some()) {
+        return Plan::Cool {
+            until_ms: until(now, reset, cfg.window_without_reset_ms, cfg.session_ceiling_ms),
+            reason: CooldownReason::SessionExhausted,
+        };
+    }
+    Plan::Clear
 }
 
 /// Whether a status makes the gateway try the next account (before the first

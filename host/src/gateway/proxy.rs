@@ -28,7 +28,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use super::admission::{Lease, Refused, Slot};
 use super::attempt::{self, Answered, Attempted, Failure, Next, next};
 use super::decisions::{Attempt, AttemptOutcome, Ending, RequestRecord};
-use super::errors::{error, final_error, rate_limited};
+use super::errors::{ErrorType, error, final_error, rate_limited};
 use super::finish::{Finish, Observe};
 use super::generation::Generation;
 use super::relay::Relay;
@@ -139,13 +139,13 @@ impl Exchange {
         let generation = gw.generation();
         let facts = if incoming.method == Method::POST {
             body_facts(&incoming.body)
-                .map_err(|e| Box::new(tag_id(error(StatusCode::BAD_REQUEST, "invalid_request_error", &e.0), id)))?
+                .map_err(|e| Box::new(tag_id(error(StatusCode::BAD_REQUEST, ErrorType::InvalidRequest, &e.0), id)))?
         } else {
             BodyFacts::default()
         };
         if generation.accounts.is_empty() {
             let msg = "poolgate has no usable accounts configured: add an [[accounts]] entry (with api_key_env or token_file) to the config, or enable one";
-            return Err(Box::new(tag_id(final_error(StatusCode::SERVICE_UNAVAILABLE, "api_error", msg), id)));
+            return Err(Box::new(tag_id(final_error(StatusCode::SERVICE_UNAVAILABLE, ErrorType::Api, msg), id)));
         }
         let model = facts.model.clone().unwrap_or_default();
         let pool = generation.accounts.len();
@@ -317,7 +317,7 @@ impl Exchange {
         let Some((failure, request)) = self.last.take() else {
             let r = error(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded_error",
+                ErrorType::Overloaded,
                 "poolgate: no account could take the request",
             );
             return self.into_finish(None, false, Observe::Nothing).now(r, Ending::NoAccount);
@@ -334,7 +334,7 @@ impl Exchange {
             }
             Failure::Unreachable { why, .. } => {
                 let msg = format!("poolgate: the upstream could not be reached ({why})");
-                let r = error(StatusCode::BAD_GATEWAY, "api_error", &msg);
+                let r = error(StatusCode::BAD_GATEWAY, ErrorType::Api, &msg);
                 self.into_finish(None, false, observe).now(r, Ending::Unreachable)
             }
         }

@@ -120,109 +120,137 @@ fn parse_rfc3339_ms(value: &str) -> Option<u64> {
 /// Reads every quota header of a response observed at `now_ms`, in one pass
 /// over the headers (this runs on every upstream answer).
 pub fn parse(headers: &HeaderMap, now_ms: u64) -> QuotaReading {
-    let (mut status, mut reset, mut claim, mut overage, mut reason, mut fallback, mut org, mut retry) =
-        (None, None, None, None, None, None, None, None);
-    let mut unified: Vec<Unified<'_>> = Vec::new();
-    let mut keyed = [Keyed::default(); 4];
+    let mut seen = Seen::default();
     for (name, value) in headers {
         let Some(value) = value.to_str().ok().map(str::trim).filter(|v| !v.is_empty()) else { continue };
         let name = name.as_str();
         if let Some(rest) = name.strip_prefix(UNIFIED) {
-            match rest {
-                "status" => set(&mut status, value),
-                "reset" => set(&mut reset, value),
-                "representative-claim" => set(&mut claim, value),
-                "overage-status" => set(&mut overage, value),
-                "overage-disabled-reason" => set(&mut reason, value),
-                "fallback-percentage" => set(&mut fallback, value),
-                _ => {}
-            }
-            // Every `<window>-utilization` is a window (5h, 7d, overage, any
-            // 7d_<bucket>); its `-reset` and `-status` are companions.
-            let (window, part) = if let Some(w) = rest.strip_suffix("-utilization") {
-                (w, Part::Utilization)
-            } else if let Some(w) = rest.strip_suffix("-reset") {
-                (w, Part::Reset)
-            } else if let Some(w) = rest.strip_suffix("-status") {
-                (w, Part::Status)
-            } else {
-                continue;
-            };
-            if window.is_empty() || !window.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
-                continue;
-            }
-            let u = match unified.iter().position(|u| u.name == window) {
-                Some(i) => &mut unified[i],
-                None => {
-                    unified.push(Unified { name: window, ..Default::default() });
-                    unified.last_mut().expect("just pushed")
-                }
-            };
-            match part {
-                Part::Utilization => {
-                    if u.utilization.is_none() {
-                        u.utilization = number(value);
-                    }
-                }
-                Part::Reset => set(&mut u.reset, value),
-                Part::Status => set(&mut u.status, value),
-            }
+            seen.unified(rest, value);
         } else if let Some(rest) = name.strip_prefix("anthropic-ratelimit-") {
-            for (k, (infix, _)) in KEY_FAMILIES.iter().enumerate() {
-                match rest.strip_prefix(infix) {
-                    Some("limit") => set(&mut keyed[k].limit, value),
-                    Some("remaining") => set(&mut keyed[k].remaining, value),
-                    Some("reset") => set(&mut keyed[k].reset, value),
-                    _ => {}
-                }
-            }
+            seen.keyed(rest, value);
         } else if name == "retry-after" {
-            set(&mut retry, value);
+            set(&mut seen.retry, value);
         } else if name == "anthropic-organization-id" {
-            set(&mut org, value);
+            set(&mut seen.org, value);
         }
     }
-    let mut r = QuotaReading {
-        status: status.map(Status::parse),
-        reset_ms: reset.and_then(|v| v.parse::<u64>().ok()).map(epoch_to_ms),
-        representative_claim: claim.map(str::to_string),
-        windows: Vec::with_capacity(unified.len()),
-        overage_status: overage.map(Status::parse),
-        overage_disabled_reason: reason.map(str::to_string),
-        fallback_percentage: fallback.and_then(number),
-        organization_id: org.map(str::to_string),
-        retry_after_ms: retry.and_then(|v| parse_retry_after(v, now_ms)),
-    };
-    for u in unified {
-        let Some(utilization) = u.utilization else { continue };
-        r.windows.push(WindowReading {
-            name: u.name.to_string(),
-            utilization,
-            resets_at_ms: u.reset.and_then(|v| v.parse::<u64>().ok()).map(epoch_to_ms),
-            status: u.status.map_or(Status::Unknown, Status::parse),
-            observed_at_ms: Some(now_ms),
-        });
+    seen.reading(now_ms)
+}
+
+/// The quota headers of one response, as seen (borrowed, not yet parsed).
+#[derive(Default)]
+struct Seen<'a> {
+    status: Option<&'a str>,
+    reset: Option<&'a str>,
+    claim: Option<&'a str>,
+    overage: Option<&'a str>,
+    reason: Option<&'a str>,
+    fallback: Option<&'a str>,
+    org: Option<&'a str>,
+    retry: Option<&'a str>,
+    unified: Vec<Unified<'a>>,
+    keyed: [Keyed<'a>; 4],
+}
+
+impl<'a> Seen<'a> {
+    /// An `anthropic-ratelimit-unified-<rest>` header.
+    fn unified(&mut self, rest: &'a str, value: &'a str) {
+        match rest {
+            "status" => set(&mut self.status, value),
+            "reset" => set(&mut self.reset, value),
+            "representative-claim" => set(&mut self.claim, value),
+            "overage-status" => set(&mut self.overage, value),
+            "overage-disabled-reason" => set(&mut self.reason, value),
+            "fallback-percentage" => set(&mut self.fallback, value),
+            _ => {}
+        }
+        // Every `<window>-utilization` is a window (5h, 7d, overage, any
+        // 7d_<bucket>); its `-reset` and `-status` are companions.
+        let (window, part) = if let Some(w) = rest.strip_suffix("-utilization") {
+            (w, Part::Utilization)
+        } else if let Some(w) = rest.strip_suffix("-reset") {
+            (w, Part::Reset)
+        } else if let Some(w) = rest.strip_suffix("-status") {
+            (w, Part::Status)
+        } else {
+            return;
+        };
+        if window.is_empty() || !window.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+            return;
+        }
+        let u = match self.unified.iter().position(|u| u.name == window) {
+            Some(i) => &mut self.unified[i],
+            None => {
+                self.unified.push(Unified { name: window, ..Default::default() });
+                self.unified.last_mut().expect("just pushed")
+            }
+        };
+        match part {
+            Part::Utilization => {
+                if u.utilization.is_none() {
+                    u.utilization = number(value);
+                }
+            }
+            Part::Reset => set(&mut u.reset, value),
+            Part::Status => set(&mut u.status, value),
+        }
     }
 
-    // API-key accounts: limit/remaining/reset per family; utilization = 1 − remaining/limit.
-    for (Keyed { limit, remaining, reset }, (_, family)) in keyed.into_iter().zip(KEY_FAMILIES) {
-        let (Some(limit), Some(remaining)) = (limit.and_then(number), remaining.and_then(number)) else {
-            continue;
-        };
-        if limit <= 0.0 {
-            continue;
+    /// An `anthropic-ratelimit-<family>-<limit|remaining|reset>` header.
+    fn keyed(&mut self, rest: &'a str, value: &'a str) {
+        for (k, (infix, _)) in KEY_FAMILIES.iter().enumerate() {
+            match rest.strip_prefix(infix) {
+                Some("limit") => set(&mut self.keyed[k].limit, value),
+                Some("remaining") => set(&mut self.keyed[k].remaining, value),
+                Some("reset") => set(&mut self.keyed[k].reset, value),
+                _ => {}
+            }
         }
-        let utilization = (1.0 - remaining / limit).max(0.0);
-        r.windows.push(WindowReading {
-            name: family.to_string(),
-            utilization,
-            resets_at_ms: reset.and_then(parse_rfc3339_ms),
-            status: if remaining <= 0.0 { Status::Rejected } else { Status::Allowed },
-            observed_at_ms: Some(now_ms),
-        });
     }
-    r.windows.sort_by(|a, b| a.name.cmp(&b.name));
-    r
+
+    /// What the headers said, parsed.
+    fn reading(self, now_ms: u64) -> QuotaReading {
+        let mut r = QuotaReading {
+            status: self.status.map(Status::parse),
+            reset_ms: self.reset.and_then(|v| v.parse::<u64>().ok()).map(epoch_to_ms),
+            representative_claim: self.claim.map(str::to_string),
+            windows: Vec::with_capacity(self.unified.len()),
+            overage_status: self.overage.map(Status::parse),
+            overage_disabled_reason: self.reason.map(str::to_string),
+            fallback_percentage: self.fallback.and_then(number),
+            organization_id: self.org.map(str::to_string),
+            retry_after_ms: self.retry.and_then(|v| parse_retry_after(v, now_ms)),
+        };
+        for u in self.unified {
+            let Some(utilization) = u.utilization else { continue };
+            r.windows.push(WindowReading {
+                name: u.name.to_string(),
+                utilization,
+                resets_at_ms: u.reset.and_then(|v| v.parse::<u64>().ok()).map(epoch_to_ms),
+                status: u.status.map_or(Status::Unknown, Status::parse),
+                observed_at_ms: Some(now_ms),
+            });
+        }
+        // API-key accounts: limit/remaining/reset per family; utilization = 1 − remaining/limit.
+        for (Keyed { limit, remaining, reset }, (_, family)) in self.keyed.into_iter().zip(KEY_FAMILIES) {
+            let (Some(limit), Some(remaining)) = (limit.and_then(number), remaining.and_then(number)) else {
+                continue;
+            };
+            if limit <= 0.0 {
+                continue;
+            }
+            let utilization = (1.0 - remaining / limit).max(0.0);
+            r.windows.push(WindowReading {
+                name: family.to_string(),
+                utilization,
+                resets_at_ms: reset.and_then(parse_rfc3339_ms),
+                status: if remaining <= 0.0 { Status::Rejected } else { Status::Allowed },
+                observed_at_ms: Some(now_ms),
+            });
+        }
+        r.windows.sort_by(|a, b| a.name.cmp(&b.name));
+        r
+    }
 }
 
 /// Which companion of a unified window a header is.

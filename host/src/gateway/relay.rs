@@ -217,6 +217,15 @@ mod tests {
     }
 
     #[test]
+    fn the_stream_error_event_is_anthropics() {
+        let event = poolgate_wire::sse::error_event(
+            poolgate_wire::error::ErrorType::Api,
+            "upstream stream interrupted (poolgate)",
+        );
+        assert_eq!(STREAM_ERROR_EVENT, event.as_bytes());
+    }
+
+    #[test]
     fn a_chunk_ending_on_a_boundary_passes_untouched() {
         let mut f = SseFramer::default();
         let chunk = Bytes::from_static(b"event: ping\ndata: {}\n\n");

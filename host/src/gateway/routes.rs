@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 
-use super::errors::{error, final_error};
+use super::errors::{ErrorType, error, final_error};
 use super::metrics::labels;
 use super::proxy::{Api, Incoming, forward, tag_id};
 use super::{Gateway, now_ms};
@@ -85,7 +85,7 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
             None => {
                 let r = final_error(
                     StatusCode::UNAUTHORIZED,
-                    "authentication_error",
+                    ErrorType::Authentication,
                     "poolgate: invalid or missing client key (send it as x-api-key or Authorization: Bearer)",
                 );
                 return tag_id(r, id);
@@ -98,7 +98,7 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
     let too_large = || {
         error(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "request_too_large",
+            ErrorType::RequestTooLarge,
             &format!("poolgate: request body exceeds the {} MiB limit (server.max_body_mb)", limit >> 20),
         )
     };
@@ -150,13 +150,37 @@ async fn readyz(State(s): State<AppState>) -> Response {
     (StatusCode::OK, "ready").into_response()
 }
 
+/// How many headers a request may carry, and how many bytes of them: past
+/// either, poolgate answers 431 itself, in Anthropic's error shape and with a
+/// request id. (Claude Code sends about 20 headers, well under 8 KiB.) The
+/// HTTP server's own limits sit above these, as a backstop.
+pub const MAX_HEADERS: usize = 100;
+/// See [`MAX_HEADERS`].
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// The 431 for a request whose headers exceed [`MAX_HEADERS`] or
+/// [`MAX_HEADER_BYTES`]; `None` for any other.
+pub fn oversized_head(gw: &Gateway, headers: &HeaderMap) -> Option<Response> {
+    let bytes: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+    if headers.len() <= MAX_HEADERS && bytes <= MAX_HEADER_BYTES {
+        return None;
+    }
+    let msg = format!(
+        "poolgate: the request headers are too large ({} headers, {bytes} bytes; the limit is {MAX_HEADERS} headers, {} KiB)",
+        headers.len(),
+        MAX_HEADER_BYTES >> 10
+    );
+    let r = final_error(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, ErrorType::InvalidRequest, &msg);
+    Some(tag_id(r, gw.next_request_id()))
+}
+
 async fn not_found(uri: Uri) -> Response {
-    error(StatusCode::NOT_FOUND, "not_found_error", &format!("poolgate: no route for {}", uri.path()))
+    error(StatusCode::NOT_FOUND, ErrorType::NotFound, &format!("poolgate: no route for {}", uri.path()))
 }
 
 async fn wrong_method(method: Method, uri: Uri) -> Response {
     let msg = format!("poolgate: {method} is not allowed on {}", uri.path());
-    final_error(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", &msg)
+    final_error(StatusCode::METHOD_NOT_ALLOWED, ErrorType::InvalidRequest, &msg)
 }
 
 fn admin_refused(s: &AppState, headers: &HeaderMap) -> Option<Response> {
@@ -164,12 +188,16 @@ fn admin_refused(s: &AppState, headers: &HeaderMap) -> Option<Response> {
     if !g.admin.configured() {
         return Some(final_error(
             StatusCode::FORBIDDEN,
-            "permission_error",
+            ErrorType::Permission,
             "poolgate: admin routes are disabled; set server.admin_token_env (or admin_token_sha256) to enable them",
         ));
     }
     if !g.admin.check(headers) {
-        return Some(final_error(StatusCode::UNAUTHORIZED, "authentication_error", "poolgate: admin token required"));
+        return Some(final_error(
+            StatusCode::UNAUTHORIZED,
+            ErrorType::Authentication,
+            "poolgate: admin token required",
+        ));
     }
     None
 }
@@ -177,7 +205,7 @@ fn admin_refused(s: &AppState, headers: &HeaderMap) -> Option<Response> {
 fn json(value: &impl serde::Serialize) -> Response {
     match serde_json::to_string_pretty(value) {
         Ok(text) => ([(http::header::CONTENT_TYPE, "application/json")], text).into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "api_error", &e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, ErrorType::Api, &e.to_string()),
     }
 }
 
@@ -230,7 +258,7 @@ async fn reload(State(s): State<AppState>, headers: HeaderMap) -> Response {
     let Some(reloader) = s.reloader.clone() else {
         return error(
             StatusCode::CONFLICT,
-            "invalid_request_error",
+            ErrorType::InvalidRequest,
             "poolgate: this gateway was not started from a config file",
         );
     };
@@ -243,7 +271,7 @@ async fn reload(State(s): State<AppState>, headers: HeaderMap) -> Response {
             *r.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
             r
         }
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "api_error", &e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, ErrorType::Api, &e.to_string()),
     }
 }
 

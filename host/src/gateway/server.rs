@@ -7,13 +7,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use axum::serve::ListenerExt;
+use futures_util::future::Either;
+use hyper::body::Incoming;
+use hyper::service::{Service as _, service_fn};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::Gateway;
-use super::routes::{AppState, Reloader, router};
+use super::routes::{self, AppState, Reloader, router};
 use crate::config::Config;
 use crate::policy::PolicyEngine;
 
@@ -85,31 +91,60 @@ pub fn check_exposure(addr: &SocketAddr, has_client_keys: bool) -> Result<()> {
 
 /// Serves until `shutdown` resolves, then stops accepting and waits up to
 /// `grace` for open requests and streams before returning.
+///
+/// Each connection is served by hyper directly (HTTP/1.1, and HTTP/2 with
+/// prior knowledge), with TCP_NODELAY, and with head limits above poolgate's
+/// own ([`routes::MAX_HEADERS`]), so that a request with too many headers gets
+/// poolgate's 431 — in Anthropic's error shape, with a request id — rather
+/// than hyper's bare one.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
     grace: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let listener = listener.tap_io(|tcp| {
+    let gateway = state.gateway.clone();
+    let app = TowerToHyperService::new(router(state));
+    let service =
+        service_fn(move |req: http::Request<Incoming>| match routes::oversized_head(&gateway, req.headers()) {
+            Some(refused) => Either::Left(std::future::ready(Ok(refused))),
+            None => Either::Right(app.call(req)),
+        });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().max_headers(routes::MAX_HEADERS * 4).max_buf_size(routes::MAX_HEADER_BYTES * 8);
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of file descriptors, or a connection reset while queued:
+                    // the listener stays; pause a moment rather than spin.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
         let _ = tcp.set_nodelay(true);
-    });
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
-        let _ = stop_rx.wait_for(|stop| *stop).await;
-    });
-    let deadline = async move {
-        shutdown.await;
-        tracing::info!(
-            grace_ms = grace.as_millis() as u64,
-            "shutting down: no new connections; waiting for in-flight requests"
-        );
-        let _ = stop_tx.send(true);
-        tokio::time::sleep(grace).await;
-    };
+        let conn = builder.serve_connection(TokioIo::new(tcp), service.clone()).into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tracing::info!(
+        grace_ms = grace.as_millis() as u64,
+        "shutting down: no new connections; waiting for in-flight requests"
+    );
     tokio::select! {
-        r = server => r.context("server failed")?,
-        () = deadline => tracing::warn!("shutdown grace expired; closing the connections still open"),
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(grace) => tracing::warn!("shutdown grace expired; closing the connections still open"),
     }
     Ok(())
 }
