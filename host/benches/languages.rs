@@ -11,6 +11,8 @@
 //! `LANG_BENCH_ITERS` caps the iterations per size (default 20,000; Python and
 //! JavaScript stop after 4 s per size).
 
+#[path = "../tests/bounded/mod.rs"]
+mod bounded;
 #[path = "../tests/example_plugins/mod.rs"]
 mod example_plugins;
 

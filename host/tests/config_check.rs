@@ -1,7 +1,11 @@
 //! `poolgate check` and `poolgate serve` refuse a bad config the same way: every
 //! problem at once, each with its key path and line, and a non-zero exit.
 
+mod bounded;
+
 use std::process::Command;
+
+use bounded::OutputWithin as _;
 
 fn run(args: &[&str], config: &str) -> (bool, String) {
     let dir = std::env::temp_dir().join(format!("pg-check-{}-{}", std::process::id(), args[0]));
@@ -14,8 +18,7 @@ fn run(args: &[&str], config: &str) -> (bool, String) {
         .arg(&path)
         .env_remove("POOLGATE_LISTEN")
         .env("GOOD_KEY", "k")
-        .output()
-        .unwrap();
+        .output_within(std::time::Duration::from_secs(120));
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text.replace(&format!("{}", path.display()), "cfg"))
 }

@@ -5,6 +5,8 @@
 //! and the simulator answers as Anthropic does — to our own client and to the
 //! official Python SDK.
 
+mod bounded;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -13,10 +15,12 @@ use std::time::Duration;
 use poolgate::sim::{AccountSpec, Latency, Scenario, SimUpstream};
 use serde_json::{Value, json};
 
+use bounded::OutputWithin as _;
+
 /// A client (reqwest is built without a default TLS provider; install ours).
 fn client() -> reqwest::Client {
     poolgate::gateway::install_crypto();
-    reqwest::Client::new()
+    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
 }
 
 fn demo(args: &[&str]) -> Command {
@@ -43,7 +47,8 @@ fn counts(out: &str, prefix: &str) -> BTreeMap<String, u64> {
 
 #[test]
 fn the_demo_with_traffic_shows_routing_decisions() {
-    let out = demo(&["--listen", "127.0.0.1:0", "--traffic", "--duration", "8"]).output().expect("poolgate runs");
+    let out =
+        demo(&["--listen", "127.0.0.1:0", "--traffic", "--duration", "8"]).output_within(Duration::from_secs(120));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "exit {:?}\n{stdout}\n{stderr}", out.status);
@@ -245,7 +250,7 @@ async fn the_simulator_answers_as_anthropic_does() {
 /// a streamed tool call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_anthropic_python_sdk_accepts_the_simulator() {
-    let probe = Command::new("python3").args(["-c", "import anthropic"]).output().expect("python3 runs");
+    let probe = Command::new("python3").args(["-c", "import anthropic"]).output_within(Duration::from_secs(60));
     assert!(
         probe.status.success(),
         "the Anthropic Python SDK is missing: `python3 -m pip install anthropic==2.14.0` (.ci/run installs it)"
@@ -269,10 +274,11 @@ assert final.stop_reason == "tool_use" and call.input == {"file_path": "example"
 print("ok")
 "#;
     let url = sim.url();
-    let out =
-        tokio::task::spawn_blocking(move || Command::new("python3").args(["-c", script, &url, &key]).output().unwrap())
-            .await
-            .unwrap();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("python3").args(["-c", script, &url, &key]).output_within(Duration::from_secs(120))
+    })
+    .await
+    .unwrap();
     assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     sim.stop().await;
 }

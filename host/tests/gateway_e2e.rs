@@ -211,7 +211,10 @@ async fn requests_queue_for_a_full_account_and_time_out_with_queue_timeout() {
                 .status()
         }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    support::eventually("the slow request holds the only slot", Duration::from_secs(10), async || {
+        status(&gw).await["accounts"][0]["in_flight"] == 1
+    })
+    .await;
     let r = post(&gw, &message("m", false)).await;
     assert_eq!(r.status(), 429);
     assert_eq!(header(&r, "x-poolgate-queue"), "queue_timeout");
@@ -416,7 +419,10 @@ async fn shutdown_lets_an_open_stream_finish() {
         let r = Gateway::client().post(format!("{url}/v1/messages")).json(&message("m", true)).send().await.unwrap();
         r.text().await.unwrap()
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    support::eventually("the stream is open", Duration::from_secs(10), async || {
+        status(&gw).await["accounts"][0]["in_flight"] == 1
+    })
+    .await;
     gw.terminate();
     let text = stream.await.unwrap();
     assert!(text.trim_end().ends_with("data: {\"type\":\"message_stop\"}"), "{text}");

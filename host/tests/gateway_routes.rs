@@ -115,7 +115,10 @@ async fn json_logs_carry_the_decision_record() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let _ = r.bytes().await;
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    support::eventually("the decision is logged", std::time::Duration::from_secs(10), async || {
+        gw.log().contains("poolgate::decision")
+    })
+    .await;
     let log = gw.log();
     let line = log
         .lines()

@@ -8,12 +8,15 @@
 //! A missing toolchain fails these tests with the command that installs it
 //! (`.ci/setup` installs them all).
 
+mod bounded;
+
 mod example_plugins;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bounded::OutputWithin as _;
 use example_plugins::{Built, Lang, built, engine, fixtures_dir, warm};
 use poolgate::case::Case;
 use poolgate::policy::plugin::Plugin;
@@ -136,8 +139,7 @@ fn a_mixed_language_chain_ranks_through_the_cli() {
         .arg(&config)
         .arg("--input")
         .arg(repo_root().join("examples/plugins/mixed/case.json"))
-        .output()
-        .unwrap();
+        .output_within(Duration::from_secs(120));
     assert!(output.status.success(), "poolgate rank failed: {}", String::from_utf8_lossy(&output.stderr));
     let d: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(d["policy_errors"].as_array().map(Vec::len), Some(0), "{d:#}");

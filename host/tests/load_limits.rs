@@ -3,12 +3,14 @@
 //! or configured, and each refusal names the limit. A reload that runs into a
 //! limit is refused and the next one works.
 
+mod bounded;
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use bounded::OutputWithin as _;
 use poolgate_mock_upstream::MockUpstream;
 use support::{Gateway, hostile_components, send_message, tempdir};
 
@@ -34,29 +36,15 @@ fn check(dir: &Path, text: &str, limit: Duration) -> (bool, String, Duration) {
     let path = dir.join("check.toml");
     std::fs::write(&path, text).unwrap();
     let started = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_poolgate"))
+    let out = Command::new(env!("CARGO_BIN_EXE_poolgate"))
         .arg("check")
         .arg("--config")
         .arg(&path)
         .env("KEY_A", "key-a")
         .env("PG_ADMIN", ADMIN)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            panic!("poolgate check did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let out = child.wait_with_output().unwrap();
+        .output_within(limit);
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (status.success(), text, started.elapsed())
+    (out.status.success(), text, started.elapsed())
 }
 
 #[test]
@@ -104,10 +92,10 @@ fn a_compile_past_its_budget_is_abandoned_and_refused() {
     assert!(out.contains("longer than the compile budget of 0.1 s (policy.compile_timeout_ms)"), "{out}");
     assert!(took < Duration::from_secs(5), "check took {took:?}");
     // The compiler child was killed, not left running.
-    std::thread::sleep(Duration::from_millis(200));
-    let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
-    let running = String::from_utf8_lossy(&ps.stdout).lines().filter(|l| l.contains("__compile-plugin")).count();
-    assert_eq!(running, 0, "a compiler process outlived its budget");
+    bounded::eventually_blocking("every compiler process is gone", Duration::from_secs(5), || {
+        let ps = Command::new("ps").args(["-eo", "args"]).output_within(Duration::from_secs(10));
+        !String::from_utf8_lossy(&ps.stdout).lines().any(|l| l.contains("__compile-plugin"))
+    });
 }
 
 /// Under `serve`: a reload to a plugin whose configure hangs is refused within

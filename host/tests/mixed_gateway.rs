@@ -1,6 +1,7 @@
 //! The mixed-language chain (Python filter → Rust built-in → C filter →
 //! JavaScript tie-breaker) serving real requests through the gateway binary.
 
+mod bounded;
 mod example_plugins;
 mod support;
 

@@ -5,11 +5,16 @@
 //! edited; `rank --case` takes a multi-case fixture file. (The skeletons going
 //! from `plugin new` to a deployed plugin are `walkthrough.rs`.)
 
+mod bounded;
+
 mod common;
 mod example_plugins;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
+
+use bounded::OutputWithin as _;
 
 use example_plugins::{Lang, built};
 
@@ -29,7 +34,7 @@ fn poolgate_with(args: &[&str], dir: &Path, env: &[(&str, PathBuf)]) -> Output {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.output().expect("poolgate runs")
+    cmd.output_within(Duration::from_secs(300))
 }
 
 fn text(o: &Output) -> String {

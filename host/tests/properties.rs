@@ -16,7 +16,10 @@
 //! Also here: every built-in refuses a bad option at load, naming the option.
 // The pairwise checks index a square matrix by both coordinates; loops over
 // indices read more plainly than iterator chains there.
-#![allow(clippy::needless_range_loop)]
+#![allow(
+    clippy::needless_range_loop,
+    reason = "pairs of indices (i, j) into the same order read clearer as index loops"
+)]
 
 mod common;
 

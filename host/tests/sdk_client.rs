@@ -2,14 +2,20 @@
 //! call, a stream and a streamed tool call through the real gateway binary must
 //! parse exactly as they would against Anthropic.
 
+mod bounded;
+
 mod support;
 
+use std::process::Command;
+use std::time::Duration;
+
+use bounded::OutputWithin as _;
 use poolgate_mock_upstream::MockUpstream;
 use support::{Gateway, config};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_anthropic_python_sdk_works_through_the_gateway() {
-    let probe = std::process::Command::new("python3").args(["-c", "import anthropic"]).output().expect("python3 runs");
+    let probe = Command::new("python3").args(["-c", "import anthropic"]).output_within(Duration::from_secs(60));
     assert!(
         probe.status.success(),
         "the Anthropic Python SDK is missing: `python3 -m pip install anthropic==2.14.0` (.ci/run installs it)"
@@ -24,7 +30,7 @@ async fn the_anthropic_python_sdk_works_through_the_gateway() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/sdk_client.py");
     let url = gw.url.clone();
     let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3").arg(script).arg(url).output().unwrap()
+        Command::new("python3").arg(script).arg(url).output_within(Duration::from_secs(120))
     })
     .await
     .unwrap();

@@ -59,6 +59,7 @@ fn run(mut cmd: Command, what: &str, limit: Duration) -> String {
                 std::fs::read_to_string(&out_path).unwrap_or_default()
             );
         }
+        #[allow(clippy::disallowed_methods, reason = "a bounded poll of a child process, on the test's own thread")]
         std::thread::sleep(Duration::from_millis(50));
     };
     let text = std::fs::read_to_string(&out_path).unwrap_or_default();

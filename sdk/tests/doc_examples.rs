@@ -3,8 +3,14 @@
 //! does not run. This test runs it, so the suite fails when an example stops
 //! compiling (or, for those that run, stops passing).
 
+#[path = "../../host/tests/bounded/mod.rs"]
+mod bounded;
+
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
+
+use bounded::OutputWithin as _;
 
 #[test]
 fn the_doc_examples_compile_and_pass() {
@@ -20,8 +26,8 @@ fn the_doc_examples_compile_and_pass() {
         .env_remove("RUSTDOCFLAGS")
         .env_remove("RUSTC_WRAPPER")
         .env_remove("RUSTC_WORKSPACE_WRAPPER")
-        .output()
-        .expect("running cargo test --doc");
+        // Builds the SDK's doc tests from nothing the first time: minutes at most.
+        .output_within(Duration::from_secs(600));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "cargo test --doc -p poolgate-sdk failed:\n{stdout}\n{stderr}");

@@ -137,6 +137,10 @@ fn haproxy(upstream: &str, dir: &std::path::Path) -> Result<Proc> {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Ok(Proc { child, url });
         }
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "before the measurement starts, on the main thread: waiting for haproxy to listen"
+        )]
         std::thread::sleep(Duration::from_millis(20));
     }
     bail!("haproxy did not start")

@@ -1,238 +1,278 @@
-//! Prometheus metrics, rendered in the text exposition format.
+//! Prometheus metrics, through `prometheus-client` (the Prometheus project's
+//! Rust client): the OpenMetrics text format, escaping and `# EOF` are its
+//! job, not ours.
 //!
-//! A handful of labelled counters and histograms kept in plain maps: the label
-//! sets are small and bounded (accounts, stages, causes, statuses), so a mutex
-//! per family costs less than a metrics framework and keeps the output exactly
-//! as documented. No label ever carries a secret: accounts appear by id.
+//! Counters and histograms live in one registry for the process; the gauges —
+//! in flight, cooling, breakers, queue depth, generation — are read from the
+//! live state at each scrape, into a registry of their own, so they can never
+//! go stale. Label sets are small and bounded (accounts, stages, causes,
+//! statuses). No label ever carries a secret: accounts appear by id.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder, text};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge as GaugeMetric;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
-use parking_lot::Mutex;
+/// The labels of one gauge value: (name, value) pairs.
+pub type Labels = Vec<(&'static str, Text)>;
 
-type Labels = Vec<(&'static str, String)>;
+/// A label value from text poolgate does not choose (an account id, a stage
+/// name), escaped as the exposition format requires: `prometheus-client` 0.24
+/// writes label values as they are, so a quote or a newline in one would break
+/// the whole scrape.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct Text(String);
+
+impl From<&str> for Text {
+    fn from(s: &str) -> Self {
+        Text(s.to_string())
+    }
+}
+
+impl EncodeLabelValue for Text {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write as _;
+        let mut rest = self.0.as_str();
+        while let Some(i) = rest.find(['\\', '"', '\n']) {
+            encoder.write_str(&rest[..i])?;
+            encoder.write_str(match rest.as_bytes()[i] {
+                b'\\' => "\\\\",
+                b'"' => "\\\"",
+                _ => "\\n",
+            })?;
+            rest = &rest[i + 1..];
+        }
+        encoder.write_str(rest)
+    }
+}
 
 /// A gauge family for [`Metrics::render`]: name, help, values by labels.
 pub type Gauge<'a> = (&'a str, &'a str, Vec<(Labels, f64)>);
 
-struct Counter {
-    name: &'static str,
-    help: &'static str,
-    values: Mutex<BTreeMap<Labels, u64>>,
-}
-
-impl Counter {
-    const fn new(name: &'static str, help: &'static str) -> Self {
-        Counter { name, help, values: Mutex::new(BTreeMap::new()) }
-    }
-
-    fn add(&self, labels: Labels, n: u64) {
-        *self.values.lock().entry(labels).or_default() += n;
-    }
-
-    fn render(&self, out: &mut String) {
-        let _ = writeln!(out, "# HELP {} {}\n# TYPE {} counter", self.name, self.help, self.name);
-        for (labels, v) in self.values.lock().iter() {
-            let _ = writeln!(out, "{}{} {v}", self.name, fmt_labels(labels));
-        }
-    }
-}
+/// The `Content-Type` of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Latency buckets, seconds: from 10 µs (a chain) to 10 min (a long stream).
 const BUCKETS: [f64; 16] = [
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.05, 0.25, 1.0, 5.0, 30.0, 120.0, 600.0,
 ];
 
-#[derive(Default, Clone)]
-struct HistogramData {
-    counts: [u64; BUCKETS.len()],
-    sum: f64,
-    count: u64,
+fn latency_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
 }
 
-struct Histogram {
-    name: &'static str,
-    help: &'static str,
-    values: Mutex<BTreeMap<Labels, HistogramData>>,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AccountStatus {
+    account: Text,
+    status: u16,
 }
 
-impl Histogram {
-    const fn new(name: &'static str, help: &'static str) -> Self {
-        Histogram { name, help, values: Mutex::new(BTreeMap::new()) }
-    }
+/// An upstream attempt's status: the HTTP status, or `connect_error` when no
+/// response came back.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct AttemptStatus(Option<u16>);
 
-    fn observe(&self, labels: Labels, seconds: f64) {
-        let mut map = self.values.lock();
-        let h = map.entry(labels).or_default();
-        if let Some(i) = BUCKETS.iter().position(|b| seconds <= *b) {
-            h.counts[i] += 1;
-        }
-        h.sum += seconds;
-        h.count += 1;
-    }
-
-    fn render(&self, out: &mut String) {
-        let _ = writeln!(out, "# HELP {} {}\n# TYPE {} histogram", self.name, self.help, self.name);
-        for (labels, h) in self.values.lock().iter() {
-            let mut cumulative = 0;
-            for (i, b) in BUCKETS.iter().enumerate() {
-                cumulative += h.counts[i];
-                let mut l = labels.clone();
-                l.push(("le", format!("{b}")));
-                let _ = writeln!(out, "{}_bucket{} {cumulative}", self.name, fmt_labels(&l));
-            }
-            let mut l = labels.clone();
-            l.push(("le", "+Inf".into()));
-            let _ = writeln!(out, "{}_bucket{} {}", self.name, fmt_labels(&l), h.count);
-            let _ = writeln!(out, "{}_sum{} {}", self.name, fmt_labels(labels), h.sum);
-            let _ = writeln!(out, "{}_count{} {}", self.name, fmt_labels(labels), h.count);
+impl EncodeLabelValue for AttemptStatus {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        match self.0 {
+            Some(s) => EncodeLabelValue::encode(&s, encoder),
+            None => EncodeLabelValue::encode(&"connect_error", encoder),
         }
     }
 }
 
-fn fmt_labels(labels: &Labels) -> String {
-    if labels.is_empty() {
-        return String::new();
-    }
-    let inner: Vec<String> = labels
-        .iter()
-        .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")))
-        .collect();
-    format!("{{{}}}", inner.join(","))
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AccountAttempt {
+    account: Text,
+    status: AttemptStatus,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AccountCause {
+    account: Text,
+    cause: Text,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AccountReason {
+    account: Text,
+    reason: Text,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageCause {
+    stage: Text,
+    cause: Text,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StagePhaseCause {
+    stage: Text,
+    phase: &'static str,
+    cause: Text,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadResult {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Account {
+    account: Text,
 }
 
 /// The gateway's metrics.
 pub struct Metrics {
-    requests: Counter,
-    attempts: Counter,
-    failovers: Counter,
-    cooldowns: Counter,
-    policy_errors: Counter,
-    background_errors: Counter,
+    registry: Registry,
+    requests: Family<AccountStatus, Counter>,
+    attempts: Family<AccountAttempt, Counter>,
+    failovers: Family<AccountCause, Counter>,
+    cooldowns: Family<AccountReason, Counter>,
+    policy_errors: Family<StageCause, Counter>,
+    background_errors: Family<StagePhaseCause, Counter>,
     parked: Counter,
-    reloads: Counter,
+    reloads: Family<ReloadResult, Counter>,
     chain_duration: Histogram,
-    upstream_latency: Histogram,
+    upstream_latency: Family<Account, Histogram, fn() -> Histogram>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics {
-            requests: Counter::new("poolgate_requests_total", "Client requests by serving account and final status."),
-            attempts: Counter::new(
-                "poolgate_upstream_attempts_total",
-                "Upstream attempts by account and status (\"connect_error\" when no response).",
-            ),
-            failovers: Counter::new(
-                "poolgate_failovers_total",
-                "Requests moved to the next account, by the account left and why.",
-            ),
-            cooldowns: Counter::new("poolgate_cooldowns_total", "Cooldowns started, by account and cause."),
-            policy_errors: Counter::new(
-                "poolgate_policy_errors_total",
-                "Chain stages that failed while ranking (routing_policy_error), by stage and cause.",
-            ),
-            background_errors: Counter::new(
-                "poolgate_policy_background_errors_total",
-                "Chain stages that failed outside a ranking: in observe, or building a new instance (configure).",
-            ),
-            parked: Counter::new(
-                "poolgate_parked_total",
-                "Requests answered locally with 429 because every account was cooling.",
-            ),
-            reloads: Counter::new("poolgate_reloads_total", "Configuration reloads by result."),
-            chain_duration: Histogram::new("poolgate_chain_duration_seconds", "Time to run the policy chain once."),
-            upstream_latency: Histogram::new(
-                "poolgate_upstream_latency_seconds",
-                "Time from sending upstream to its response headers, by account.",
-            ),
-        }
+        let mut m = Metrics {
+            registry: Registry::default(),
+            requests: Family::default(),
+            attempts: Family::default(),
+            failovers: Family::default(),
+            cooldowns: Family::default(),
+            policy_errors: Family::default(),
+            background_errors: Family::default(),
+            parked: Counter::default(),
+            reloads: Family::default(),
+            chain_duration: latency_histogram(),
+            upstream_latency: Family::new_with_constructor(latency_histogram),
+        };
+        // Counters are registered without their `_total`, which the
+        // OpenMetrics encoding appends; help texts without their final period,
+        // which it appends too.
+        let r = &mut m.registry;
+        r.register("poolgate_requests", "Client requests by serving account and final status", m.requests.clone());
+        r.register(
+            "poolgate_upstream_attempts",
+            "Upstream attempts by account and status (\"connect_error\" when no response)",
+            m.attempts.clone(),
+        );
+        r.register(
+            "poolgate_failovers",
+            "Requests moved to the next account, by the account left and why",
+            m.failovers.clone(),
+        );
+        r.register("poolgate_cooldowns", "Cooldowns started, by account and cause", m.cooldowns.clone());
+        r.register(
+            "poolgate_policy_errors",
+            "Chain stages that failed while ranking (routing_policy_error), by stage and cause",
+            m.policy_errors.clone(),
+        );
+        r.register(
+            "poolgate_policy_background_errors",
+            "Chain stages that failed outside a ranking: in observe, or building a new instance (configure)",
+            m.background_errors.clone(),
+        );
+        r.register(
+            "poolgate_parked",
+            "Requests answered locally with 429 because every account was cooling",
+            m.parked.clone(),
+        );
+        r.register("poolgate_reloads", "Configuration reloads by result", m.reloads.clone());
+        r.register("poolgate_chain_duration_seconds", "Time to run the policy chain once", m.chain_duration.clone());
+        r.register(
+            "poolgate_upstream_latency_seconds",
+            "Time from sending upstream to its response headers, by account",
+            m.upstream_latency.clone(),
+        );
+        m
     }
 }
 
 impl Metrics {
     /// A client request ended.
     pub fn request(&self, account: &str, status: u16) {
-        self.requests.add(vec![("account", account.to_string()), ("status", status.to_string())], 1);
+        self.requests.get_or_create(&AccountStatus { account: account.into(), status }).inc();
     }
 
     /// An upstream attempt ended.
     pub fn attempt(&self, account: &str, status: Option<u16>) {
-        let status = status.map_or_else(|| "connect_error".to_string(), |s| s.to_string());
-        self.attempts.add(vec![("account", account.to_string()), ("status", status)], 1);
+        let labels = AccountAttempt { account: account.into(), status: AttemptStatus(status) };
+        self.attempts.get_or_create(&labels).inc();
     }
 
     /// A request failed over away from `account`.
     pub fn failover(&self, account: &str, cause: &str) {
-        self.failovers.add(vec![("account", account.to_string()), ("cause", cause.to_string())], 1);
+        self.failovers.get_or_create(&AccountCause { account: account.into(), cause: cause.into() }).inc();
     }
 
     /// A cooldown started.
     pub fn cooldown(&self, account: &str, reason: &str) {
-        self.cooldowns.add(vec![("account", account.to_string()), ("reason", reason.to_string())], 1);
+        let labels = AccountReason { account: account.into(), reason: reason.into() };
+        self.cooldowns.get_or_create(&labels).inc();
     }
 
     /// A chain stage failed in `phase`.
     pub fn policy_error(&self, stage: &str, phase: crate::policy::Phase, cause: &str) {
-        let (stage, cause) = (stage.to_string(), cause.to_string());
+        let (stage, cause) = (Text::from(stage), Text::from(cause));
         match phase {
-            crate::policy::Phase::Rank => self.policy_errors.add(vec![("stage", stage), ("cause", cause)], 1),
-            other => self
-                .background_errors
-                .add(vec![("stage", stage), ("phase", other.as_str().to_string()), ("cause", cause)], 1),
-        }
+            crate::policy::Phase::Rank => self.policy_errors.get_or_create(&StageCause { stage, cause }).inc(),
+            other => {
+                self.background_errors.get_or_create(&StagePhaseCause { stage, phase: other.as_str(), cause }).inc()
+            }
+        };
     }
 
     /// A request was parked.
     pub fn parked(&self) {
-        self.parked.add(Vec::new(), 1);
+        self.parked.inc();
     }
 
     /// A reload finished.
     pub fn reload(&self, ok: bool) {
-        self.reloads.add(vec![("result", if ok { "ok" } else { "error" }.to_string())], 1);
+        self.reloads.get_or_create(&ReloadResult { result: if ok { "ok" } else { "error" } }).inc();
     }
 
     /// The chain ran.
     pub fn chain_duration(&self, seconds: f64) {
-        self.chain_duration.observe(Vec::new(), seconds);
+        self.chain_duration.observe(seconds);
     }
 
     /// An upstream answered (headers).
     pub fn upstream_latency(&self, account: &str, seconds: f64) {
-        self.upstream_latency.observe(vec![("account", account.to_string())], seconds);
+        self.upstream_latency.get_or_create(&Account { account: account.into() }).observe(seconds);
     }
 
-    /// Renders every family, plus the gauges passed in.
+    /// Renders every family, plus the gauges passed in, as one OpenMetrics
+    /// exposition ([`CONTENT_TYPE`]).
     pub fn render(&self, gauges: &[Gauge<'_>]) -> String {
-        let mut out = String::with_capacity(8 * 1024);
-        for c in [
-            &self.requests,
-            &self.attempts,
-            &self.failovers,
-            &self.cooldowns,
-            &self.policy_errors,
-            &self.background_errors,
-            &self.parked,
-            &self.reloads,
-        ] {
-            c.render(&mut out);
-        }
-        self.chain_duration.render(&mut out);
-        self.upstream_latency.render(&mut out);
+        let mut live = Registry::default();
         for (name, help, values) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            let family = Family::<Labels, GaugeMetric<f64, std::sync::atomic::AtomicU64>>::default();
             for (labels, v) in values {
-                let _ = writeln!(out, "{name}{} {v}", fmt_labels(labels));
+                family.get_or_create(labels).set(*v);
             }
+            live.register(*name, help.trim_end_matches('.'), family);
         }
+        let mut out = String::with_capacity(8 * 1024);
+        // Writing to a String cannot fail.
+        let _ = text::encode_registry(&mut out, &self.registry);
+        let _ = text::encode_registry(&mut out, &live);
+        let _ = text::encode_eof(&mut out);
         out
     }
 }
 
 /// Builds a label list.
 pub fn labels(pairs: &[(&'static str, &str)]) -> Labels {
-    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+    pairs.iter().map(|(k, v)| (*k, Text::from(*v))).collect()
 }
 
 #[cfg(test)]
@@ -240,27 +280,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_counters_histograms_and_gauges_in_exposition_format() {
+    fn renders_counters_histograms_and_gauges_as_openmetrics() {
         let m = Metrics::default();
         m.request("a", 200);
         m.request("a", 200);
+        m.attempt("a", None);
         m.policy_error("builtin:x", crate::policy::Phase::Rank, "trap");
         m.chain_duration(0.00002);
         let text = m.render(&[("poolgate_in_flight", "In flight.", vec![(labels(&[("account", "a")]), 3.0)])]);
         assert!(text.contains("poolgate_requests_total{account=\"a\",status=\"200\"} 2"), "{text}");
-        assert!(
-            text.contains("poolgate_policy_errors_total{cause=\"trap\",stage=\"builtin:x\"} 1")
-                || text.contains("poolgate_policy_errors_total{stage=\"builtin:x\",cause=\"trap\"} 1"),
-            "{text}"
-        );
+        assert!(text.contains("poolgate_upstream_attempts_total{account=\"a\",status=\"connect_error\"} 1"), "{text}");
+        assert!(text.contains("poolgate_policy_errors_total{stage=\"builtin:x\",cause=\"trap\"} 1"), "{text}");
         assert!(text.contains("poolgate_chain_duration_seconds_bucket{le=\"0.000025\"} 1"), "{text}");
-        assert!(text.contains("poolgate_chain_duration_seconds_count 1"));
-        assert!(text.contains("poolgate_in_flight{account=\"a\"} 3"));
-        assert!(text.contains("# TYPE poolgate_requests_total counter"));
+        assert!(text.contains("poolgate_chain_duration_seconds_count 1"), "{text}");
+        assert!(text.contains("poolgate_in_flight{account=\"a\"} 3.0"), "{text}");
+        assert!(text.contains("# HELP poolgate_in_flight In flight.\n"), "{text}");
+        assert!(text.contains("# TYPE poolgate_requests counter"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "one exposition, one end: {text}");
+        assert_eq!(text.matches("# EOF").count(), 1);
     }
 
     #[test]
     fn label_values_are_escaped() {
-        assert_eq!(fmt_labels(&vec![("k", "a\"b\\c\nd".to_string())]), "{k=\"a\\\"b\\\\c\\nd\"}");
+        let m = Metrics::default();
+        m.request("a\"b\\c\nd", 200);
+        let text = m.render(&[]);
+        assert!(text.contains("account=\"a\\\"b\\\\c\\nd\""), "{text}");
     }
 }

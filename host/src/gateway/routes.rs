@@ -303,5 +303,5 @@ async fn metrics(State(s): State<AppState>) -> Response {
         ),
         ("poolgate_config_generation", "The configuration generation in force.", vec![(Vec::new(), g.number as f64)]),
     ]);
-    ([(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    ([(http::header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response()
 }

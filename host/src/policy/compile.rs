@@ -268,6 +268,10 @@ fn precompile_in_child(exe: &Path, bytes: &[u8], label: &str, timeout: Duration)
             let _ = child.wait();
             return Ok(None);
         }
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "runs off the async workers (the builder thread or the CLI), polling a child process"
+        )]
         std::thread::sleep(Duration::from_millis(10));
     };
     let _ = writer.join();

@@ -238,6 +238,7 @@ fn spawn_ticker(engine: &Engine) {
             engine.increment_epoch();
             drop(engine);
             let busy = ACTIVE_CALLS.load(Ordering::Acquire) > 0;
+            #[allow(clippy::disallowed_methods, reason = "the ticker is a thread of its own: sleeping is its job")]
             std::thread::sleep(if busy { EPOCH_TICK } else { IDLE_TICK });
         }
     });

@@ -1,5 +1,5 @@
 //! Helpers shared by the host's integration tests.
-#![allow(dead_code)]
+#![allow(dead_code, reason = "each test binary uses the helpers it needs")]
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;

@@ -14,13 +14,15 @@
 //! its inputs (the example's sources, the WIT, and the SDK or tool it builds
 //! with) matches the last build's. A file lock per language makes concurrent
 //! test processes build each example once.
-#![allow(dead_code)]
+#![allow(dead_code, reason = "each test binary uses the helpers it needs")]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use poolgate::policy::PolicyEngine;
+
+use crate::bounded::OutputWithin as _;
 use sha2::{Digest, Sha256};
 
 /// The languages with an example ranker.
@@ -174,8 +176,9 @@ pub fn build_example(lang: Lang) -> Result<Built, String> {
         .env_remove("RUSTC_WRAPPER")
         .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .env_remove("CARGO_BUILD_TARGET")
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+        // A first build downloads nothing (the toolchains are installed) but
+        // compiles a guest: minutes on two busy cores, never ten.
+        .output_within(Duration::from_secs(600));
     let elapsed = started.elapsed();
     if !output.status.success() {
         return Err(format!(

@@ -1,12 +1,14 @@
 //! Running the real `poolgate` binary against the mock upstream, for end-to-end
 //! tests.
-#![allow(dead_code)]
+#![allow(dead_code, reason = "each test binary uses the helpers it needs")]
 
 pub mod hostile_components;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 /// A running `poolgate serve`.
@@ -72,7 +74,7 @@ impl Gateway {
                     if let Some(rest) = line.split("poolgate listening on ").nth(1) {
                         let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
                     }
-                    let mut l = log.lock().unwrap();
+                    let mut l = log.lock();
                     l.push_str(&line);
                     l.push('\n');
                 }
@@ -82,7 +84,7 @@ impl Gateway {
             Ok(u) => u,
             Err(_) => {
                 let _ = child.kill();
-                panic!("poolgate did not start:\n{}", log.lock().unwrap());
+                panic!("poolgate did not start:\n{}", log.lock());
             }
         };
         Gateway { child, url, log, _dir: dir }
@@ -95,7 +97,7 @@ impl Gateway {
 
     /// The log so far.
     pub fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.log.lock().clone()
     }
 
     /// An HTTP client for the gateway.
@@ -121,6 +123,10 @@ impl Gateway {
             if let Ok(Some(s)) = self.child.try_wait() {
                 return Some(s);
             }
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "a bounded poll of a child process, on the test's own thread"
+            )]
             std::thread::sleep(Duration::from_millis(20));
         }
         None
@@ -168,4 +174,14 @@ pub async fn send_message(client: &reqwest::Client, base: &str, model: &str) -> 
         .json(&message(model, false))
         .send()
         .await
+}
+
+/// Polls `ready` every 10 ms until it holds; fails the test naming `what`
+/// once `limit` has passed — instead of sleeping a fixed time and hoping.
+pub async fn eventually(what: &str, limit: Duration, mut ready: impl AsyncFnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !ready().await {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

@@ -5,6 +5,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 
 use clap::Parser;
 use poolgate_mock_upstream::{Config, MockUpstream, Quota};
@@ -33,7 +34,7 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() {
+async fn main() -> ExitCode {
     let args = Args::parse();
     let config = Config {
         accept_any: args.accept_any,
@@ -49,7 +50,7 @@ async fn main() {
         Ok(upstream) => upstream,
         Err(e) => {
             eprintln!("poolgate-mock-upstream: failed to listen on `{}`: {e}", args.listen);
-            std::process::exit(1);
+            return ExitCode::FAILURE;
         }
     };
     for credential in &args.credentials {
@@ -62,4 +63,5 @@ async fn main() {
         eprintln!("poolgate-mock-upstream: cannot wait for ctrl-c ({e}); serving forever");
         std::future::pending::<()>().await;
     }
+    ExitCode::SUCCESS
 }

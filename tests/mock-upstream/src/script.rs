@@ -7,8 +7,10 @@
 //! the gateway sends requests to that account.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+
+use parking_lot::{Mutex, MutexGuard};
 
 use axum::http::{HeaderName, HeaderValue};
 use poolgate_wire::ids::fnv1a;
@@ -188,7 +190,7 @@ impl Account {
 
     /// A poisoned lock only means another test thread panicked; the script is still usable.
     fn script(&self) -> MutexGuard<'_, Script> {
-        self.inner.script.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.script.lock()
     }
 }
 

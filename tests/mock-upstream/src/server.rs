@@ -6,8 +6,10 @@
 //! the same on every endpoint, as they do at Anthropic.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::Router;
@@ -51,7 +53,7 @@ impl Shared {
 
     /// The account for `credential`, creating it.
     pub fn account(&self, credential: &str) -> Account {
-        let mut accounts = lock(&self.accounts);
+        let mut accounts = self.accounts.lock();
         if let Some(account) = accounts.get(credential) {
             return account.clone();
         }
@@ -65,22 +67,17 @@ impl Shared {
         if self.config.accept_any {
             return Some(self.account(credential));
         }
-        lock(&self.accounts).get(credential).cloned()
+        self.accounts.lock().get(credential).cloned()
     }
 
     pub fn records(&self) -> MutexGuard<'_, Vec<Recorded>> {
-        lock(&self.records)
+        self.records.lock()
     }
 
     /// A unique id with an Anthropic-looking prefix (`req_`, `msg_`, `toolu_`).
     fn id(&self, prefix: &str) -> String {
         ids::numbered(prefix, "01mock", self.ids.fetch_add(1, Ordering::Relaxed))
     }
-}
-
-/// A poisoned lock only means a test thread panicked while holding it; keep serving.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
