@@ -2,7 +2,7 @@
 # The whole test suite, on a fresh machine, in one command: installs what is
 # missing, then checks formatting and lints and runs every test once.
 #
-#   Rust 1.95.0 + wasm32-wasip2   rustup, from rust-toolchain.toml
+#   Rust (stable) + wasm32-wasip2 rustup, from rust-toolchain.toml
 #   cargo-nextest                 crates.io (cargo install), when not on PATH
 #   plugin toolchains             .ci/setup: componentize-py and ziglang (PyPI),
 #                                 componentize-js and jco (npm), node if missing
