@@ -208,12 +208,24 @@ async fn through_serve(what: &str, options: &str, timeout_ms: u64) -> (Gateway, 
     (gw, mock, run, d)
 }
 
-/// The breaker opened: later requests record the stage as bypassed.
-async fn assert_breaker_opened(gw: &Gateway, d: &[Value], what: &str) {
-    let causes: Vec<String> = rank_errors(d).into_iter().map(|(c, _)| c).collect();
-    assert!(causes.iter().any(|c| c == "bypassed"), "{what}: the breaker never opened: {causes:?}");
-    let stage = hostile_stage(gw).await;
-    assert_ne!(stage["breaker"]["state"], "closed", "{what}: {stage:#}");
+/// The breaker opened: later requests record the stage as bypassed. A stage
+/// whose failures are slow (calls cut at their wall-clock bound) needs time,
+/// not requests, to fail enough — meanwhile requests skip it as `busy` at
+/// little cost — so traffic goes on until it opens (at most 10 s). Returns the
+/// decisions then.
+async fn assert_breaker_opened(gw: &Gateway, what: &str) -> Vec<Value> {
+    let started = Instant::now();
+    loop {
+        let d = decisions(gw).await;
+        let stage = hostile_stage(gw).await;
+        let causes: Vec<String> = rank_errors(&d).into_iter().map(|(c, _)| c).collect();
+        if stage["breaker"]["state"] != "closed" && causes.iter().any(|c| c == "bypassed") {
+            return d;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{what}: the breaker never opened: {causes:?} {stage:#}");
+        let run = drive(gw, 40).await;
+        assert!(run.statuses.iter().all(|s| *s == 200), "{what}: {:?}", run.statuses);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,7 +236,7 @@ async fn a_panicking_plugin_is_a_recorded_trap_with_its_message_and_the_breaker_
     let message = &traps[0].1;
     assert!(message.contains("misbehave: deliberate panic"), "the panic's message is in the cause: {message}");
     assert!(message.contains("src/lib.rs:"), "and its location: {message}");
-    assert_breaker_opened(&gw, &d, "panic").await;
+    assert_breaker_opened(&gw, "panic").await;
     assert!(run.headers.iter().all(|(_, pe)| pe.starts_with("hostile:")), "{:?}", &run.headers[..3]);
 }
 
@@ -236,10 +248,11 @@ async fn a_plugin_that_prints_and_floods_stdio_is_served_and_its_log_is_bounded(
     drop(gw);
 
     // 2 MiB of output per call makes a call slow (ms of host calls), so calls
-    // may queue for an instance past their deadline: timeouts, never a trap.
+    // may queue for an instance past their deadline: timeouts or busy skips,
+    // never a trap.
     let (gw, _mock, _run, d) = through_serve("print-flood", "fault = \"print-flood\", bytes = 1048576", 25).await;
     let errs = rank_errors(&d);
-    assert!(errs.iter().all(|(c, _)| c == "timeout" || c == "bypassed"), "{errs:?}");
+    assert!(errs.iter().all(|(c, _)| c == "timeout" || c == "busy" || c == "bypassed"), "{errs:?}");
     let lines = gw.log().lines().filter(|l| l.contains("guest stdio")).count();
     // 120 calls × 2 MiB of output: the per-call cap and the per-plugin rate
     // leave a few hundred lines.
@@ -253,7 +266,7 @@ async fn a_sleeping_plugin_is_cut_at_its_wall_clock_bound() {
     assert!(!timeouts.is_empty(), "{:?}", rank_errors(&d));
     assert!(timeouts[0].1.contains("wall-clock bound"), "{}", timeouts[0].1);
     assert!(run.slowest_request < Duration::from_secs(2), "a 10 s sleep held a request {:?}", run.slowest_request);
-    assert_breaker_opened(&gw, &d, "sleep").await;
+    assert_breaker_opened(&gw, "sleep").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,13 +287,13 @@ async fn failures_in_observe_are_counted_recorded_and_open_the_breaker() {
     for (mode, cause) in [("trap", "trap"), ("loop", "timeout")] {
         let what = format!("observe {mode}");
         let options = format!("fault = \"pass\", observe = \"{mode}\"");
-        let (gw, _mock, _run, d) = through_serve(&what, &options, 25).await;
+        let (gw, _mock, _run, _) = through_serve(&what, &options, 25).await;
+        let d = assert_breaker_opened(&gw, &what).await;
         let bg = background_errors(&d);
         assert!(bg.iter().any(|(c, _)| *c == format!("observe:{cause}")), "{what}: {bg:?}");
         let stage = hostile_stage(&gw).await;
         assert!(stage["observe"]["failures"].as_u64().unwrap() >= 5, "{what}: {stage:#}");
         assert_eq!(stage["observe"]["last"]["cause"], cause, "{what}: {stage:#}");
-        assert_breaker_opened(&gw, &d, &what).await;
         let metrics = Gateway::client().get(format!("{}/metrics", gw.url)).send().await.unwrap().text().await.unwrap();
         assert!(
             metrics.lines().any(|l| l.starts_with("poolgate_policy_background_errors_total")
@@ -342,11 +355,17 @@ async fn an_over_long_or_unsafe_reason_is_invalid_output_and_never_a_header() {
     for (what, options) in [
         ("huge reason", "fault = \"huge-reason\", bytes = 65536"),
         ("header reason", "fault = \"header-reason\""),
-        ("huge detail", "fault = \"huge-detail\", bytes = 1048576"),
+        ("huge detail", "fault = \"huge-detail\", bytes = 65536"),
+        ("detail over the host-call limit", "fault = \"huge-detail\", bytes = 1048576"),
     ] {
         let (_gw, _mock, run, d) = through_serve(what, options, 25).await;
         let errs = rank_errors(&d);
-        assert!(errs.iter().any(|(c, _)| c == "invalid-output"), "{what}: {errs:?}");
+        // An answer over what one call may pass the host (1 MiB) is refused
+        // before it is copied: a trap that says so.
+        let refused = |(c, m): &(String, String)| {
+            c == "invalid-output" || (c == "trap" && m.contains("more than 1 MiB in one call"))
+        };
+        assert!(errs.iter().any(refused), "{what}: {errs:?}");
         assert!(run.headers.iter().all(|(reason, _)| reason.len() <= 128), "{what}: a long reason reached a header");
         assert!(run.headers.iter().all(|(reason, _)| !reason.contains("evil")), "{what}");
     }
@@ -359,7 +378,7 @@ async fn an_over_long_or_unsafe_reason_is_invalid_output_and_never_a_header() {
 async fn a_plugin_looping_on_host_calls_is_cut_at_its_wall_clock_bound() {
     for options in [
         "fault = \"log-loop\", bytes = 1048576",
-        "fault = \"state-get-loop\", bytes = 8388608",
+        "fault = \"state-get-loop\", bytes = 524288",
         "fault = \"state-set-loop\", bytes = 2048",
         "fault = \"log-loop\", bytes = 1",
     ] {
@@ -378,8 +397,8 @@ async fn a_plugin_looping_on_host_calls_is_cut_at_its_wall_clock_bound() {
 /// breaker counts failures over a window, not only in a row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_failing_half_its_calls_opens_the_breaker() {
-    let (gw, _mock, _run, d) = through_serve("half", "fault = \"trap\", every = 2", 25).await;
-    assert_breaker_opened(&gw, &d, "every other call traps").await;
+    let (gw, _mock, _run, _d) = through_serve("half", "fault = \"trap\", every = 2", 25).await;
+    assert_breaker_opened(&gw, "every other call traps").await;
 }
 
 /// A configure that loops on host calls yields like any call: the builder
@@ -392,9 +411,12 @@ async fn a_configure_looping_on_host_calls_does_not_block_a_reload() {
     let hostile_stage =
         hostile(&misbehave(), "fault = \"pass\", configure = \"log-loop-after-first\", bytes = 1048576", 25);
     let gw = start(&mock, dir, &hostile_stage);
-    // The builder is now stuck building the second instance (for 10 s, its
-    // configure bound). Swap the stage away.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Wait until the builder is stuck building the second instance (for 10 s,
+    // its configure bound), then swap the stage away.
+    support::eventually("the builder starts a second instance", Duration::from_secs(10), async || {
+        gw.admin_json("/status", ADMIN).await["chain"][0]["live_instances"].as_u64() >= Some(2)
+    })
+    .await;
     let text = std::fs::read_to_string(&path).unwrap();
     let swapped = text.replace(&hostile_stage, "[[policy.chain]]\nplugin = \"builtin:headroom\"\nname = \"plain\"\n");
     let saved = Instant::now();
@@ -411,15 +433,56 @@ async fn a_configure_looping_on_host_calls_does_not_block_a_reload() {
     run.assert_all_served("after the swap");
 }
 
+/// A reload keeps every stage it leaves as it was — warm instances, state and
+/// breaker — so reloading an unchanged file, or one that changes only other
+/// settings, never runs a plugin's `configure` again; a stage whose options
+/// change is built anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_the_stages_it_leaves_as_they_were() {
+    let mock = MockUpstream::start().await;
+    let dir = tempdir::Dir::new("reload-keeps");
+    let path = dir.0.join("poolgate.toml");
+    // Every instance but the scope's first sleeps 4 s in `configure`: a
+    // reload that rebuilt the stage would wait that long for its first one.
+    let slow =
+        |ms: u64| hostile(&misbehave(), &format!("fault = \"pass\", configure = \"sleep-after-first\", ms = {ms}"), 25);
+    let gw = start(&mock, dir, &slow(4000));
+    let reload = async || {
+        let took = Instant::now();
+        let r = Gateway::client().post(format!("{}/admin/reload", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+        took.elapsed()
+    };
+    let unchanged = reload().await;
+    assert!(unchanged < Duration::from_secs(2), "an unchanged reload took {unchanged:?}");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("{text}\n[cooldowns]\noverloaded_ms = 1234\n")).unwrap();
+    let other = reload().await;
+    assert!(other < Duration::from_secs(2), "a reload changing only [cooldowns] took {other:?}");
+    let st = gw.admin_json("/status", ADMIN).await;
+    assert_eq!(st["chain"][0]["name"], "hostile", "{st}");
+    // New options: a new plugin, whose first instance is not the scope's first.
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace(&slow(4000), &slow(300))).unwrap();
+    let changed = reload().await;
+    assert!(changed >= Duration::from_millis(300), "a stage with new options was not built anew ({changed:?})");
+    drive(&gw, REQUESTS).await.assert_all_served("after the reloads");
+}
+
 /// An error of tens of MiB with a line break every other byte costs the host
 /// little; a plugin's log line cannot pass for one of the gateway's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn huge_errors_and_forged_log_lines_are_defused() {
-    // 8 MiB of "a\n": joining its lines before cutting them cost 16 bytes of
-    // host memory per guest byte; lifting it at all costs a copy, which a
-    // bigger string would make long enough to be felt by /healthz.
-    let (gw, _mock, run, d) = through_serve("err lines", "fault = \"err-lines\", bytes = 8388608", 25).await;
+    // Almost 1 MiB of "a\n" (what one call may pass the host): joining its
+    // lines before cutting them cost 16 bytes of host memory per guest byte.
+    let (gw, _mock, run, d) = through_serve("err lines", "fault = \"err-lines\", bytes = 1000000", 25).await;
     assert!(rank_errors(&d).iter().any(|(c, m)| c == "error" && m.len() <= 700), "{:?}", &rank_errors(&d)[..1]);
+    assert!(run.peak_rss_kib < 600 * 1024, "gateway RSS reached {} MiB", run.peak_rss_kib / 1024);
+    drop(gw);
+    // 8 MiB of it is refused before it is copied at all.
+    let (gw, _mock, run, d) = through_serve("err lines", "fault = \"err-lines\", bytes = 8388608", 25).await;
+    let errs = rank_errors(&d);
+    assert!(errs.iter().any(|(c, m)| c == "trap" && m.contains("more than 1 MiB in one call")), "{:?}", &errs[..1]);
     assert!(run.peak_rss_kib < 600 * 1024, "gateway RSS reached {} MiB", run.peak_rss_kib / 1024);
     drop(gw);
     let (gw, _mock, _run, _d) = through_serve("forge", "fault = \"forge-log\"", 25).await;
@@ -483,10 +546,15 @@ async fn hostile_plugins_hot_swapped_in_under_load_lose_no_request() {
     swaps.push(hostile(memories.to_str().unwrap(), "", 25));
     for (i, stages) in swaps.iter().enumerate() {
         std::fs::write(&path, format!("{head}{stages}")).unwrap();
+        let took = Instant::now();
         let r = Gateway::client().post(format!("{}/admin/reload", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
         let status = r.status();
         let body: Value = r.json().await.unwrap_or(json!({}));
         assert_eq!(status, 200, "swap {i} refused: {body}");
+        // A reload away from a plugin whose `configure` is slow or loops must
+        // not wait for it (nor for a file-watch reload of the same file that
+        // rebuilt it): unchanged stages are kept, never configured again.
+        assert!(took.elapsed() < Duration::from_secs(5), "swap {i} took {:?}:\n{}", took.elapsed(), gw.log());
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     stop.store(true, Ordering::Release);
@@ -494,4 +562,308 @@ async fn hostile_plugins_hot_swapped_in_under_load_lose_no_request() {
     let failed = statuses.iter().filter(|s| **s != 200).count();
     assert!(statuses.len() >= 100, "only {} requests", statuses.len());
     assert_eq!(failed, 0, "{failed} of {} requests failed during the swaps", statuses.len());
+}
+
+/// The stage record of the hostile stage in each decision: (reason, duration µs,
+/// error cause).
+fn hostile_records(decisions: &[Value]) -> Vec<(String, f64, Option<String>)> {
+    decisions
+        .iter()
+        .flat_map(|d| d["attempts"].as_array().cloned().unwrap_or_default())
+        .flat_map(|a| a["decision"]["stages"].as_array().cloned().unwrap_or_default())
+        .filter(|s| s["stage"] == "hostile")
+        .map(|s| {
+            (
+                s["reason"].as_str().unwrap_or("").to_string(),
+                s["duration_us"].as_f64().unwrap_or(0.0),
+                s["error"]["cause"].as_str().map(str::to_string),
+            )
+        })
+        .collect()
+}
+
+fn header(r: &reqwest::Response, name: &str) -> String {
+    r.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
+}
+
+/// A model the misbehave guest answers well (reason `reversed`).
+const FINE: &str = "claude-opus-4-1";
+/// A model it answers slowly (`slow_model`).
+const SLOW: &str = "claude-sonnet-4-5";
+
+/// Sends `FINE` requests until the hostile stage ranks one (reason `reversed`)
+/// or `within` passes; whether it did.
+async fn ranked_again(gw: &Gateway, within: Duration) -> bool {
+    let client = Gateway::client();
+    let started = Instant::now();
+    while started.elapsed() < within {
+        let r = send_message(&client, &gw.url, FINE).await.unwrap();
+        assert_eq!(r.status(), 200);
+        if header(&r, "x-poolgate-reason") == "reversed" {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// The breaker's probe rides on a request whose client goes away mid-call: the
+/// request's future is dropped with the probe in it. The probe must come back,
+/// so that the next request probes the (healthy) stage and closes the breaker
+/// — not leave it half-open and bypassed until the next reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_probe_whose_request_goes_away_hands_the_probe_on() {
+    let mock = MockUpstream::start().await;
+    let stages = format!(
+        "[policy.breaker]\nfailures = 3\ncooldown_ms = 300\nmax_cooldown_ms = 300\n\n\
+         [[policy.chain]]\nplugin = \"{}\"\nname = \"hostile\"\ntimeout_ms = 200\n\
+         config = {{ fault = \"trap\", on_model = \"{MODEL}\", slow_model = \"{SLOW}\", ms = 600 }}\n",
+        misbehave()
+    );
+    let gw = start(&mock, tempdir::Dir::new("probe-cancel"), &stages);
+    let client = Gateway::client();
+    for _ in 0..3 {
+        assert_eq!(send_message(&client, &gw.url, MODEL).await.unwrap().status(), 200);
+    }
+    assert_eq!(hostile_stage(&gw).await["breaker"]["state"], "open");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The probe: a request the plugin takes 600 ms over, whose client leaves
+    // after 100 ms.
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(100)).build().unwrap();
+    assert!(send_message(&impatient, &gw.url, SLOW).await.is_err(), "the client gave up");
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(
+        ranked_again(&gw, Duration::from_secs(3)).await,
+        "the stage stayed bypassed after its probe's request went away: {:#}",
+        hostile_stage(&gw).await
+    );
+    let stage = hostile_stage(&gw).await;
+    assert_eq!(stage["breaker"]["state"], "closed", "{stage:#}");
+    assert_eq!(stage["breaker"]["trips"], 1, "the lost probe counted as no failure: {stage:#}");
+}
+
+/// The probe finds no free instance: every instance was thrown away by the
+/// failures that opened the breaker, and rebuilding takes a while (a slow
+/// `configure`). That is a `busy` skip, not the plugin's fault: the probe
+/// passes to a later request, which closes the breaker once an instance is
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_probe_that_finds_no_free_instance_hands_the_probe_on() {
+    let mock = MockUpstream::start().await;
+    let stages = format!(
+        "[policy]\ninstances = 3\n\n\
+         [policy.breaker]\nfailures = 3\ncooldown_ms = 300\nmax_cooldown_ms = 300\n\n\
+         [[policy.chain]]\nplugin = \"{}\"\nname = \"hostile\"\n\
+         config = {{ fault = \"trap\", on_model = \"{MODEL}\", configure = \"sleep-after-first\", ms = 1000 }}\n",
+        misbehave()
+    );
+    let gw = start(&mock, tempdir::Dir::new("probe-busy"), &stages);
+    let started = Instant::now();
+    while hostile_stage(&gw).await["idle_instances"] != 3 {
+        assert!(started.elapsed() < Duration::from_secs(10), "the pool never filled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Three traps throw away all three instances and open the breaker; each
+    // replacement takes a second to build.
+    let client = Gateway::client();
+    for _ in 0..3 {
+        assert_eq!(send_message(&client, &gw.url, MODEL).await.unwrap().status(), 200);
+    }
+    assert_eq!(hostile_stage(&gw).await["breaker"]["state"], "open");
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(
+        ranked_again(&gw, Duration::from_secs(5)).await,
+        "the stage stayed bypassed after its probe found no instance: {:#}",
+        hostile_stage(&gw).await
+    );
+    let d = decisions(&gw).await;
+    assert!(rank_errors(&d).iter().any(|(c, _)| c == "busy"), "a probe met the empty pool: {:?}", rank_errors(&d));
+    let stage = hostile_stage(&gw).await;
+    assert_eq!((stage["breaker"]["state"].as_str(), stage["breaker"]["trips"].as_u64()), (Some("closed"), Some(1)));
+}
+
+/// One host call the epoch cannot interrupt — asking for 64 MiB of random
+/// bytes, writing 48 MiB to stdout in one `write` — would hold a worker (and
+/// `/healthz`) for as long as it takes. Each is refused at its limit instead,
+/// as a trap whose message names the limit; a call within it works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_huge_host_call_is_refused_at_its_limit_and_never_stalls_a_worker() {
+    for (options, limit) in [
+        ("fault = \"random-bytes\", bytes = 67108864", "at most 64 KiB"),
+        ("fault = \"insecure-random-bytes\", bytes = 67108864", "at most 64 KiB"),
+        ("fault = \"stdout-write\", bytes = 50331648", "more than 1 MiB in one call"),
+        ("fault = \"state-get-loop\", bytes = 8388608", "more than 1 MiB in one call"),
+    ] {
+        let (_gw, _mock, run, d) = through_serve(options, options, 25).await;
+        let errs = rank_errors(&d);
+        let traps: Vec<_> = errs.iter().filter(|(c, _)| c == "trap").collect();
+        assert!(!traps.is_empty(), "{options}: {errs:?}");
+        assert!(traps.iter().all(|(_, m)| m.contains(limit)), "{options}: {traps:?}");
+        // While trapped instances are rebuilt, requests may find none free.
+        assert!(errs.iter().all(|(c, _)| ["trap", "busy", "bypassed"].contains(&c.as_str())), "{options}: {errs:?}");
+        assert!(run.slowest_request < Duration::from_secs(1), "{options}: a request took {:?}", run.slowest_request);
+    }
+    for options in ["fault = \"random-bytes\", bytes = 65536", "fault = \"stdout-write\", bytes = 65536"] {
+        let (_gw, _mock, _run, d) = through_serve(options, options, 25).await;
+        assert!(rank_errors(&d).is_empty(), "{options}: {:?}", rank_errors(&d));
+    }
+}
+
+/// A plugin that fills its scope (150,000 tiny entries) and then lowers its
+/// `state-limit` to 1 evicts in bounded batches, not all at once under the
+/// lock every plugin's state calls share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lowering_the_limit_of_a_full_scope_never_stalls_a_worker() {
+    let options = "fault = \"state-evict\", entries = 150000, per_call = 4000";
+    let (_gw, _mock, _run, d) = through_serve("state evict", options, 100).await;
+    let records = hostile_records(&d);
+    assert!(records.iter().any(|(reason, _, _)| reason == "evicted"), "the scope never filled: {:?}", &records[..3]);
+    // Filling 4,000 entries a call takes a debug build tens of ms, so calls may
+    // find both instances busy; none fails.
+    let errs = rank_errors(&d);
+    assert!(errs.iter().all(|(c, _)| c == "busy"), "{errs:?}");
+}
+
+/// `routing_policy_error` (and `pool_order`) are the host's to give: a plugin
+/// answering one would claim a failure that is recorded nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_cannot_answer_a_reason_reserved_for_the_host() {
+    for reserved in ["routing_policy_error", "pool_order"] {
+        let options = format!("fault = \"reason\", reason = \"{reserved}\"");
+        let (_gw, _mock, run, d) = through_serve(&options, &options, 25).await;
+        let errs = rank_errors(&d);
+        assert!(errs.iter().any(|(c, m)| c == "invalid-output" && m.contains("reserved for the host")), "{errs:?}");
+        for (reason, policy_error) in &run.headers {
+            if reason == "routing_policy_error" {
+                assert!(
+                    policy_error.starts_with("hostile:"),
+                    "an error with none recorded: {reason} / {policy_error:?}"
+                );
+            }
+            assert_ne!(reason, "pool_order", "a stage claimed no stage decided");
+        }
+    }
+}
+
+/// A fault's message carries the guest's text — its `Err`, its panic message,
+/// its stderr — into the gateway's log, and so does the detail of a good
+/// answer (in the logged decision record). A carriage return, a line separator
+/// or a right-to-left override in it reaches the log escaped, on every path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn line_breaks_and_bidi_overrides_in_a_fault_reach_the_log_escaped() {
+    for fault in ["err-forge", "trap-forge", "detail-forge"] {
+        let options = format!("fault = \"{fault}\"");
+        let (gw, _mock, _run, d) = through_serve(&options, &options, 25).await;
+        let log = gw.log();
+        let raw = ['\r', '\u{2028}', '\u{2029}', '\u{85}', '\u{b}', '\u{202e}'];
+        assert!(!log.chars().any(|c| raw.contains(&c)), "{fault}: a raw control or separator reached the log");
+        assert!(log.contains("FORGED via CR"), "{fault}: the message is there");
+        if fault != "detail-forge" {
+            // (The detail is in a JSON record, which escapes the backslashes.)
+            assert!(log.contains("innocent\\r2026-12-01"), "{fault}: escaped");
+            assert!(log.contains("FORGED via CR\\u{2028}LS\\u{2029}PS\\u{85}NEL\\u{b}VT\\u{202e}RTL"), "{fault}");
+        }
+        let errs = rank_errors(&d);
+        assert!(errs.iter().all(|(_, m)| !m.chars().any(|c| raw.contains(&c))), "{fault}: {errs:?}");
+    }
+}
+
+/// A plugin that succeeds but takes 90 ms (in `observe`) with two instances:
+/// nearly every `rank` finds both busy. That is recorded as `busy` — not as a
+/// `timeout` of the plugin, never held against it by the breaker — with a
+/// message that says how long its calls take and what to do; and once the pool
+/// is known saturated, requests stop waiting the whole deadline for nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_plugin_with_too_few_instances_is_busy_with_the_remedy_and_costs_little() {
+    let mock = MockUpstream::start().await;
+    let stages = format!(
+        "[policy]\ninstances = 2\n\n{}",
+        hostile(&misbehave(), "fault = \"pass\", observe = \"sleep\", ms = 90", 25)
+    );
+    let gw = start(&mock, tempdir::Dir::new("busy"), &stages);
+    let run = drive(&gw, REQUESTS * 2).await;
+    run.assert_all_served("slow observe");
+    let d = decisions(&gw).await;
+    let errs = rank_errors(&d);
+    assert!(errs.iter().any(|(c, _)| c == "busy"), "{errs:?}");
+    assert!(errs.iter().all(|(c, _)| c == "busy"), "only busy skips, never a timeout of the plugin: {errs:?}");
+    let message = &errs[0].1;
+    assert!(message.contains("raise `[policy] instances` (now 2)"), "{message}");
+    assert!(message.contains("ms (observe)"), "the message says how long calls take: {message}");
+    let stage = hostile_stage(&gw).await;
+    assert_eq!(stage["breaker"]["state"], "closed", "{stage:#}");
+    assert_eq!(stage["rank"]["failures"], 0, "{stage:#}");
+    assert!(stage["rank"]["busy"].as_u64().unwrap() > 0, "{stage:#}");
+    assert_eq!(stage["instances"], 2, "{stage:#}");
+    assert!(stage["call_ms"]["observe"].as_f64().unwrap() >= 40.0, "{stage:#}");
+    let metrics = Gateway::client().get(format!("{}/metrics", gw.url)).send().await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("poolgate_policy_errors_total")
+            && l.contains("cause=\"busy\"")
+            && l.contains("stage=\"hostile\"")),
+        "{metrics}"
+    );
+    // Waiting the whole deadline for an instance that will not come would cost
+    // every request 25 ms.
+    let mut waits: Vec<f64> = hostile_records(&d).into_iter().map(|(_, us, _)| us).collect();
+    waits.sort_by(f64::total_cmp);
+    let median = waits[waits.len() / 2];
+    assert!(median < 10_000.0, "the median request waited {median} µs for an instance");
+}
+
+/// A third-party `affinity.wasm` is not `builtin:affinity`: its state scope is
+/// its own, so emptying it leaves the built-in's session bindings alone — and
+/// the built-in keeps them across a reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_named_like_a_builtin_has_a_state_scope_of_its_own() {
+    let mock = MockUpstream::start().await;
+    let dir = tempdir::Dir::new("scopes");
+    let impostor = dir.0.join("affinity.wasm");
+    std::fs::copy(misbehave(), &impostor).unwrap();
+    let path = dir.0.join("poolgate.toml");
+    // The impostor runs first: sharing the built-in's scope, it would empty
+    // the session bindings before every ranking.
+    let stages = format!(
+        "[[policy.chain]]\nplugin = \"{}\"\nname = \"hostile\"\nconfig = {{ fault = \"state-clobber\" }}\n\n\
+         [[policy.chain]]\nplugin = \"builtin:affinity\"\n",
+        impostor.display()
+    );
+    let gw = start(&mock, dir, &stages);
+    let client = Gateway::client();
+    let send = |session: &'static str| {
+        let (client, url) = (client.clone(), gw.url.clone());
+        async move {
+            let r = client
+                .post(format!("{url}/v1/messages"))
+                .header("anthropic-version", "2023-06-01")
+                .header("x-claude-code-session-id", session)
+                .json(&support::message(MODEL, false))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let reason = header(&r, "x-poolgate-reason");
+            let _ = r.bytes().await;
+            reason
+        }
+    };
+    // The first request binds the session (in `observe`); every later one
+    // finds the binding, though the impostor empties its own scope each time.
+    send("s-1").await;
+    for i in 0..3 {
+        assert_eq!(send("s-1").await, "session_affinity", "request {i}: the binding was evicted by another plugin");
+    }
+    // A reload (same plugins, a changed option): the binding is still there.
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace(
+            "plugin = \"builtin:affinity\"\n",
+            "plugin = \"builtin:affinity\"\nconfig = { idle_ttl_ms = 7200000 }\n",
+        ),
+    )
+    .unwrap();
+    let r = Gateway::client().post(format!("{}/admin/reload", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    assert_eq!(send("s-1").await, "session_affinity", "the binding did not survive the reload");
 }

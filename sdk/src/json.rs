@@ -17,6 +17,7 @@
 //! assert_eq!(v.to_string(), r#"{"floor":0.1,"buckets":{"oi":"fable"},"name":"café"}"#);
 //! ```
 
+use std::collections::BTreeSet;
 use std::fmt;
 
 /// A JSON value. Objects keep their keys in document order.
@@ -260,6 +261,9 @@ fn write_string(f: &mut fmt::Formatter<'_>, s: &str) -> fmt::Result {
 
 /// Nesting deeper than this is refused rather than risking the stack.
 const MAX_DEPTH: usize = 128;
+/// Objects up to this many keys check for a duplicate by scanning; larger ones
+/// keep their keys in a set, so reading `n` keys costs `n log n`, not `n²`.
+const LINEAR_KEYS: usize = 16;
 
 struct Parser<'t> {
     text: &'t str,
@@ -332,6 +336,9 @@ impl Parser<'_> {
     fn object(&mut self, depth: usize) -> Result<Value, String> {
         self.at += 1; // `{`
         let mut entries: Vec<(String, Value)> = Vec::new();
+        // The keys seen, once there are more than a handful: a linear scan per
+        // key would make a table of 30,000 keys take seconds to read.
+        let mut seen: Option<BTreeSet<String>> = None;
         self.whitespace();
         if self.peek() == Some(b'}') {
             self.at += 1;
@@ -344,7 +351,17 @@ impl Parser<'_> {
             }
             let key_at = self.at;
             let key = self.string()?;
-            if entries.iter().any(|(k, _)| *k == key) {
+            let duplicate = match &mut seen {
+                Some(seen) => !seen.insert(key.clone()),
+                None if entries.len() < LINEAR_KEYS => entries.iter().any(|(k, _)| *k == key),
+                None => {
+                    let mut keys: BTreeSet<String> = entries.iter().map(|(k, _)| k.clone()).collect();
+                    let fresh = keys.insert(key.clone());
+                    seen = Some(keys);
+                    !fresh
+                }
+            };
+            if duplicate {
                 self.at = key_at;
                 return Err(self.error(&format!("duplicate key `{key}`")));
             }
@@ -599,6 +616,25 @@ mod tests {
         let deep = "[".repeat(200) + &"]".repeat(200);
         assert!(refused(&deep).contains("nesting deeper than 128"));
         assert_eq!(parse(&("[".repeat(100) + &"]".repeat(100))).as_array().map(|a| a.len()), Some(1));
+    }
+
+    #[test]
+    fn a_table_of_many_keys_is_read_in_n_log_n_and_its_duplicates_found() {
+        let n = 30_000;
+        let body: Vec<String> = (0..n).map(|i| format!("\"k{i}\": {i}")).collect();
+        let text = format!("{{{}}}", body.join(", "));
+        // A linear scan per key took 1.6 s for this in a release build (a
+        // figure, not an assertion: speed is measured in benchmarks).
+        let v = parse(&text);
+        assert_eq!(v.as_object().map(<[_]>::len), Some(n));
+        assert_eq!(v.get("k29999").and_then(Value::as_u64), Some(29_999));
+        // A duplicate past the first few keys, and one among them, are named
+        // where they are, as before.
+        let late = format!("{{{}, \"k7\": 0}}", body[..40].join(", "));
+        let column = late.len() - "\"k7\": 0}".len() + 1;
+        assert_eq!(refused(&late), format!("duplicate key `k7` at line 1, column {column}"));
+        let early = format!("{{{}, \"k2\": 0}}", body[..5].join(", "));
+        assert!(refused(&early).starts_with("duplicate key `k2` at line 1"), "{}", refused(&early));
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             std::sync::Arc::new(crate::policy::MemoryState::with_limits(config.state_limits()));
         let metrics = std::sync::Arc::new(crate::gateway::metrics::Metrics::default());
         let accounts = Default::default();
-        let build = Generation::build(1, config, &engine, &state, &accounts, &metrics);
+        let build = Generation::build(1, config, &engine, &state, &accounts, &metrics, None);
         match tokio::time::timeout(bound, build).await {
             Ok(r) => r,
             Err(_) => Err(anyhow::anyhow!("loading the configuration took longer than {} s", bound.as_secs())),

@@ -87,7 +87,7 @@ pub const COOLDOWNS: &[Field] = &[
 
 /// `[policy.breaker]`.
 pub const BREAKER: &[Field] = &[
-    f("failures", Kind::Int(0, 1_000_000)),
+    f("failures", Kind::Int(0, crate::policy::breaker::MAX_FAILURES as i64)),
     f("cooldown_ms", Kind::Int(0, MS_DAY)),
     f("max_cooldown_ms", Kind::Int(0, MS_DAY)),
 ];

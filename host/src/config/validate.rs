@@ -344,6 +344,29 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<super::
             None
         }
     };
+    let mut names: HashMap<String, usize> = HashMap::new();
+    for (i, st) in config.policy.chain.iter().enumerate() {
+        // A stage's name travels in a response header (`x-poolgate-policy-error:
+        // <stage>:<cause>`), log fields and metric labels, and tells stages apart
+        // in decisions and `/status`.
+        let (name, key) = match &st.name {
+            Some(n) => (n.as_str(), format!("policy.chain[{i}].name")),
+            None => (st.plugin.as_str(), format!("policy.chain[{i}].plugin")),
+        };
+        let named = if st.name.is_some() { "" } else { " (a stage without `name` is named by its plugin; set `name`)" };
+        if let Err(why) = check_stage_name(name) {
+            add(key, format!("{why}{named}"));
+        } else if let Some(first) = names.insert(name.to_string(), i) {
+            add(
+                key,
+                format!(
+                    "duplicate stage name `{name}` (also policy.chain[{first}]): stages are told apart by name in \
+                     decisions, /status and metrics{}",
+                    if st.name.is_some() { "" } else { "; give each a `name`" }
+                ),
+            );
+        }
+    }
     let builtins = crate::policy::builtin_names();
     for (i, st) in config.policy.chain.iter().enumerate() {
         let here = format!("policy.chain[{i}].plugin");
@@ -384,6 +407,33 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<super::
             Err(Problems { file: file.to_string(), items })
         }
     }
+}
+
+/// Longest stage name accepted.
+pub const MAX_STAGE_NAME_BYTES: usize = 256;
+
+/// Whether `name` can name a stage: non-empty, printable ASCII (it travels in a
+/// response header, where anything else is dropped, and in log lines, where a
+/// line break would forge one), no space at either end, and at most
+/// [`MAX_STAGE_NAME_BYTES`] long.
+pub fn check_stage_name(name: &str) -> Result<(), String> {
+    if name.trim().is_empty() {
+        return Err("a stage name must not be empty".into());
+    }
+    if let Some(c) = name.chars().find(|c| !(' '..='~').contains(c)) {
+        return Err(format!(
+            "a stage name is printable ASCII (it travels in the x-poolgate-policy-error header and in log lines); \
+             this one holds {}",
+            c.escape_default()
+        ));
+    }
+    if name.trim() != name {
+        return Err(format!("a stage name must not start or end with a space: `{name}`"));
+    }
+    if name.len() > MAX_STAGE_NAME_BYTES {
+        return Err(format!("a stage name is at most {MAX_STAGE_NAME_BYTES} bytes; this one is {}", name.len()));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -459,6 +509,47 @@ plugin = "/nonexistent/x.wasm"
         assert!(all.contains("accounts[1].base_url@Some(9)"), "{all}");
         assert!(all.contains("policy.chain[0].plugin@Some(12): unknown built-in `builtin:nope`"), "{all}");
         assert!(all.contains("policy.chain[1].plugin@Some(15): no plugin file at /nonexistent/x.wasm"), "{all}");
+    }
+
+    #[test]
+    fn stage_names_are_checked_and_named_by_their_key() {
+        let text = "[[policy.chain]]\nplugin = \"builtin:headroom\"\nname = \"evil\\n2026-01-01 ERROR forged\"\n\n\
+                    [[policy.chain]]\nplugin = \"builtin:headroom\"\nname = \"\"\n\n\
+                    [[policy.chain]]\nplugin = \"builtin:spill\"\nname = \"same\"\n\n\
+                    [[policy.chain]]\nplugin = \"builtin:affinity\"\nname = \"same\"\n\n\
+                    [[policy.chain]]\nplugin = \"builtin:fill-first\"\n\n\
+                    [[policy.chain]]\nplugin = \"builtin:fill-first\"\n\n\
+                    [[policy.chain]]\nplugin = \"builtin:headroom\"\nname = \"ステージ\\u202e\"\n";
+        let p = problems(text);
+        let all = p.join("\n");
+        assert_eq!(p.len(), 5, "{all}");
+        assert!(all.contains("policy.chain[0].name@Some(3): a stage name is printable ASCII"), "{all}");
+        assert!(all.contains("this one holds \\n"), "{all}");
+        assert!(all.contains("policy.chain[1].name@Some(7): a stage name must not be empty"), "{all}");
+        assert!(
+            all.contains("policy.chain[3].name@Some(15): duplicate stage name `same` (also policy.chain[2])"),
+            "{all}"
+        );
+        assert!(
+            all.contains(
+                "policy.chain[5].plugin@Some(21): duplicate stage name `builtin:fill-first` (also policy.chain[4])"
+            ) && all.contains("give each a `name`"),
+            "{all}"
+        );
+        assert!(all.contains("policy.chain[6].name@Some(25): a stage name is printable ASCII"), "{all}");
+        assert!(check_stage_name("hostile").is_ok() && check_stage_name("builtin:headroom").is_ok());
+        assert!(check_stage_name(" padded").is_err() && check_stage_name(&"n".repeat(257)).is_err());
+    }
+
+    #[test]
+    fn breaker_failures_are_within_what_the_breaker_counts() {
+        let p = problems("[policy.breaker]\nfailures = 10001\n");
+        assert!(
+            p.iter()
+                .any(|s| s.starts_with("policy.breaker.failures@Some(2): 10001 is out of range; allowed: 0 to 10000")),
+            "{p:?}"
+        );
+        assert!(problems("[policy.breaker]\nfailures = 40\n").is_empty());
     }
 
     #[test]

@@ -53,7 +53,9 @@ pub struct Generation {
 
 impl Generation {
     /// Loads `config`. Every problem with credentials is reported at once; the
-    /// chain is compiled, instantiated, configured and smoke-ranked.
+    /// chain is compiled, instantiated, configured and smoke-ranked — except
+    /// the stages it keeps from the `previous` chain, unchanged (see
+    /// [`Chain::load_reusing`]).
     pub async fn build(
         number: u64,
         config: Config,
@@ -61,6 +63,7 @@ impl Generation {
         plugin_state: &Arc<dyn StateStore>,
         states: &Mutex<HashMap<String, Arc<AccountState>>>,
         metrics: &Arc<Metrics>,
+        previous: Option<&Chain>,
     ) -> Result<Generation> {
         // Secrets were read when the file was loaded; a config built in code is
         // resolved now.
@@ -90,7 +93,9 @@ impl Generation {
         }
         let pool: Vec<AccountInfo> =
             enabled.iter().map(|(c, _, _)| view::pool_entry(&c.id, c.alias(), c.primary)).collect();
-        let chain = Chain::load(engine, config.stage_specs()?, pool, plugin_state.clone(), config.breaker()).await?;
+        let chain =
+            Chain::load_reusing(engine, config.stage_specs()?, pool, plugin_state.clone(), config.breaker(), previous)
+                .await?;
         let sink = metrics.clone();
         chain.set_sink(Arc::new(move |stage: &str, phase: Phase, fault: &Fault| {
             sink.policy_error(stage, phase, fault.cause.as_str())

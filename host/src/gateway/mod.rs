@@ -132,7 +132,7 @@ impl Gateway {
         let states = Mutex::new(HashMap::new());
         let metrics = Arc::new(metrics::Metrics::default());
         engine.set_compile_limits(config.compile_limits());
-        let first = Generation::build(1, config, &engine, &plugin_state, &states, &metrics).await?;
+        let first = Generation::build(1, config, &engine, &plugin_state, &states, &metrics, None).await?;
         let decisions = decisions::DecisionLog::new(first.config.server.decisions_kept);
         Ok(Arc::new(Gateway {
             current: ArcSwap::from_pointee(first),
@@ -192,7 +192,16 @@ impl Gateway {
         let limits = config.compile_limits();
         self.engine.set_compile_limits(limits);
         let bound = limits.timeout + RELOAD_TIMEOUT;
-        let build = Generation::build(number, config, &self.engine, &self.plugin_state, &self.states, &self.metrics);
+        let running = self.generation();
+        let build = Generation::build(
+            number,
+            config,
+            &self.engine,
+            &self.plugin_state,
+            &self.states,
+            &self.metrics,
+            Some(&running.chain),
+        );
         let built = match tokio::time::timeout(bound, build).await {
             Ok(r) => r,
             Err(_) => {

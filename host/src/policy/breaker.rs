@@ -16,18 +16,36 @@
 //! a late failure does not stretch the cool-off, a late success does not close
 //! it.
 //!
+//! A probe's ticket releases itself whatever happens to the call. A probe that
+//! never reaches the plugin — every instance was busy (a `busy` skip, not the
+//! plugin's fault), or its request went away mid-call (the future was dropped)
+//! — hands the probe back when the ticket is dropped: nothing is counted, and
+//! the next request probes instead. Without that the breaker would stay
+//! half-open with a probe that never reports, bypassing a healthy stage until
+//! the next reload.
+//!
+//! The window of `2 × failures` calls is sized from `failures` (up to
+//! [`MAX_FAILURES`], the range the config accepts), so any `failures` the
+//! operator sets can be reached: a window capped below it would disable the
+//! breaker without a word.
+//!
 //! Time is the request's `now-ms`, like everything else the chain decides on.
 
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use serde::Serialize;
 
+/// The most `failures` a breaker counts to (`[policy.breaker] failures`
+/// accepts 0 to this): a window of `2 ×` this many calls, 2.5 KiB per phase.
+pub const MAX_FAILURES: u32 = 10_000;
+
 /// Breaker settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BreakerConfig {
     /// Failures (of one phase, among its last `2 ×` this many calls) that open
-    /// the breaker (0 disables it).
+    /// the breaker (0 disables it; more than [`MAX_FAILURES`] counts as that).
     pub failures: u32,
     /// First cool-off.
     pub cooldown_ms: u64,
@@ -68,26 +86,52 @@ impl Phase {
     }
 }
 
-/// The last calls of one phase: a bit per call, 1 for a failure, newest lowest.
-#[derive(Debug, Default, Clone, Copy)]
+/// The last calls of one phase: a ring of one bit per call, 1 for a failure,
+/// with the failures among them and the current run of failures counted as
+/// calls come in (so `failures` and `in_a_row` cost nothing to read).
+#[derive(Debug, Default, Clone)]
 struct Window {
-    bits: u32,
+    /// The ring; allocated at the first call recorded, `size` bits.
+    bits: Vec<u64>,
+    /// Where the next call goes.
+    next: usize,
+    /// Calls held (at most the window's size).
     len: u32,
+    failures: u32,
+    in_a_row: u32,
 }
 
 impl Window {
     fn push(&mut self, failed: bool, size: u32) {
-        let mask = if size >= 32 { u32::MAX } else { (1u32 << size) - 1 };
-        self.bits = ((self.bits << 1) | failed as u32) & mask;
-        self.len = (self.len + 1).min(size);
+        let size = size.max(1) as usize;
+        if self.bits.len() * 64 < size {
+            self.bits = vec![0; size.div_ceil(64)];
+            (self.next, self.len, self.failures) = (0, 0, 0);
+        }
+        let (word, bit) = (self.next / 64, self.next % 64);
+        if self.len as usize >= size {
+            // Full: the oldest call, at `next`, leaves the window.
+            self.failures -= ((self.bits[word] >> bit) & 1) as u32;
+        } else {
+            self.len += 1;
+        }
+        if failed {
+            self.bits[word] |= 1 << bit;
+            self.failures += 1;
+            self.in_a_row = self.in_a_row.saturating_add(1);
+        } else {
+            self.bits[word] &= !(1 << bit);
+            self.in_a_row = 0;
+        }
+        self.next = (self.next + 1) % size;
     }
 
     fn failures(&self) -> u32 {
-        self.bits.count_ones()
+        self.failures
     }
 
     fn in_a_row(&self) -> u32 {
-        self.bits.trailing_ones()
+        self.in_a_row
     }
 }
 
@@ -102,18 +146,54 @@ struct State {
 }
 
 /// What admitted a `rank` call: whether it is the probe of a half-open
-/// breaker, and the state it was admitted in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ticket {
+/// breaker, and the state it was admitted in. Hand it back with the call's
+/// result ([`Breaker::record`]); a probe's ticket dropped without a result (the
+/// call found no free instance, or its request went away) hands the probe back
+/// without counting anything, so the next request probes.
+pub struct Ticket<'b> {
+    breaker: &'b Breaker,
     era: u64,
     probe: bool,
 }
 
+impl Ticket<'_> {
+    /// Whether this call is the probe of a half-open breaker.
+    pub fn is_probe(&self) -> bool {
+        self.probe
+    }
+
+    /// The ticket's state, settling it (its drop then releases nothing).
+    fn settle(self) -> (u64, bool) {
+        let t = ManuallyDrop::new(self);
+        (t.era, t.probe)
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if self.probe {
+            self.breaker.release_probe(self.era);
+        }
+    }
+}
+
+impl std::fmt::Debug for Ticket<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket").field("era", &self.era).field("probe", &self.probe).finish()
+    }
+}
+
+impl PartialEq for Ticket<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.breaker, other.breaker) && (self.era, self.probe) == (other.era, other.probe)
+    }
+}
+
 /// What the breaker says about one call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admit {
+#[derive(Debug, PartialEq)]
+pub enum Admit<'b> {
     /// Call the stage; hand the ticket back with the result.
-    Call(Ticket),
+    Call(Ticket<'b>),
     /// Bypass it until this time.
     Bypass(u64),
 }
@@ -145,27 +225,44 @@ pub struct Breaker {
 
 impl Breaker {
     /// A closed breaker.
-    pub fn new(config: BreakerConfig) -> Self {
+    pub fn new(mut config: BreakerConfig) -> Self {
+        config.failures = config.failures.min(MAX_FAILURES);
         Breaker { config, state: Mutex::default(), clean: AtomicBool::new(true), era: AtomicU64::new(0) }
     }
 
+    /// The breaker's settings.
+    pub fn config(&self) -> BreakerConfig {
+        self.config
+    }
+
+    /// Calls of one phase the breaker looks back over: `2 × failures`.
     fn window_size(&self) -> u32 {
-        self.config.failures.saturating_mul(2).clamp(1, 32)
+        self.config.failures.saturating_mul(2).max(1)
     }
 
     /// Whether to call the stage's `rank` at `now`.
-    pub fn admit(&self, now: u64) -> Admit {
+    pub fn admit(&self, now: u64) -> Admit<'_> {
         if self.clean.load(Ordering::Acquire) {
-            return Admit::Call(Ticket { era: self.era.load(Ordering::Acquire), probe: false });
+            return Admit::Call(Ticket { breaker: self, era: self.era.load(Ordering::Acquire), probe: false });
         }
         let mut s = self.state.lock();
         match s.open_until {
-            None => Admit::Call(Ticket { era: s.era, probe: false }),
+            None => Admit::Call(Ticket { breaker: self, era: s.era, probe: false }),
             Some(until) if now >= until && !s.probing => {
                 s.probing = true;
-                Admit::Call(Ticket { era: s.era, probe: true })
+                Admit::Call(Ticket { breaker: self, era: s.era, probe: true })
             }
             Some(until) => Admit::Bypass(until),
+        }
+    }
+
+    /// A probe ended without a result: the next request may probe. Nothing is
+    /// counted and the cool-off stands (it has passed, or there would have been
+    /// no probe).
+    fn release_probe(&self, era: u64) {
+        let mut s = self.state.lock();
+        if s.era == era && s.probing {
+            s.probing = false;
         }
     }
 
@@ -177,15 +274,16 @@ impl Breaker {
 
     /// Records the result of a call of `phase` at `now`; a `rank` result hands
     /// back the ticket it was admitted with.
-    pub fn record(&self, phase: Phase, ok: bool, now: u64, ticket: Option<Ticket>) {
+    pub fn record(&self, phase: Phase, ok: bool, now: u64, ticket: Option<Ticket<'_>>) {
+        let ticket = ticket.map(Ticket::settle);
         if ok && self.clean.load(Ordering::Acquire) {
             return;
         }
         let mut s = self.state.lock();
         let size = self.window_size();
-        if let Some(t) = ticket {
-            let current = t.era == s.era;
-            if t.probe && current {
+        if let Some((era, probe)) = ticket {
+            let current = era == s.era;
+            if probe && current {
                 s.probing = false;
                 s.era += 1;
                 if ok {
@@ -259,7 +357,7 @@ mod tests {
         Breaker::new(BreakerConfig { failures: 3, cooldown_ms: 1000, max_cooldown_ms: 3000 })
     }
 
-    fn call(b: &Breaker, now: u64) -> Ticket {
+    fn call(b: &Breaker, now: u64) -> Ticket<'_> {
         match b.admit(now) {
             Admit::Call(t) => t,
             Admit::Bypass(u) => panic!("bypassed until {u} at {now}"),
@@ -310,18 +408,110 @@ mod tests {
     #[test]
     fn late_results_of_calls_admitted_before_it_opened_change_nothing() {
         let b = breaker();
-        let late: Vec<Ticket> = (0..4).map(|t| call(&b, t)).collect();
-        for (t, ticket) in late.iter().take(3).enumerate() {
-            b.record(Phase::Rank, false, t as u64, Some(*ticket));
+        let mut late: Vec<Ticket> = (0..5).map(|t| call(&b, t)).collect();
+        let (success, failure) = (late.pop().unwrap(), late.pop().unwrap());
+        for (t, ticket) in late.into_iter().enumerate() {
+            b.record(Phase::Rank, false, t as u64, Some(ticket));
         }
         assert_eq!(b.admit(5), Admit::Bypass(1002));
         // A failure admitted before the trip does not stretch the cool-off,
         // and neither does a success close it.
-        b.record(Phase::Rank, false, 6, Some(late[3]));
+        b.record(Phase::Rank, false, 6, Some(failure));
         assert_eq!(b.admit(7), Admit::Bypass(1002));
-        b.record(Phase::Rank, true, 8, Some(late[3]));
+        b.record(Phase::Rank, true, 8, Some(success));
         assert_eq!(b.admit(9), Admit::Bypass(1002));
         assert_eq!(b.status(9).trips, 1);
+    }
+
+    /// Opens `b` (3 failures at 0..3): its first probe is due at 1002.
+    fn open(b: &Breaker) {
+        for t in 0..3 {
+            let ticket = call(b, t);
+            b.record(Phase::Rank, false, t, Some(ticket));
+        }
+        assert_eq!(b.admit(10), Admit::Bypass(1002));
+    }
+
+    #[test]
+    fn a_probe_whose_call_is_dropped_lets_the_next_request_probe() {
+        let b = breaker();
+        open(&b);
+        // The request carrying the probe goes away mid-call: its future, and the
+        // ticket in it, are dropped without a result.
+        let probe = call(&b, 1002);
+        assert!(probe.is_probe());
+        assert_eq!(b.admit(1003), Admit::Bypass(1002), "one probe at a time");
+        drop(probe);
+        // Nothing was counted: still half-open, same trips, and the next
+        // request is the probe.
+        assert_eq!((b.status(1004).state, b.status(1004).trips), ("half-open", 1));
+        let probe = call(&b, 1004);
+        assert!(probe.is_probe());
+        assert_eq!(b.admit(1005), Admit::Bypass(1002));
+        b.record(Phase::Rank, true, 1005, Some(probe));
+        assert_eq!(b.status(1006).state, "closed");
+        assert!(!call(&b, 1006).is_probe());
+    }
+
+    #[test]
+    fn a_probe_that_found_no_free_instance_is_not_a_failure() {
+        let events = super::super::events::StageEvents::new("s", BreakerConfig { failures: 3, ..breaker().config });
+        let b = &events.breaker;
+        open(b);
+        let busy = super::super::fault::Fault::busy("no warm instance was free within 25 ms");
+        for now in [1002, 1003, 1004] {
+            let probe = call(b, now);
+            assert!(probe.is_probe(), "at {now}");
+            events.failed(Phase::Rank, &busy, now, Some(probe));
+        }
+        // Three busy probes: the cool-off did not grow, the breaker did not
+        // reopen, and a probe that reaches the plugin still closes it.
+        assert_eq!((b.status(1005).open_until_ms, b.status(1005).trips), (Some(1002), 1));
+        let probe = call(b, 1005);
+        events.succeeded(Phase::Rank, 1005, Some(probe));
+        assert_eq!(b.status(1006).state, "closed");
+    }
+
+    #[test]
+    fn any_failure_count_the_config_accepts_opens_it() {
+        for failures in [1, 16, 17, 32, 33, 40, 500, MAX_FAILURES] {
+            let b = Breaker::new(BreakerConfig { failures, cooldown_ms: 1000, max_cooldown_ms: 1000 });
+            for t in 0..u64::from(failures) - 1 {
+                let ticket = call(&b, t);
+                b.record(Phase::Rank, false, t, Some(ticket));
+            }
+            assert!(matches!(b.admit(100_000), Admit::Call(_)), "{failures}: opened one failure early");
+            let ticket = call(&b, 100_000);
+            b.record(Phase::Rank, false, 100_000, Some(ticket));
+            assert_eq!(b.admit(100_001), Admit::Bypass(101_000), "{failures} failures did not open it");
+        }
+        // Failing every other call: `failures` failures among `2 × failures`.
+        let b = Breaker::new(BreakerConfig { failures: 40, cooldown_ms: 1000, max_cooldown_ms: 1000 });
+        for t in 0..79 {
+            let ticket = call(&b, t);
+            b.record(Phase::Rank, t % 2 == 0, t, Some(ticket));
+        }
+        assert!(matches!(b.admit(79), Admit::Call(_)), "39 failures");
+        let ticket = call(&b, 79);
+        b.record(Phase::Rank, false, 79, Some(ticket));
+        assert_eq!(b.admit(80), Admit::Bypass(1079));
+        // Past the range, it counts as the most it can.
+        let b = Breaker::new(BreakerConfig { failures: u32::MAX, ..Default::default() });
+        assert_eq!(b.config.failures, MAX_FAILURES);
+    }
+
+    #[test]
+    fn the_window_forgets_old_failures() {
+        let b = breaker();
+        // Two failures, then four successes: the failures left the window of 6.
+        for (t, ok) in [false, false, true, true, true, true].into_iter().enumerate() {
+            let ticket = call(&b, t as u64);
+            b.record(Phase::Rank, ok, t as u64, Some(ticket));
+        }
+        let ticket = call(&b, 6);
+        b.record(Phase::Rank, false, 6, Some(ticket));
+        assert!(matches!(b.admit(7), Admit::Call(_)));
+        assert_eq!(b.status(7).consecutive_failures, 1);
     }
 
     #[test]

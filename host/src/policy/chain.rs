@@ -11,6 +11,7 @@
 //! never looks healthy. And whatever the stages do, the chain never drops every
 //! usable account (the last-path safety valve).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,8 +22,9 @@ use super::breaker::{Admit, BreakerConfig, BreakerStatus, Phase};
 use super::decision::{Decision, Order, POOL_ORDER, PolicyError, ROUTING_POLICY_ERROR, StageRecord};
 use super::engine::PolicyEngine;
 use super::events::{FaultSink, PhaseHealth, StageEvents};
-use super::fault::{Cause, Fault};
+use super::fault::{Cause, Fault, escape_controls};
 use super::plugin::{Plugin, PluginSpec};
+use super::pool::CallTimes;
 use super::state::StateStore;
 
 /// What the chain ranks: the candidate accounts (each `id` a pool index) and
@@ -46,7 +48,9 @@ pub struct StageSpec {
 
 struct Stage {
     name: String,
-    plugin: Plugin,
+    /// Shared with the next generation's chain when a reload leaves the
+    /// stage as it was.
+    plugin: Arc<Plugin>,
     events: Arc<StageEvents>,
 }
 
@@ -68,12 +72,20 @@ pub struct StageStatus {
     pub sha256: String,
     /// The breaker.
     pub breaker: BreakerStatus,
+    /// Warm instances the pool keeps (`[policy] instances`).
+    pub instances: usize,
     /// Warm instances ready for reuse.
     pub idle_instances: usize,
     /// Instances alive (idle, in a call, or being built).
     pub live_instances: usize,
     /// Memory held by the idle instances, bytes.
     pub idle_memory_bytes: usize,
+    /// How long its calls hold an instance, on average (ms): with
+    /// `instances`, what decides whether a request finds one free.
+    pub call_ms: CallTimes,
+    /// Whether the last call that waited for an instance found none in time
+    /// (later calls then wait at most 1 ms; see [`super::pool`]).
+    pub saturated: bool,
     /// Failures of `rank`, since the stage was loaded.
     pub rank: PhaseHealth,
     /// Failures of `observe`.
@@ -91,13 +103,43 @@ impl Chain {
         state: Arc<dyn StateStore>,
         breaker: BreakerConfig,
     ) -> Result<Chain> {
+        Self::load_reusing(engine, specs, pool, state, breaker, None).await
+    }
+
+    /// As [`Chain::load`], keeping every stage of `previous` that the new
+    /// configuration leaves as it was: same name, plugin bytes, options,
+    /// scope, limits, instances, breaker settings and pool. A kept stage keeps
+    /// its warm instances and its breaker; nothing of it is configured again —
+    /// so a reload that changes an account's settings, or none at all (a file
+    /// saved twice), never waits for a plugin's `configure`.
+    pub async fn load_reusing(
+        engine: &Arc<PolicyEngine>,
+        specs: Vec<StageSpec>,
+        pool: Vec<AccountInfo>,
+        state: Arc<dyn StateStore>,
+        breaker: BreakerConfig,
+        previous: Option<&Chain>,
+    ) -> Result<Chain> {
         let mut stages = Vec::with_capacity(specs.len());
         for (i, spec) in specs.into_iter().enumerate() {
+            let context = || format!("policy.chain[{i}] (`{}`)", spec.name);
+            let read = Plugin::read(&spec.plugin.plugin).await.with_context(context)?;
+            let kept = previous.and_then(|p| {
+                p.stages.iter().find(|s| {
+                    s.name == spec.name
+                        && s.events.breaker.config() == breaker
+                        && s.plugin.is_built_from(&spec.plugin, &read.1, &pool)
+                })
+            });
+            if let Some(kept) = kept {
+                stages.push(Stage { name: spec.name, plugin: kept.plugin.clone(), events: kept.events.clone() });
+                continue;
+            }
             let events = StageEvents::new(&spec.name, breaker);
-            let plugin = Plugin::load_with(engine, spec.plugin, pool.clone(), state.clone(), events.clone())
+            let plugin = Plugin::load_with(engine, spec.plugin, read, pool.clone(), state.clone(), events.clone())
                 .await
-                .with_context(|| format!("policy.chain[{i}] (`{}`)", spec.name))?;
-            stages.push(Stage { name: spec.name, plugin, events });
+                .with_context(context)?;
+            stages.push(Stage { name: spec.name, plugin: Arc::new(plugin), events });
         }
         let ids = pool.iter().map(|a| a.id.clone()).collect();
         Ok(Chain { stages, pool: Arc::new(pool), ids })
@@ -139,9 +181,12 @@ impl Chain {
                 plugin: s.plugin.label().to_string(),
                 sha256: s.plugin.sha256().to_string(),
                 breaker: s.events.breaker.status(now_ms),
+                instances: s.plugin.target_instances(),
                 idle_instances: s.plugin.idle_instances(),
                 live_instances: s.plugin.live_instances(),
                 idle_memory_bytes: s.plugin.idle_memory_bytes(),
+                call_ms: s.plugin.call_times(),
+                saturated: s.plugin.saturated(),
                 rank: s.events.health(Phase::Rank),
                 observe: s.events.health(Phase::Observe),
                 configure: s.events.health(Phase::Configure),
@@ -180,6 +225,9 @@ impl Chain {
                 bypassed: None,
                 safety_valve: false,
             };
+            // The breaker's ticket lives as long as the call: if this future is
+            // dropped mid-call (the request went away), dropping it hands a
+            // probe back to the breaker.
             let mut ticket = None;
             let outcome = match stage.events.breaker.admit(req.now_ms) {
                 Admit::Bypass(until) => {
@@ -198,16 +246,23 @@ impl Chain {
                         .await
                         .and_then(|r| validate_answer(&r, current.len()).map(|()| r));
                     if outcome.is_ok() {
-                        stage.events.succeeded(Phase::Rank, req.now_ms, ticket);
+                        stage.events.succeeded(Phase::Rank, req.now_ms, ticket.take());
                     }
                     outcome
                 }
             };
             match outcome {
-                Ok(ranking) => {
+                Ok(mut ranking) => {
                     let (next, valve) = apply(current, &ranking.order);
                     current = next;
                     record.safety_valve = valve;
+                    // The detail is the plugin's free text, and the decision
+                    // record is logged: escaped like everything a guest says.
+                    if let Some(d) = &mut ranking.detail
+                        && let Cow::Owned(escaped) = escape_controls(d)
+                    {
+                        *d = escaped;
+                    }
                     if !ranking.reason.is_empty() {
                         reason = ranking.reason.clone();
                         detail = ranking.detail.clone();
@@ -216,7 +271,7 @@ impl Chain {
                     record.detail = ranking.detail;
                 }
                 Err(fault) => {
-                    stage.events.failed(Phase::Rank, &fault, req.now_ms, ticket);
+                    stage.events.failed(Phase::Rank, &fault, req.now_ms, ticket.take());
                     if fault.cause != Cause::Bypassed {
                         tracing::warn!(stage = %stage.name, cause = fault.cause.as_str(), message = %fault.message, "routing_policy_error: stage skipped");
                     }
@@ -283,9 +338,17 @@ pub const MAX_REASON_BYTES: usize = 128;
 /// Longest `detail` a stage may give.
 pub const MAX_DETAIL_BYTES: usize = 4096;
 
+/// Reasons only the host gives: `pool_order` (no stage decided) and
+/// `routing_policy_error` (a stage failed, and the decision records why). A
+/// stage answering one of them would claim what did not happen — an error with
+/// none recorded, or no decision where there was one — so the answer is
+/// invalid output.
+pub const RESERVED_REASONS: [&str; 2] = [POOL_ORDER, ROUTING_POLICY_ERROR];
+
 /// Checks a stage's whole answer: its order (see [`validate_order`]), a reason
 /// short enough and plain enough (printable ASCII) to travel in a response
-/// header, and a detail within its limit.
+/// header and not one the host reserves ([`RESERVED_REASONS`]), and a detail
+/// within its limit.
 pub fn validate_answer(r: &Ranking, n: usize) -> Result<(), Fault> {
     validate_order(&r.order, n)?;
     let invalid = |m: String| Err(Fault::new(Cause::InvalidOutput, m));
@@ -294,6 +357,14 @@ pub fn validate_answer(r: &Ranking, n: usize) -> Result<(), Fault> {
     }
     if let Some(c) = r.reason.chars().find(|c| !(' '..='~').contains(c)) {
         return invalid(format!("reason holds {c:?}; a reason is printable ASCII (it travels in a header)"));
+    }
+    if RESERVED_REASONS.contains(&r.reason.as_str()) {
+        return invalid(format!(
+            "reason `{}` is reserved for the host (it means {}); answer a reason of your own, or \"\" to leave the \
+             current one",
+            r.reason,
+            if r.reason == POOL_ORDER { "no stage decided" } else { "a stage failed" }
+        ));
     }
     if let Some(d) = &r.detail
         && d.len() > MAX_DETAIL_BYTES
@@ -364,5 +435,11 @@ mod tests {
         assert!(msg(ranking("a\r\nx-evil: 1", None)).contains("printable ASCII"));
         assert!(msg(ranking("naïve", None)).contains("printable ASCII"));
         assert_eq!(msg(ranking("ok", Some("d".repeat(4097)))), "detail is 4097 bytes, over the limit of 4096");
+        for reserved in RESERVED_REASONS {
+            let f = validate_answer(&ranking(reserved, None), 1).unwrap_err();
+            assert_eq!(f.cause, Cause::InvalidOutput);
+            assert!(f.message.contains("is reserved for the host"), "{}", f.message);
+        }
+        assert!(validate_answer(&ranking("routing_policy_error_free", None), 1).is_ok());
     }
 }

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use super::breaker::{Breaker, BreakerConfig, Phase, Ticket};
 use super::decision::PolicyError;
-use super::fault::Fault;
+use super::fault::{Cause, Fault};
 
 /// Receives every stage failure as it happens: (stage, phase, fault).
 pub type FaultSink = Arc<dyn Fn(&str, Phase, &Fault) + Send + Sync>;
@@ -30,11 +30,18 @@ const MAX_PENDING: usize = 16;
 /// Failures of one phase, for `/status`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PhaseHealth {
-    /// Failures since the stage was loaded.
+    /// Failures since the stage was loaded (the plugin's own: trap, timeout,
+    /// oom, error, invalid output, host).
     pub failures: u64,
     /// The last failure, if any, with its time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last: Option<LastFailure>,
+    /// Calls skipped because every instance was busy (cause `busy`): the pool
+    /// is too small for how long the plugin's calls take, not a failure of it.
+    pub busy: u64,
+    /// The last of them, whose message says how long calls take and what to do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_busy: Option<LastFailure>,
 }
 
 /// A failure as shown in `/status`.
@@ -57,6 +64,8 @@ pub struct StageEvents {
     has_pending: AtomicBool,
     counts: [AtomicU64; 3],
     last: Mutex<[Option<LastFailure>; 3]>,
+    busy: [AtomicU64; 3],
+    last_busy: Mutex<[Option<LastFailure>; 3]>,
 }
 
 impl StageEvents {
@@ -70,6 +79,8 @@ impl StageEvents {
             has_pending: AtomicBool::new(false),
             counts: Default::default(),
             last: Mutex::new(Default::default()),
+            busy: Default::default(),
+            last_busy: Mutex::new(Default::default()),
         })
     }
 
@@ -84,7 +95,7 @@ impl StageEvents {
     }
 
     /// A call of `phase` succeeded (a `rank` call hands back its ticket).
-    pub fn succeeded(&self, phase: Phase, now_ms: u64, ticket: Option<Ticket>) {
+    pub fn succeeded(&self, phase: Phase, now_ms: u64, ticket: Option<Ticket<'_>>) {
         self.breaker.record(phase, true, now_ms, ticket);
     }
 
@@ -92,17 +103,24 @@ impl StageEvents {
     /// sink, and — unless it is a `rank` failure, which its own request records —
     /// kept for the next decision record.
     ///
-    /// A stage skipped because no instance was free in time (`fault.capacity`)
-    /// is recorded but not held against the plugin: the pool was busy, the
-    /// plugin did nothing wrong.
-    pub fn failed(&self, phase: Phase, fault: &Fault, now_ms: u64, ticket: Option<Ticket>) {
+    /// A stage skipped because no instance was free in time (cause `busy`) is
+    /// recorded and counted apart, but not held against the plugin: the pool
+    /// was busy, the plugin did nothing wrong. Its ticket is dropped unused, so
+    /// a probe that met a busy pool hands the probe on to the next request.
+    pub fn failed(&self, phase: Phase, fault: &Fault, now_ms: u64, ticket: Option<Ticket<'_>>) {
         let slot = phase as usize;
-        if fault.cause != super::fault::Cause::Bypassed {
-            if !fault.capacity {
-                self.breaker.record(phase, false, now_ms, ticket);
+        match fault.cause {
+            Cause::Bypassed => {}
+            Cause::Busy => {
+                drop(ticket);
+                self.busy[slot].fetch_add(1, Ordering::Relaxed);
+                self.last_busy.lock()[slot] = Some(LastFailure { at_ms: now_ms, fault: fault.clone() });
             }
-            self.counts[slot].fetch_add(1, Ordering::Relaxed);
-            self.last.lock()[slot] = Some(LastFailure { at_ms: now_ms, fault: fault.clone() });
+            _ => {
+                self.breaker.record(phase, false, now_ms, ticket);
+                self.counts[slot].fetch_add(1, Ordering::Relaxed);
+                self.last.lock()[slot] = Some(LastFailure { at_ms: now_ms, fault: fault.clone() });
+            }
         }
         if let Some(sink) = self.sink.get() {
             sink(&self.stage, phase, fault);
@@ -137,7 +155,12 @@ impl StageEvents {
     /// Failures by phase, for `/status`.
     pub fn health(&self, phase: Phase) -> PhaseHealth {
         let slot = phase as usize;
-        PhaseHealth { failures: self.counts[slot].load(Ordering::Relaxed), last: self.last.lock()[slot].clone() }
+        PhaseHealth {
+            failures: self.counts[slot].load(Ordering::Relaxed),
+            last: self.last.lock()[slot].clone(),
+            busy: self.busy[slot].load(Ordering::Relaxed),
+            last_busy: self.last_busy.lock()[slot].clone(),
+        }
     }
 }
 

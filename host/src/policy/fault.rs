@@ -8,9 +8,13 @@ use serde::Serialize;
 pub enum Cause {
     /// The guest trapped (panic, `unreachable`, a bad memory access, `exit`, ...).
     Trap,
-    /// The call used up its CPU budget, ran past its wall-clock bound, or found
-    /// no warm instance in time.
+    /// The call used up its CPU budget or ran past its wall-clock bound.
     Timeout,
+    /// No warm instance was free in time: every instance was busy with other
+    /// calls (the pool is too small for how long the plugin's calls take) or
+    /// being rebuilt. The stage is skipped, but this is not held against the
+    /// plugin (its breaker does not count it).
+    Busy,
     /// The guest asked for more memory than its cap.
     Oom,
     /// The guest answered, but not with a permutation of a non-empty subset, or
@@ -31,6 +35,7 @@ impl Cause {
         match self {
             Cause::Trap => "trap",
             Cause::Timeout => "timeout",
+            Cause::Busy => "busy",
             Cause::Oom => "oom",
             Cause::InvalidOutput => "invalid-output",
             Cause::Error => "error",
@@ -40,8 +45,16 @@ impl Cause {
     }
 
     /// Every cause, for metrics that want a zero for each.
-    pub const ALL: [Cause; 7] =
-        [Cause::Trap, Cause::Timeout, Cause::Oom, Cause::InvalidOutput, Cause::Error, Cause::Host, Cause::Bypassed];
+    pub const ALL: [Cause; 8] = [
+        Cause::Trap,
+        Cause::Timeout,
+        Cause::Busy,
+        Cause::Oom,
+        Cause::InvalidOutput,
+        Cause::Error,
+        Cause::Host,
+        Cause::Bypassed,
+    ];
 }
 
 /// A failed stage call.
@@ -49,12 +62,10 @@ impl Cause {
 pub struct Fault {
     /// What kind of failure.
     pub cause: Cause,
-    /// A one-line explanation for the operator.
+    /// A one-line explanation for the operator, safe to log: no control
+    /// character, line or paragraph separator or bidirectional override of the
+    /// guest's reaches it unescaped (see [`escape_controls`]).
     pub message: String,
-    /// The stage was skipped because every instance was busy, not because the
-    /// plugin failed: recorded, but not held against it by the breaker.
-    #[serde(skip)]
-    pub capacity: bool,
 }
 
 /// Longest fault message kept (a guest's `Err` text or its stderr can be long).
@@ -62,7 +73,9 @@ pub const MAX_MESSAGE_BYTES: usize = 600;
 
 impl Fault {
     /// A fault of `cause` with `message`, on one line (a multi-line message — a
-    /// Python traceback — has its lines joined with ` | `) and at most
+    /// Python traceback — has its lines joined with ` | `, and every other
+    /// control or separator character is escaped, so that a guest's text can
+    /// neither start a log line of its own nor reorder one) and at most
     /// [`MAX_MESSAGE_BYTES`] long, keeping its start and its end (where a
     /// traceback says what went wrong).
     pub fn new(cause: Cause, message: impl Into<String>) -> Self {
@@ -79,17 +92,20 @@ impl Fault {
         } else {
             message
         };
+        if let std::borrow::Cow::Owned(escaped) = escape_controls(&message) {
+            message = escaped;
+        }
         if message.len() > MAX_MESSAGE_BYTES {
             let head = floor(&message, MAX_MESSAGE_BYTES / 3);
             let tail = ceil(&message, message.len() - (MAX_MESSAGE_BYTES * 2 / 3 - 5));
             message = format!("{} … {}", &message[..head], &message[tail..]);
         }
-        Fault { cause, message, capacity: false }
+        Fault { cause, message }
     }
 
-    /// A stage skipped for want of a free instance.
+    /// A stage skipped for want of a free instance (cause `busy`).
     pub fn busy(message: impl Into<String>) -> Self {
-        Fault { capacity: true, ..Fault::new(Cause::Timeout, message) }
+        Fault::new(Cause::Busy, message)
     }
 
     /// Classifies an error returned by a call into the guest. `memory_denied` says
@@ -115,16 +131,17 @@ impl Fault {
             // A host error (a full resource table, a refused WASI call): its
             // root cause says what happened; the context above it is the wasm
             // backtrace.
-            None => err.root_cause().to_string(),
+            None => explain_host_limit(&err.root_cause().to_string()),
         };
         Fault::new(Cause::Trap, first_line(&message))
     }
 
     /// Appends what the guest last wrote to stderr (a Rust panic's message and
-    /// location, a Python traceback's last lines) to a trap's message.
+    /// location, a Python traceback's last lines) to a trap's message, escaped
+    /// like the message itself.
     pub fn with_stderr(mut self, tail: Option<String>) -> Self {
         if let Some(tail) = tail.filter(|t| !t.is_empty()) {
-            self.message = format!("{}; stderr: {tail}", self.message);
+            self.message = format!("{}; stderr: {}", self.message, escape_controls(&tail));
             cut(&mut self.message, MAX_MESSAGE_BYTES);
         }
         self
@@ -136,6 +153,78 @@ impl Fault {
         cut(&mut self.message, MAX_MESSAGE_BYTES);
         self
     }
+}
+
+/// The message of a host limit a call ran into, saying which limit and what it
+/// is; any other message as it is. wasmtime words these two errors itself, so a
+/// test through a real guest (`serve_faults`) checks the wording still matches.
+fn explain_host_limit(message: &str) -> String {
+    use super::sandbox::{MAX_HOSTCALL_BYTES, MAX_RANDOM_BYTES};
+    if message.contains("fuel allocated for hostcalls has been exhausted") {
+        return format!(
+            "the plugin passed the host more than {} in one call (a string or list: a log line, a state \
+             key or value, a stdout or stderr write, its answer); that is the limit per host call",
+            describe_bytes(MAX_HOSTCALL_BYTES)
+        );
+    }
+    if let Some(rest) = message.strip_prefix("requested len ")
+        && let Some((len, _)) = rest.split_once(" exceeds limit ")
+    {
+        return format!(
+            "the plugin asked wasi:random for {len} bytes in one call (get-random-bytes or \
+             get-insecure-random-bytes); one call may ask for at most {}",
+            describe_bytes(MAX_RANDOM_BYTES as usize)
+        );
+    }
+    message.to_string()
+}
+
+/// `65536` → `64 KiB`, `1048576` → `1 MiB`.
+fn describe_bytes(n: usize) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} bytes"),
+    }
+}
+
+/// Whether `c` must not reach a log line as it is: a control character (line
+/// feed, carriage return, escape, tab, C1 controls such as NEL), a line or
+/// paragraph separator (U+2028, U+2029), or an invisible formatting character
+/// that reorders or hides text (the bidirectional embeddings, overrides and
+/// isolates U+202A–U+202E and U+2066–U+2069, the marks U+200E, U+200F and
+/// U+061C, zero-width characters and the byte-order mark).
+pub fn is_unsafe_in_log(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}'
+                | '\u{2029}'
+                | '\u{202A}'..='\u{202E}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{061C}'
+                | '\u{FEFF}'
+        )
+}
+
+/// `s` with every character [`is_unsafe_in_log`] written as an escape (`\n`,
+/// `\r`, `\u{202e}`): whatever a guest says — its log lines, its stdio, its
+/// `Err` text, its panic message — then reads as one line, in order, and never
+/// as a line of the gateway's own. The one function every path uses.
+pub fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(is_unsafe_in_log) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        if is_unsafe_in_log(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 fn first_line(s: &str) -> String {
@@ -201,6 +290,36 @@ mod tests {
     fn messages_are_bounded() {
         let f = Fault::new(Cause::Error, "x".repeat(10_000)).with_stderr(Some("y".repeat(10_000)));
         assert!(f.message.len() <= MAX_MESSAGE_BYTES);
+    }
+
+    #[test]
+    fn every_line_break_and_text_reordering_character_is_escaped_on_every_path() {
+        let forged = "innocent\r2026-12-01T00:00:00Z ERROR poolgate::gateway: FORGED\u{2028}LS\u{2029}PS\u{85}NEL\u{b}VT\u{c}FF\u{202e}RTL\u{2066}\u{1b}[31m";
+        let clean = |m: &str| {
+            assert!(!m.chars().any(is_unsafe_in_log), "{m:?}");
+            assert!(m.contains("innocent\\r2026-12-01"), "{m}");
+            assert!(m.contains("FORGED\\u{2028}LS\\u{2029}PS\\u{85}NEL\\u{b}VT\\u{c}FF\\u{202e}RTL"), "{m}");
+        };
+        // A guest's `Err` text.
+        clean(&Fault::new(Cause::Error, forged).message);
+        // A trap whose stderr tail (a panic message) carries it.
+        clean(&Fault::new(Cause::Trap, "wasm trap").with_stderr(Some(forged.into())).message);
+        // A host error's message (a trap's text goes through `Fault::new` too).
+        let err = wasmtime::Error::msg(forged.to_string());
+        clean(&Fault::from_call_error(&err, false, "25 ms").message);
+        // Line feeds still join a traceback's lines; tabs are escaped.
+        assert_eq!(Fault::new(Cause::Error, "a\n\tb").message, "a | \\tb");
+        assert!(matches!(escape_controls("plain ü"), std::borrow::Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn host_limits_are_named() {
+        let err = wasmtime::Error::msg("requested len 67108864 exceeds limit 65536");
+        let f = Fault::from_call_error(&err, false, "25 ms");
+        assert_eq!(f.cause, Cause::Trap);
+        assert!(f.message.contains("67108864 bytes") && f.message.contains("at most 64 KiB"), "{}", f.message);
+        assert_eq!(describe_bytes(1 << 20), "1 MiB");
+        assert_eq!(describe_bytes(1000), "1000 bytes");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use super::bounded::{Bounded, Cut};
 use super::engine::{CallGuard, YIELD_FUEL, fuel};
 use super::fault::{Cause, Fault};
 use super::lowering::{FastAccount, FastWindow, fast_accounts, fast_windows};
-use super::sandbox::{Sandbox, SandboxSpec};
+use super::sandbox::{MAX_HOSTCALL_BYTES, Sandbox, SandboxSpec};
 
 /// The parameters `rank` is called with (see `lowering`).
 type RankParams<'a> = (&'a Request, &'a [FastAccount], &'a [FastWindow]);
@@ -57,6 +57,8 @@ impl Instance {
     ) -> Result<Instance, Fault> {
         let mut store = Store::new(pre.engine(), Sandbox::new(sandbox));
         store.limiter(|s| &mut s.limiter);
+        // What one host call may copy out of the guest (see `sandbox`).
+        store.set_hostcall_fuel(MAX_HOSTCALL_BYTES);
         let prepared =
             store.set_fuel(fuel(budget.cpu)).and_then(|()| store.fuel_async_yield_interval(Some(YIELD_FUEL)));
         // Yield at every epoch tick (1 ms), host calls or not — through tokio's

@@ -9,9 +9,10 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
+use sha2::Digest;
 use tokio::sync::Notify;
 use wasmtime::component::ComponentExportIndex;
 
@@ -45,14 +46,22 @@ impl PluginRef {
         }
     }
 
-    /// The name used for the state scope when the stage names none: the built-in's
-    /// name, or the file stem (so `ranker-v2.wasm` replacing `ranker-v2.wasm` keeps
-    /// its state).
+    /// The state scope of a stage that names none: `builtin:<name>` for a
+    /// built-in, `file:<absolute path>` for a component file.
+    ///
+    /// Distinct plugins get distinct scopes — a third-party `affinity.wasm`
+    /// never reads or evicts `builtin:affinity`'s bindings, nor does one
+    /// `ranker.wasm` another directory's — while a new build replacing the file
+    /// at the same path keeps the state its predecessor left (a hot swap keeps
+    /// affinity bindings). The path is made absolute but not canonical: a
+    /// deployment that re-points a symlink (`current.wasm → v2.wasm`) keeps its
+    /// state too. Stages that should share state set the same `scope`.
     pub fn default_scope(&self) -> String {
         match self {
-            PluginRef::Builtin(name) => name.clone(),
+            PluginRef::Builtin(name) => format!("builtin:{name}"),
             PluginRef::Path(p) => {
-                p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| p.display().to_string())
+                let absolute = std::path::absolute(p).unwrap_or_else(|_| p.clone());
+                format!("file:{}", absolute.display())
             }
         }
     }
@@ -85,7 +94,7 @@ pub fn builtin_names() -> Vec<String> {
 }
 
 /// The sandbox limits of one stage.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// CPU budget of one `rank` or `observe` call (and how long a call waits
     /// for a free instance).
@@ -123,7 +132,7 @@ impl Limits {
 }
 
 /// What it takes to load one stage's plugin.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginSpec {
     /// Where the component comes from.
     pub plugin: PluginRef,
@@ -183,19 +192,45 @@ impl Plugin {
         state: Arc<dyn StateStore>,
     ) -> Result<Self> {
         let events = StageEvents::new(&spec.plugin.to_string(), BreakerConfig::default());
-        Self::load_with(engine, spec, pool, state, events).await
+        let bytes = Self::read(&spec.plugin).await?;
+        Self::load_with(engine, spec, bytes, pool, state, events).await
     }
 
-    /// As [`Plugin::load`], reporting to a stage's `events`.
+    /// Reads a plugin's bytes and their SHA-256, off the async workers (a
+    /// Python component is 18 MiB).
+    pub async fn read(plugin: &PluginRef) -> Result<(Vec<u8>, String)> {
+        let plugin = plugin.clone();
+        tokio::task::spawn_blocking(move || {
+            let bytes = plugin.read()?;
+            let sha256 = hex::encode(sha2::Sha256::digest(&bytes));
+            Ok((bytes, sha256))
+        })
+        .await
+        .context("the plugin read task failed")?
+    }
+
+    /// Whether this plugin is what loading `spec` from bytes hashing to
+    /// `sha256` over `pool` would build — then a reload keeps it, warm
+    /// instances, state and breaker included, instead of configuring it anew.
+    pub fn is_built_from(&self, spec: &PluginSpec, sha256: &str, pool: &[AccountInfo]) -> bool {
+        let same_pool = |a: &AccountInfo, b: &AccountInfo| (&a.id, &a.alias, a.primary) == (&b.id, &b.alias, b.primary);
+        self.shared.spec == *spec
+            && self.shared.sha256 == sha256
+            && self.shared.pool_info.len() == pool.len()
+            && self.shared.pool_info.iter().zip(pool).all(|(a, b)| same_pool(a, b))
+    }
+
+    /// As [`Plugin::load`], from bytes already read (see [`Plugin::read`]),
+    /// reporting to a stage's `events`.
     pub async fn load_with(
         engine: &Arc<PolicyEngine>,
         spec: PluginSpec,
+        (bytes, _): (Vec<u8>, String),
         pool: Vec<AccountInfo>,
         state: Arc<dyn StateStore>,
         events: Arc<StageEvents>,
     ) -> Result<Self> {
         let label = spec.plugin.to_string();
-        let bytes = spec.plugin.read()?;
         let (component, sha256) = engine.compile_async(bytes, label.clone()).await?;
         let instance_pre = check_component(engine, &component).with_context(|| format!("{label} is refused"))?;
         let pre = PolicyPre::new(instance_pre)
@@ -265,7 +300,9 @@ impl Plugin {
     pub async fn rank(&self, req: &Request, candidates: &[Account], windows: &[QuotaWindow]) -> Result<Ranking, Fault> {
         let budget = self.shared.spec.limits.call_budget();
         let mut lease = Lease::take(&self.shared.instances, budget.cpu).await?;
+        let started = Instant::now();
         let answer = lease.instance().rank(req, candidates, windows, budget).await;
+        self.shared.instances.record_call(Phase::Rank, started.elapsed());
         lease.finish(answer.is_ok());
         answer
     }
@@ -274,9 +311,26 @@ impl Plugin {
     pub async fn observe(&self, req: &Request, account: u32, outcome: &Outcome) -> Result<(), Fault> {
         let budget = self.shared.spec.limits.call_budget();
         let mut lease = Lease::take(&self.shared.instances, budget.cpu).await?;
+        let started = Instant::now();
         let done = lease.instance().observe(req, account, outcome, budget).await;
+        self.shared.instances.record_call(Phase::Observe, started.elapsed());
         lease.finish(done.is_ok());
         done
+    }
+
+    /// Warm instances the pool keeps.
+    pub fn target_instances(&self) -> usize {
+        self.shared.instances.target()
+    }
+
+    /// How long calls hold an instance, on average.
+    pub fn call_times(&self) -> super::pool::CallTimes {
+        self.shared.instances.call_times()
+    }
+
+    /// Whether the pool is saturated (see [`super::pool`]).
+    pub fn saturated(&self) -> bool {
+        self.shared.instances.saturated()
     }
 
     /// Idle instances currently pooled.
@@ -387,3 +441,24 @@ const _: () = {
     const fn send_sync<T: Send + Sync>() {}
     send_sync::<Plugin>();
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_of_distinct_plugins_are_distinct_and_a_path_keeps_its_own() {
+        let builtin = PluginRef::parse("builtin:affinity").default_scope();
+        let file = PluginRef::parse("/srv/plugins/affinity.wasm").default_scope();
+        let elsewhere = PluginRef::parse("/opt/other/affinity.wasm").default_scope();
+        assert_eq!(builtin, "builtin:affinity");
+        assert_eq!(file, "file:/srv/plugins/affinity.wasm");
+        assert_ne!(file, elsewhere, "same stem, different plugins");
+        // A new build at the same path: the same scope, so its state is kept.
+        assert_eq!(PluginRef::parse("/srv/plugins/affinity.wasm").default_scope(), file);
+        // A relative path is made absolute, so it names one file wherever it runs.
+        let relative = PluginRef::parse("affinity.wasm").default_scope();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(relative, format!("file:{}", cwd.join("affinity.wasm").display()));
+    }
+}

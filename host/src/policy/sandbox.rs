@@ -7,6 +7,17 @@
 //! polls are the asynchronous ones, so a guest that sleeps waits on a timer that
 //! the call's wall-clock bound cuts short, never on a host thread. stdout and
 //! stderr go to bounded buffers (see [`super::stdio`]).
+//!
+//! Epoch interruption and the call's bounds act *between* host calls, so what
+//! one host call may cost is bounded here, by its size: a call may pass the
+//! host at most [`MAX_HOSTCALL_BYTES`] (wasmtime's hostcall fuel, counted
+//! before anything is copied: a log line, a state key or value, a stdout or
+//! stderr write, the answer of `rank`), and may ask `wasi:random` for at most
+//! [`MAX_RANDOM_BYTES`]. Past either, the call traps with a message naming the
+//! limit. Measured in a release build (docs/benchmarks.md, "One host call,
+//! bounded"): one 60 MiB stdout write held a worker 56 ms and one 64 MiB
+//! `get-random-bytes` half a second; a call at these limits takes 0.06 ms and
+//! 0.2 ms.
 
 use std::sync::Arc;
 
@@ -14,6 +25,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{Level, poolgate};
+use super::fault::escape_controls;
 use super::limiter::Limiter;
 use super::names;
 use super::state::{MAX_KEY_BYTES, StateStore};
@@ -21,9 +33,21 @@ use super::stdio::{LogBudget, MAX_LINE_BYTES, StdioBuffer, tail, truncate};
 
 /// Log lines a plugin may write per call before the host drops the rest.
 const MAX_LOGS_PER_CALL: u32 = 32;
-/// WASI resources (streams, pollables) one instance may hold at once: a guest
-/// that creates them in a loop must not grow host memory without bound.
+/// Entries of an instance's WASI resource table (streams, pollables): a guest
+/// that creates them in a loop must not grow host memory without bound. A
+/// pollable takes two entries, so about 2,040 pollables fit.
 const MAX_RESOURCES: usize = 4096;
+/// The most bytes one call may pass from the guest to the host: every string
+/// and list of its arguments (or of the answer of a `rank`, `observe` or
+/// `configure`) together. Fifteen times the largest legitimate payload — a
+/// state value (64 KiB) with its key, a 64 KiB stdout write (what `check-write`
+/// allows) — and small enough that copying it costs under 0.1 ms.
+pub const MAX_HOSTCALL_BYTES: usize = 1 << 20;
+/// The most bytes one `get-random-bytes` or `get-insecure-random-bytes` call may
+/// ask for. WebCrypto's `getRandomValues` has the same quota, so JavaScript
+/// runtimes already ask for no more; CPython asks for 256 bytes at a time.
+/// Generating them costs about 0.2 ms.
+pub const MAX_RANDOM_BYTES: u64 = 64 << 10;
 
 /// What a sandbox is built from: shared by every instance of one plugin.
 #[derive(Clone)]
@@ -64,6 +88,7 @@ impl Sandbox {
             .allow_ip_name_lookup(false)
             .allow_tcp(false)
             .allow_udp(false)
+            .max_random_size(MAX_RANDOM_BYTES)
             .build();
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
@@ -168,25 +193,15 @@ impl poolgate::policy::host::Host for Sandbox {
     }
 }
 
-/// `s` with line breaks, tabs and other control characters written as escapes.
-fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
-    if !s.chars().any(char::is_control) {
-        return std::borrow::Cow::Borrowed(s);
-    }
-    std::borrow::Cow::Owned(
-        s.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect(),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_plugin_cannot_forge_a_log_line() {
-        let forged = "innocent\n2026-12-01T00:00:00Z ERROR poolgate::gateway: FORGED\r\x1b[31m";
+        let forged = "innocent\n2026-12-01T00:00:00Z ERROR poolgate::gateway: FORGED\r\x1b[31m\u{2028}\u{202e}";
         let out = escape_controls(forged);
-        assert!(!out.contains('\n') && !out.contains('\r') && !out.contains('\x1b'), "{out}");
+        assert!(!out.chars().any(super::super::fault::is_unsafe_in_log), "{out}");
         assert!(out.starts_with("innocent\\n2026"), "{out}");
         assert!(matches!(escape_controls("plain"), std::borrow::Cow::Borrowed(_)));
     }

@@ -10,12 +10,83 @@
 //! meaning every instance but the first one the process ever configured (told
 //! apart through plugin state); `ms` is how long a sleep or spin lasts and
 //! `bytes` how big a flood or a reason is.
+//!
+//! Single huge host calls (one call, no loop — what epoch interruption cannot
+//! cut): `random-bytes` / `insecure-random-bytes` ask WASI for `bytes` random
+//! bytes at once, `stdout-write` hands `bytes` bytes to one `output-stream.write`
+//! (ignoring `check-write`, as a hostile guest would), and `state-evict` fills its
+//! scope with `entries` tiny entries, `per_call` a call, then lowers its
+//! `state-limit` to 1 in one call (reason `evicted`) and starts over.
+//!
+//! `state-clobber` empties its state scope on every call. `err-forge`,
+//! `trap-forge` and `detail-forge` carry line breaks and a bidirectional
+//! override in their `Err` text, their panic message and stderr, and the
+//! detail of a good answer.
+//!
+//! `slow_model`: requests for that model sleep `ms` and then succeed (a slow but
+//! healthy plugin); `reason`: the `reason` mode answers with that reason.
 
 // A WebAssembly component only: on a native target (`cargo build --workspace`)
 // the crate is empty, since its exports' names are not native symbol names.
 #![cfg(target_arch = "wasm32")]
 
 use poolgate_sdk::prelude::*;
+
+/// WASI functions the SDK does not wrap, imported by hand (Rust's std links the
+/// WASI world they belong to).
+mod raw {
+    #[link(wasm_import_module = "wasi:random/random@0.2.6")]
+    unsafe extern "C" {
+        #[link_name = "get-random-bytes"]
+        pub fn get_random_bytes(len: i64, ret: *mut usize);
+    }
+    #[link(wasm_import_module = "wasi:random/insecure@0.2.6")]
+    unsafe extern "C" {
+        #[link_name = "get-insecure-random-bytes"]
+        pub fn get_insecure_random_bytes(len: i64, ret: *mut usize);
+    }
+    #[link(wasm_import_module = "wasi:cli/stdout@0.2.6")]
+    unsafe extern "C" {
+        #[link_name = "get-stdout"]
+        pub fn get_stdout() -> i32;
+    }
+    #[link(wasm_import_module = "wasi:io/streams@0.2.6")]
+    unsafe extern "C" {
+        #[link_name = "[method]output-stream.write"]
+        pub fn output_stream_write(stream: i32, ptr: *const u8, len: usize, ret: *mut u8);
+        #[link_name = "[resource-drop]output-stream"]
+        pub fn output_stream_drop(stream: i32);
+    }
+
+    /// One `get-random-bytes` (or `get-insecure-random-bytes`) call; the length
+    /// of what came back.
+    pub fn random_bytes(len: u64, insecure: bool) -> usize {
+        let mut ret = [0usize; 2];
+        // SAFETY: the canonical ABI of `func(len: u64) -> list<u8>`: the list
+        // (allocated with the guest's `cabi_realloc`) is written at `ret`.
+        unsafe {
+            if insecure {
+                get_insecure_random_bytes(len as i64, ret.as_mut_ptr());
+            } else {
+                get_random_bytes(len as i64, ret.as_mut_ptr());
+            }
+            drop(Vec::from_raw_parts(ret[0] as *mut u8, ret[1], ret[1]));
+        }
+        ret[1]
+    }
+
+    /// One `output-stream.write` of `bytes` to stdout, whatever `check-write` says.
+    pub fn write_stdout(bytes: &[u8]) {
+        let mut ret = [0u32; 4];
+        // SAFETY: `func(self: borrow<output-stream>, contents: list<u8>) ->
+        // result<_, stream-error>`; the result lands in `ret`.
+        unsafe {
+            let out = get_stdout();
+            output_stream_write(out, bytes.as_ptr(), bytes.len(), ret.as_mut_ptr().cast());
+            output_stream_drop(out);
+        }
+    }
+}
 
 struct Misbehave {
     fault: String,
@@ -28,7 +99,23 @@ struct Misbehave {
     /// Misbehave only on every `every`-th call (1: always), so that a plugin
     /// that works half the time can be had.
     every: u64,
+    /// Requests for this model sleep `ms`, then succeed.
+    slow_model: Option<String>,
+    /// The `reason` mode's reason.
+    reason: String,
+    /// Entries the `state-evict` mode fills its scope with.
+    entries: u64,
+    /// Entries written so far, and per call (`state-evict`).
+    written: u64,
+    per_call: u64,
+    /// The big buffer of `stdout-write`, made once.
+    big: Vec<u8>,
 }
+
+/// Text that would forge a log line of the gateway's, or reorder one, if it
+/// reached the log as it is: a carriage return, a line and a paragraph
+/// separator, NEL, a vertical tab and a right-to-left override.
+const FORGED: &str = "innocent\r2026-12-01T00:00:00.000000Z ERROR poolgate::gateway: FORGED via CR\u{2028}LS\u{2029}PS\u{85}NEL\u{b}VT\u{202e}RTL";
 
 /// A loop of host calls that never ends on its own: host calls burn no fuel,
 /// so only the host's wall-clock bound can stop it.
@@ -84,6 +171,10 @@ impl Ranker for Misbehave {
         let ms = o.u64("ms")?.unwrap_or(10_000);
         let bytes = o.usize("bytes")?.unwrap_or(64 * 1024);
         let every = o.u64("every")?.unwrap_or(1).max(1);
+        let slow_model = o.string("slow_model")?;
+        let reason = o.string("reason")?.unwrap_or_default();
+        let entries = o.u64("entries")?.unwrap_or(100_000);
+        let per_call = o.u64("per_call")?.unwrap_or(1000).max(1);
         o.done()?;
         if fault == "configure" {
             return Err("option `fault`: refusing to configure, as asked".into());
@@ -99,10 +190,30 @@ impl Ranker for Misbehave {
             Some("spin-after-first" | "sleep-after-first" | "trap-after-first" | "log-loop-after-first") => {}
             Some(other) => return Err(format!("option `configure`: unknown mode `{other}`")),
         }
-        Ok(Misbehave { fault, on_model, addr, observe, ms, bytes, calls: 0, every })
+        let big = if fault == "stdout-write" { vec![b'x'; bytes] } else { Vec::new() };
+        Ok(Misbehave {
+            fault,
+            on_model,
+            addr,
+            observe,
+            ms,
+            bytes,
+            calls: 0,
+            every,
+            slow_model,
+            reason,
+            entries,
+            written: 0,
+            per_call,
+            big,
+        })
     }
 
     fn rank(&mut self, req: &Request, c: &Candidates) -> Result<Ranking, String> {
+        if self.slow_model.as_ref().is_some_and(|m| *m == req.model) {
+            sleep(self.ms);
+            return Ok(c.unchanged("slow"));
+        }
         if self.on_model.as_ref().is_some_and(|m| *m != req.model) {
             let mut order = c.input_order();
             order.reverse();
@@ -118,6 +229,12 @@ impl Ranker for Misbehave {
             "state-get-loop" => host_call_loop("state-get", self.bytes),
             "state-set-loop" => host_call_loop("state-set", self.bytes),
             "err-lines" => Err("a\n".repeat(self.bytes / 2)),
+            "err-forge" => Err(FORGED.into()),
+            "detail-forge" => Ok(c.unchanged("forged-detail").with_detail(FORGED)),
+            "trap-forge" => {
+                eprintln!("{FORGED}");
+                panic!("misbehave: {FORGED}");
+            }
             "forge-log" => {
                 log::warn("innocent\n2026-12-01T00:00:00.000000Z ERROR poolgate::gateway: FORGED by a plugin");
                 Ok(c.unchanged("forged"))
@@ -155,6 +272,38 @@ impl Ranker for Misbehave {
                 Ok(c.unchanged("flooded-state"))
             }
             "huge-reason" => Ok(c.unchanged(&"r".repeat(self.bytes))),
+            "reason" => Ok(c.unchanged(&self.reason)),
+            "random-bytes" => Ok(c.unchanged(&format!("random:{}", raw::random_bytes(self.bytes as u64, false)))),
+            "insecure-random-bytes" => {
+                Ok(c.unchanged(&format!("random:{}", raw::random_bytes(self.bytes as u64, true))))
+            }
+            "stdout-write" => {
+                raw::write_stdout(&self.big);
+                Ok(c.unchanged("wrote"))
+            }
+            "state-clobber" => {
+                // Empties its scope (one entry left), then passes the reason on:
+                // harmless to itself, and to every other plugin whose scope is
+                // its own.
+                state::limit(1);
+                state::set("clobbered", "1", None);
+                state::limit(1_000_000);
+                Ok(c.unchanged(""))
+            }
+            "state-evict" => {
+                if self.written >= self.entries {
+                    state::limit(1);
+                    state::limit(1_000_000);
+                    self.written = 0;
+                    return Ok(c.unchanged("evicted"));
+                }
+                state::limit(1_000_000);
+                for _ in 0..self.per_call {
+                    self.written += 1;
+                    state::set(&format!("{}-{}", req.id, self.written), "", None);
+                }
+                Ok(c.unchanged("filled"))
+            }
             "header-reason" => Ok(c.unchanged("evil\r\nx-injected: 1")),
             "huge-detail" => Ok(c.unchanged("huge-detail").with_detail("d".repeat(self.bytes))),
             "none" => Ok(c.unchanged("none")),
