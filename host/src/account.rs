@@ -10,8 +10,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Quota readings older than this are `stale` by default (neurolink's 15 minutes).
-pub const DEFAULT_FRESHNESS_MS: u64 = 15 * 60 * 1000;
+/// Quota readings older than this are `stale` by default (neurolink's 15
+/// minutes; the SDK's, so plugins and host agree).
+pub const DEFAULT_FRESHNESS_MS: u64 = poolgate_sdk::quota::DEFAULT_FRESHNESS_MS;
 
 /// A status as the upstream spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -193,11 +194,9 @@ impl AccountSnapshot {
     }
 }
 
-/// The model family of a model id, by substring (dario's `modelFamily()`).
-pub fn model_family(model: &str) -> Option<&'static str> {
-    let m = model.to_ascii_lowercase();
-    ["opus", "sonnet", "haiku", "fable"].into_iter().find(|f| m.contains(f))
-}
+/// The model family of a model id, by substring (dario's `modelFamily()`): the
+/// SDK's, so that a model gate and a plugin's bucket agree on the family.
+pub use poolgate_sdk::quota::model_family;
 
 #[cfg(test)]
 mod tests {

@@ -394,7 +394,7 @@ async fn quota_headers_feed_the_chain_and_the_status_page() {
     let windows: Vec<&str> = b["windows"].as_array().unwrap().iter().map(|w| w["name"].as_str().unwrap()).collect();
     assert_eq!(windows, ["5h", "7d", "7d_oi"]);
     assert!(b["reading_age_ms"].as_u64().unwrap() < 60_000);
-    assert_eq!(st["chain"].as_array().unwrap().len(), 2, "the default chain: skip-exhausted → headroom");
+    assert_eq!(st["chain"].as_array().unwrap().len(), 3, "the default chain: skip-exhausted → headroom → affinity");
 
     let decisions = gw.admin_json("/admin/decisions?limit=1", ADMIN).await;
     assert_eq!(decisions[0]["model"], "claude-fable-5");

@@ -550,7 +550,7 @@ async fn hostile_plugins_hot_swapped_in_under_load_lose_no_request() {
         let r = Gateway::client().post(format!("{}/admin/reload", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
         let status = r.status();
         let body: Value = r.json().await.unwrap_or(json!({}));
-        assert_eq!(status, 200, "swap {i} refused: {body}");
+        assert_eq!(status, 200, "swap {i} refused: {body}\n{}", gw.log());
         // A reload away from a plugin whose `configure` is slow or loops must
         // not wait for it (nor for a file-watch reload of the same file that
         // rebuilt it): unchanged stages are kept, never configured again.

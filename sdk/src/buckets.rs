@@ -7,7 +7,8 @@
 
 use std::collections::HashMap;
 
-use crate::{Candidate, QuotaWindow};
+use crate::quota::{DEFAULT_FRESHNESS_MS, is_fresh};
+use crate::{Candidate, QuotaWindow, WindowStatus};
 
 /// Which model family each per-model bucket binds. A bucket not in the map binds
 /// the family of its own name (`7d_opus` → `opus`).
@@ -44,7 +45,7 @@ impl Buckets {
         self.map.iter().find(|(b, _)| b.eq_ignore_ascii_case(bucket)).map_or(bucket, |(_, f)| f.as_str())
     }
 
-    /// The windows of `account` that bind model `family`.
+    /// The windows of `account` that bind model `family`, fresh or not.
     pub fn windows_for<'c>(&self, account: &Candidate<'c>, family: &str) -> impl Iterator<Item = &'c QuotaWindow> {
         account
             .model_windows()
@@ -52,16 +53,47 @@ impl Buckets {
             .map(|(_, w)| w)
     }
 
-    /// dario's headroom for a request of model `family`:
-    /// `1 − max(5h, 7d, every bucket bound to the family)`. A bucket counts only
-    /// once the account has reported it; an unreported window counts as unused.
-    pub fn headroom(&self, account: &Candidate, family: Option<&str>) -> f64 {
-        let mut h = account.headroom();
-        if let Some(family) = family {
-            for w in self.windows_for(account, family) {
-                h = h.min(1.0 - w.utilization);
-            }
+    /// The bucket that binds `family` on `account` at `now_ms`: of the fresh
+    /// windows bound to the family, the most used (a `rejected` one counts as
+    /// at least 100% used). Every bound bucket counts, so a spent `7d_oi` is
+    /// not hidden behind a 30% `7d_fable` listed first; a stale one counts for
+    /// nothing (see [`crate::quota`]).
+    pub fn binding<'c>(&self, account: &Candidate<'c>, family: &str, now_ms: u64) -> Option<&'c QuotaWindow> {
+        let used = |w: &QuotaWindow| {
+            let u = if w.utilization.is_finite() { w.utilization } else { 0.0 };
+            if w.status == WindowStatus::Rejected { u.max(1.0) } else { u }
+        };
+        self.windows_for(account, family).filter(|w| is_fresh(w.observed_at_ms, now_ms, DEFAULT_FRESHNESS_MS)).fold(
+            None::<&QuotaWindow>,
+            |best, w| match best {
+                Some(b) if used(b) >= used(w) => Some(b),
+                _ => Some(w),
+            },
+        )
+    }
+
+    /// What says `account` cannot serve a request of model `family` at
+    /// `now_ms`, and until when: the account-wide reasons of
+    /// [`Candidate::exhausted`], or an exhausted bucket bound to the family (by
+    /// the one definition of [`crate::quota`]).
+    pub fn exhausted(&self, account: &Candidate, family: Option<&str>, now_ms: u64) -> Option<(&'static str, u64)> {
+        if let Some(found) = account.exhausted(now_ms) {
+            return Some(found);
         }
-        h
+        let w = self.binding(account, family?, now_ms)?;
+        let until = account.window_exhaustion(w, now_ms).until()?;
+        Some((crate::host::window_name(w.name), until))
+    }
+
+    /// dario's headroom for a request of model `family` at `now_ms`:
+    /// `1 − max(5h, 7d, the bucket that binds the family)`. A bucket counts only
+    /// once the account has reported it, and only while that reading is fresh;
+    /// an unreported window counts as unused.
+    pub fn headroom(&self, account: &Candidate, family: Option<&str>, now_ms: u64) -> f64 {
+        let h = account.headroom();
+        match family.and_then(|f| self.binding(account, f, now_ms)) {
+            Some(w) if w.utilization.is_finite() => h.min(1.0 - w.utilization),
+            _ => h,
+        }
     }
 }

@@ -3,19 +3,8 @@
 
 use std::ops::Deref;
 
-use crate::{Account, AccountInfo, QuotaWindow, WindowKind, WindowStatus};
-
-/// Model families the Anthropic quota headers distinguish, as lowercase names.
-pub type ModelFamily = &'static str;
-
-/// The family of a model id by substring, as dario's `modelFamily()`: `opus`,
-/// `sonnet`, `haiku` or `fable`; anything else has none.
-pub fn model_family(model: &str) -> Option<ModelFamily> {
-    let m = model.as_bytes();
-    ["opus", "sonnet", "haiku", "fable"]
-        .into_iter()
-        .find(|f| m.windows(f.len()).any(|w| w.eq_ignore_ascii_case(f.as_bytes())))
-}
+use crate::quota::{DEFAULT_FRESHNESS_MS, Exhaustion, exhaustion, is_fresh};
+use crate::{Account, AccountInfo, Freshness, QuotaWindow, WindowKind, WindowStatus};
 
 /// A candidate account with its windows. Dereferences to the [`Account`] record.
 #[derive(Clone, Copy)]
@@ -63,10 +52,25 @@ impl<'c> Candidate<'c> {
         self.utilization(WindowKind::SevenDay)
     }
 
-    /// `1 − max(5h, 7d)` utilization; an unreported window counts as unused, so an
-    /// account that never reported quota has headroom 1.0.
+    /// `1 − max(5h, 7d, requests, tokens)` utilization: the subscription
+    /// windows, and an API key's per-minute `requests` and token limits (its
+    /// `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-*`
+    /// headers), so a key near its per-minute limit ranks accordingly. An
+    /// unreported window counts as unused, so an account that never reported
+    /// quota has headroom 1.0.
     pub fn headroom(&self) -> f64 {
-        1.0 - self.session_used().unwrap_or(0.0).max(self.weekly_used().unwrap_or(0.0))
+        let used = self
+            .windows
+            .iter()
+            .filter(|w| Self::account_wide(w.kind) && w.utilization.is_finite())
+            .fold(0.0f64, |m, w| m.max(w.utilization));
+        1.0 - used
+    }
+
+    /// Whether windows of `kind` bind every model of the account: 5h, 7d, and
+    /// an API key's per-minute limits (not per-model buckets, not overage).
+    fn account_wide(kind: WindowKind) -> bool {
+        matches!(kind, WindowKind::FiveHour | WindowKind::SevenDay | WindowKind::Requests | WindowKind::Tokens)
     }
 
     /// The per-model (`7d_<bucket>`) windows with their bucket names (`"oi"`,
@@ -83,14 +87,36 @@ impl<'c> Candidate<'c> {
         self.account.usable
     }
 
-    /// Whether the account or one of its 5h/7d windows is `rejected`, or one of
-    /// those windows is used up (utilization ≥ 1.0).
-    pub fn is_exhausted(&self) -> bool {
-        self.account.status == WindowStatus::Rejected
-            || self.windows.iter().any(|w| {
-                matches!(w.kind, WindowKind::FiveHour | WindowKind::SevenDay)
-                    && (w.status == WindowStatus::Rejected || w.utilization >= 1.0)
-            })
+    /// What window `w` says at `now_ms` (see [`crate::quota`]), if its reading
+    /// is fresh; a stale reading says nothing ([`Exhaustion::Open`]).
+    pub fn window_exhaustion(&self, w: &QuotaWindow, now_ms: u64) -> Exhaustion {
+        if !is_fresh(w.observed_at_ms, now_ms, DEFAULT_FRESHNESS_MS) {
+            return Exhaustion::Open;
+        }
+        exhaustion(w.status == WindowStatus::Rejected, w.utilization, w.resets_at_ms, now_ms)
+    }
+
+    /// What says the account is exhausted for every model at `now_ms`, and
+    /// until when: a fresh top-level `rejected` with a reset ahead
+    /// (`"unified"`), or a fresh 5h, 7d, or API-key `requests`/tokens window
+    /// exhausted (its name). Per-model buckets are for
+    /// [`crate::Buckets::exhausted`], which knows the family.
+    pub fn exhausted(&self, now_ms: u64) -> Option<(&'static str, u64)> {
+        if self.quota_freshness == Freshness::Fresh
+            && let Some(until) =
+                exhaustion(self.status == WindowStatus::Rejected, 0.0, self.resets_at_ms, now_ms).until()
+        {
+            return Some(("unified", until));
+        }
+        self.windows
+            .iter()
+            .filter(|w| Self::account_wide(w.kind))
+            .find_map(|w| self.window_exhaustion(w, now_ms).until().map(|t| (crate::host::window_name(w.name), t)))
+    }
+
+    /// Whether [`Candidate::exhausted`] says anything at `now_ms`.
+    pub fn is_exhausted(&self, now_ms: u64) -> bool {
+        self.exhausted(now_ms).is_some()
     }
 
     /// The cooldown's end, if cooling.

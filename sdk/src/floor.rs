@@ -9,8 +9,12 @@
 
 use crate::{Buckets, Candidate, Config, Options, WindowStatus, check_range};
 
-/// 1 − 0.98 is 0.020000000000000018 in f64: "at the floor" must include it.
-const FLOOR_EPSILON: f64 = 1e-9;
+/// How close to the floor counts as at it. Headroom is `1 − utilization`, and
+/// `1 − 0.98` is 0.020000000000000018 in f64: without a tolerance an account
+/// reported at exactly 98% would sit "above" a 0.02 floor. 1e-9 is far below
+/// any utilization the upstream reports (two to four decimals) and far above
+/// f64 rounding of values near 1.
+pub const FLOOR_EPSILON: f64 = 1e-9;
 
 /// Where an account stands, best first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -64,7 +68,7 @@ impl Floor {
 
     /// Where `account` stands for a request of model `family` at `now_ms`.
     pub fn seat(&self, account: &Candidate, family: Option<&str>, now_ms: u64) -> Seat {
-        let headroom = self.buckets.headroom(account, family);
+        let headroom = self.buckets.headroom(account, family, now_ms);
         let rejected = account.status == WindowStatus::Rejected && account.resets_at_ms.is_none_or(|r| r > now_ms);
         let standing = if !account.usable || rejected {
             Standing::Ineligible

@@ -61,6 +61,7 @@ mod floor;
 pub mod host;
 pub mod json;
 pub mod metrics;
+pub mod quota;
 #[doc(hidden)]
 pub mod rt;
 
@@ -80,10 +81,11 @@ pub use bindings::poolgate::policy::types::{
     WindowKind, WindowStatus,
 };
 pub use buckets::Buckets;
-pub use candidate::{Candidate, ModelFamily, model_family};
+pub use candidate::Candidate;
 pub use candidates::{Candidates, Pool};
 pub use config::{Config, Options, check_range};
-pub use floor::{Floor, Seat, Standing};
+pub use floor::{FLOOR_EPSILON, Floor, Seat, Standing};
+pub use quota::{Exhaustion, ModelFamily, model_family};
 
 /// Everything a ranker file usually needs.
 pub mod prelude {

@@ -20,8 +20,9 @@ use crate::{check_range, model_family};
 pub const DEFAULT_SESSION_SOFT_LIMIT: f64 = 0.97;
 /// Default width of a session-reset bucket (15 minutes).
 pub const DEFAULT_SESSION_RESET_TOLERANCE_MS: u64 = 15 * 60 * 1000;
-/// A per-model window older than this is ignored (neurolink's snapshot freshness).
-pub const SCOPED_WINDOW_FRESHNESS_MS: u64 = 15 * 60 * 1000;
+/// A per-model window older than this is ignored (neurolink's snapshot
+/// freshness; the same limit as every other reading, [`crate::quota`]).
+pub const SCOPED_WINDOW_FRESHNESS_MS: u64 = crate::quota::DEFAULT_FRESHNESS_MS;
 
 /// How trustworthy an account's quota reading is, best first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -163,16 +164,10 @@ impl Ladder {
             Saturation::None
         };
 
-        // The freshest per-model window bound to the request's family.
+        // The bucket that binds the request's family: the most used of the
+        // fresh ones (one definition for every built-in, see `quota`).
         let scoped = match family {
-            Some(f) if routing => self
-                .buckets
-                .windows_for(c, f)
-                .filter(|w| now.saturating_sub(w.observed_at_ms) <= SCOPED_WINDOW_FRESHNESS_MS)
-                .fold(None::<&QuotaWindow>, |best, w| match best {
-                    Some(b) if b.observed_at_ms >= w.observed_at_ms => Some(b),
-                    _ => Some(w),
-                }),
+            Some(f) if routing => self.buckets.binding(c, f, now),
             _ => None,
         };
         let scoped_t = ticking(scoped, now);

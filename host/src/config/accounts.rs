@@ -56,6 +56,12 @@ pub struct AccountConfig {
     /// Set to false to keep the account configured but unused.
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// Tried only after every usable account that is not overflow, whatever
+    /// the chain's order. Default: an API key in a pool that also holds OAuth
+    /// subscription seats is overflow (pay-as-you-go tokens are spent after
+    /// prepaid seats); everything else is not.
+    #[serde(default)]
+    pub overflow: Option<bool>,
 }
 
 fn yes() -> bool {
@@ -63,6 +69,13 @@ fn yes() -> bool {
 }
 
 impl AccountConfig {
+    /// Whether the account is overflow in a pool that does (`seats`) or does
+    /// not hold OAuth seats: its `overflow`, else true for an API key beside
+    /// seats.
+    pub fn is_overflow(&self, seats: bool) -> bool {
+        self.overflow.unwrap_or(seats && self.kind == AccountKind::ApiKey)
+    }
+
     /// The alias, or the id.
     pub fn alias(&self) -> &str {
         self.alias.as_deref().unwrap_or(&self.id)

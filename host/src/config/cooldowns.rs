@@ -32,6 +32,9 @@ pub struct CooldownConfig {
     pub upstream_error_ms: u64,
     /// Longest 5xx backoff.
     pub upstream_error_max_ms: u64,
+    /// Consecutive streams cut after their first byte that cool the account
+    /// (for the `upstream_error` backoff, escalating per further cut); 0 never.
+    pub stream_cuts: u32,
     /// First auth cooldown after a 401/403; doubles per consecutive one.
     pub auth_ms: u64,
     /// Longest auth cooldown.
@@ -56,6 +59,7 @@ impl Default for CooldownConfig {
             overloaded_max_ms: 30_000,
             upstream_error_ms: 2_000,
             upstream_error_max_ms: 60_000,
+            stream_cuts: 3,
             auth_ms: MINUTE,
             auth_max_ms: 30 * MINUTE,
         }

@@ -211,10 +211,14 @@ pub struct StageConfig {
     pub config: Option<toml::Table>,
 }
 
-/// The chain used when the config names none: drop accounts known to be exhausted,
-/// then pick the most headroom. Skip-exhausted first means headroom never ranks a
-/// seat whose quota says it will refuse; headroom then spreads load as dario does.
-pub const DEFAULT_CHAIN: &[&str] = &["builtin:skip-exhausted", "builtin:headroom"];
+/// The chain used when the config names none: drop accounts known to be
+/// exhausted, order the rest by headroom, then keep each session on the account
+/// that served it. Skip-exhausted first means no later stage ranks a seat whose
+/// quota says it will refuse; headroom spreads new sessions as dario does;
+/// affinity last, so a session's prompt cache stays warm on its account for as
+/// long as that account is usable and unsaturated — and moves, by headroom, when
+/// it is not (docs/strategies.md, "The default chain").
+pub const DEFAULT_CHAIN: &[&str] = &["builtin:skip-exhausted", "builtin:headroom", "builtin:affinity"];
 
 impl Config {
     /// Reads a config file and checks it completely — syntax, shape and meaning

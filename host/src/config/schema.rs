@@ -81,6 +81,7 @@ pub const COOLDOWNS: &[Field] = &[
     f("overloaded_max_ms", Kind::Int(0, MS_DAY)),
     f("upstream_error_ms", Kind::Int(0, MS_DAY)),
     f("upstream_error_max_ms", Kind::Int(0, MS_DAY)),
+    f("stream_cuts", Kind::Int(0, 1000)),
     f("auth_ms", Kind::Int(0, MS_DAY)),
     f("auth_max_ms", Kind::Int(0, 30 * MS_DAY)),
 ];
@@ -132,6 +133,7 @@ pub const ACCOUNT: &[Field] = &[
     f("base_url", Kind::Str),
     f("max_in_flight", Kind::Int(1, 100_000)),
     f("enabled", Kind::Bool),
+    f("overflow", Kind::Bool),
 ];
 
 /// The whole file.
@@ -177,6 +179,7 @@ mod tests {
             token_file: Some("/f".into()),
             base_url: Some("http://x".into()),
             max_in_flight: Some(1),
+            overflow: Some(true),
             ..Default::default()
         });
         let value = toml::Value::try_from(&config).unwrap();

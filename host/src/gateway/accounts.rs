@@ -111,9 +111,10 @@ impl AccountState {
     }
 
     /// Merges a quota reading (windows are replaced by name; a reading never
-    /// overwrites a newer one). With `account_wide` false the top-level status is
-    /// not taken: a per-model 429 says `rejected` at the top, but only for that
-    /// model's family (dario #1385).
+    /// overwrites a newer one). With `account_wide` false the top-level status
+    /// is the bucket's, not the account's: a per-model rejection says
+    /// `rejected` at the top, but only for that model's family (dario #1385),
+    /// so the account reads `allowed_warning`.
     fn merge(l: &mut Learned, r: &QuotaReading, now: u64, account_wide: bool) {
         if r.is_empty() && r.organization_id.is_none() {
             return;
@@ -130,9 +131,10 @@ impl AccountState {
         for w in &r.windows {
             l.windows.insert(w.name.clone(), w.clone());
         }
-        if let Some(s) = r.status.filter(|_| account_wide) {
-            l.status = s;
-            l.reset_ms = r.reset_ms;
+        if let Some(s) = r.status {
+            // A rejection attributed to one bucket is on that bucket's window;
+            // the account as a whole still serves the other families.
+            (l.status, l.reset_ms) = if account_wide { (s, r.reset_ms) } else { (Status::AllowedWarning, None) };
         }
         if r.representative_claim.is_some() {
             l.representative_claim = r.representative_claim.clone();
@@ -161,7 +163,9 @@ impl AccountState {
                 l.last_status = Some(s);
                 if (200..300).contains(&s) {
                     self.successes.fetch_add(1, Ordering::Relaxed);
-                    l.streaks = Streaks::default();
+                    // Whether this answer streams whole is known at its end
+                    // (`stream_ended`); its status alone clears the rest.
+                    l.streaks = Streaks { stream_cuts: l.streaks.stream_cuts, ..Streaks::default() };
                 }
                 match s {
                     401 | 403 if !auth_cooling => l.streaks.auth += 1,
@@ -176,7 +180,8 @@ impl AccountState {
             }
         }
         let plan = cooldown::plan(answer, reading, family, l.streaks, cfg, now);
-        Self::merge(&mut l, reading, now, !matches!(plan, Plan::GateModel { .. }));
+        let account_wide = reading.rejected_bucket.is_none() && !matches!(plan, Plan::GateModel { .. });
+        Self::merge(&mut l, reading, now, account_wide);
         // A burst of 401s while already cooling does not escalate (dario: burst-safe).
         if matches!(answer, Answer::Status(401 | 403)) && auth_cooling {
             return Change::None;
@@ -192,11 +197,10 @@ impl AccountState {
                 Change::Cooled(reason)
             }
             Plan::GateModel { family, until_ms } => {
-                l.model_gates.retain(|g| g.family != family && g.until_ms > now);
-                l.model_gates.push(ModelGate { family: family.clone(), until_ms });
+                Self::gate(&mut l, &family, until_ms, now);
                 Change::Gated(family)
             }
-            Plan::Clear => {
+            Plan::Clear { gates } => {
                 let had = l.cooldown.is_some_and(|c| c.until_ms > now && cooldown::lifted_by_success(c.reason));
                 if had {
                     l.cooldown = None;
@@ -205,8 +209,41 @@ impl AccountState {
                 if let Some(f) = family {
                     l.model_gates.retain(|g| g.family != f);
                 }
-                if had { Change::Cleared } else { Change::None }
+                let gated = gates.first().map(|(f, _)| f.clone());
+                for (f, until_ms) in gates {
+                    Self::gate(&mut l, &f, until_ms, now);
+                }
+                match (had, gated) {
+                    (_, Some(f)) => Change::Gated(f),
+                    (true, None) => Change::Cleared,
+                    (false, None) => Change::None,
+                }
             }
+        }
+    }
+
+    /// Gates `family` until `until_ms`, replacing its earlier gate.
+    fn gate(l: &mut Learned, family: &str, until_ms: u64, now: u64) {
+        l.model_gates.retain(|g| g.family != family && g.until_ms > now);
+        l.model_gates.push(ModelGate { family: family.to_string(), until_ms });
+    }
+
+    /// Records how an answer that reached the client ended: whole, or cut
+    /// after its first byte. Cuts in a row count toward cooling the account
+    /// (see [`cooldown::after_cut`]); an answer that ends whole resets them.
+    pub fn stream_ended(&self, whole: bool, cfg: &CooldownConfig, now: u64) -> Change {
+        let mut l = self.learned.lock();
+        if whole {
+            l.streaks.stream_cuts = 0;
+            return Change::None;
+        }
+        l.streaks.stream_cuts = l.streaks.stream_cuts.saturating_add(1);
+        match cooldown::after_cut(l.streaks, cfg, now) {
+            Plan::Cool { until_ms, reason } if l.cooldown.is_none_or(|c| c.until_ms <= until_ms) => {
+                l.cooldown = Some(Cooldown { until_ms, reason });
+                Change::Cooled(reason)
+            }
+            _ => Change::None,
         }
     }
 

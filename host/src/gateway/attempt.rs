@@ -259,7 +259,7 @@ pub fn learn(
 }
 
 /// Reports a cooldown change to metrics and the log.
-fn note(gw: &Gateway, account: &PoolAccount, change: Change) {
+pub(super) fn note(gw: &Gateway, account: &PoolAccount, change: Change) {
     match change {
         Change::Cooled(reason) => {
             gw.metrics.cooldown(&account.config.id, reason.as_str());

@@ -17,8 +17,11 @@
 
 use serde::Serialize;
 
+use poolgate_sdk::Buckets;
+use poolgate_sdk::quota::{Exhaustion, bucket_of, exhaustion};
+
 use super::quota::QuotaReading;
-use crate::account::{CooldownReason, Status};
+use crate::account::{CooldownReason, Status, WindowReading};
 
 pub use crate::config::CooldownConfig;
 
@@ -40,6 +43,9 @@ pub struct Streaks {
     pub overloaded: u32,
     /// Consecutive 5xx answers or connection failures.
     pub upstream_error: u32,
+    /// Consecutive answers cut after their first byte (a 2xx at its start
+    /// does not reset this; only an answer that ends whole does).
+    pub stream_cuts: u32,
 }
 
 /// What to do to the account.
@@ -61,14 +67,54 @@ pub enum Plan {
         /// End of the gate.
         until_ms: u64,
     },
-    /// A healthy answer proved quota-based cooldowns stale: lift them.
-    Clear,
+    /// A healthy answer proved quota-based cooldowns stale: lift them — and
+    /// gate the families whose buckets the same answer reports exhausted.
+    Clear {
+        /// (family, until) for each exhausted bucket the answer reported.
+        gates: Vec<(String, u64)>,
+    },
 }
 
-fn exhausted(w: Option<&crate::account::WindowReading>, now: u64) -> Option<Option<u64>> {
+impl Plan {
+    /// A `Clear` that gates nothing.
+    pub fn clear() -> Plan {
+        Plan::Clear { gates: Vec::new() }
+    }
+}
+
+/// Whether window `w` says used up at `now` (the SDK's one definition,
+/// `poolgate_sdk::quota`), and its reset if it says until when. The host holds
+/// an actual answer here, so a used-up window without a reset counts too: the
+/// caller cools for a configured fallback.
+fn exhausted(w: Option<&WindowReading>, now: u64) -> Option<Option<u64>> {
     let w = w?;
-    let live = w.resets_at_ms.is_none_or(|r| r > now);
-    (live && (w.status == Status::Rejected || w.utilization >= 1.0)).then_some(w.resets_at_ms)
+    match exhaustion(w.status == Status::Rejected, w.utilization, w.resets_at_ms, now) {
+        Exhaustion::Open => None,
+        Exhaustion::Until(r) => Some(Some(r)),
+        Exhaustion::ResetUnknown => Some(None),
+    }
+}
+
+/// The family a per-model window binds (`7d_oi` → `fable`, `7d_opus` → `opus`),
+/// by the SDK's default bucket map — the same the built-ins use.
+fn bucket_family(window: &str) -> Option<String> {
+    let bucket = bucket_of(window)?;
+    Some(Buckets::default().family(bucket).to_ascii_lowercase())
+}
+
+/// The exhausted per-model bucket a 429 is about, and its reset: the one the
+/// top-level rejection is attributed to, else one bound to the request's
+/// family, else any.
+fn exhausted_bucket<'r>(r: &'r QuotaReading, family: Option<&str>, now: u64) -> Option<(&'r str, Option<u64>)> {
+    let buckets = || r.windows.iter().filter(|w| bucket_of(&w.name).is_some());
+    let spent = |w: &'r WindowReading| exhausted(Some(w), now).map(|reset| (w.name.as_str(), reset));
+    if let Some(name) = &r.rejected_bucket
+        && let Some(found) = r.window(name).and_then(spent)
+    {
+        return Some(found);
+    }
+    let bound = buckets().filter(|w| family.is_some() && bucket_family(&w.name).as_deref() == family);
+    bound.filter_map(spent).next().or_else(|| buckets().filter_map(spent).next())
 }
 
 fn until(now: u64, reset: Option<u64>, fallback_ms: u64, ceiling_ms: u64) -> u64 {
@@ -130,16 +176,11 @@ fn rate_limited(reading: &QuotaReading, family: Option<&str>, cfg: &CooldownConf
         };
     }
     // A per-model bucket exhausted while the account-wide windows admit:
-    // gate only the family this request belongs to (dario #1385).
-    if let Some(family) = family {
-        let bucket_reset =
-            reading.windows.iter().filter(|w| w.name.starts_with("7d_")).find_map(|w| exhausted(Some(w), now));
-        if let Some(reset) = bucket_reset {
-            return Plan::GateModel {
-                family: family.to_string(),
-                until_ms: until(now, reset, window_fallback, cfg.model_ceiling_ms),
-            };
-        }
+    // gate only the family that bucket binds (dario #1385).
+    if let Some((window, reset)) = exhausted_bucket(reading, family, now)
+        && let Some(gated) = bucket_family(window)
+    {
+        return Plan::GateModel { family: gated, until_ms: until(now, reset, window_fallback, cfg.model_ceiling_ms) };
     }
     if reading.status == Some(Status::Rejected) && !overage_usable {
         let fallback = reading.retry_after_ms.unwrap_or(cfg.unified_ms);
@@ -155,7 +196,8 @@ fn rate_limited(reading: &QuotaReading, family: Option<&str>, cfg: &CooldownConf
 
 /// A success: it lifts quota cooldowns, unless it still reports a spent
 /// window (with a reset) — then the account cools proactively, so the next
-/// request does not spend a round trip to learn it.
+/// request does not spend a round trip to learn it. A spent per-model bucket
+/// (with a reset) gates its family the same way.
 fn succeeded(reading: &QuotaReading, cfg: &CooldownConfig, now: u64) -> Plan {
     let overage_usable = reading.overage_status == Some(Status::Allowed);
     if let Some(reset) = exhausted(reading.window("7d"), now).filter(|r| r.is_some()) {
@@ -170,7 +212,29 @@ fn succeeded(reading: &QuotaReading, cfg: &CooldownConfig, now: u64) -> Plan {
             reason: CooldownReason::SessionExhausted,
         };
     }
-    Plan::Clear
+    let gates = reading
+        .windows
+        .iter()
+        .filter_map(|w| {
+            let reset = exhausted(Some(w), now).flatten()?;
+            Some((bucket_family(&w.name)?, until(now, Some(reset), cfg.window_without_reset_ms, cfg.model_ceiling_ms)))
+        })
+        .collect();
+    Plan::Clear { gates }
+}
+
+/// The cooldown after an answer was cut mid-way, with `streaks` including
+/// this cut: none below `[cooldowns] stream_cuts` in a row, then the
+/// `upstream_error` backoff, escalating per further cut.
+pub fn after_cut(streaks: Streaks, cfg: &CooldownConfig, now: u64) -> Plan {
+    if cfg.stream_cuts == 0 || streaks.stream_cuts < cfg.stream_cuts {
+        return Plan::Keep;
+    }
+    let over = streaks.stream_cuts - cfg.stream_cuts + 1;
+    Plan::Cool {
+        until_ms: now + backoff(cfg.upstream_error_ms, cfg.upstream_error_max_ms, over),
+        reason: CooldownReason::UpstreamError,
+    }
 }
 
 /// Whether a status makes the gateway try the next account (before the first
@@ -245,6 +309,35 @@ mod tests {
     }
 
     #[test]
+    fn a_bucket_gates_the_family_it_binds_not_the_requests() {
+        let r = reading(
+            vec![
+                window("5h", 0.1, Status::Allowed, Some(NOW + HOUR)),
+                window("7d_opus", 1.0, Status::Rejected, Some(NOW + 48 * HOUR)),
+            ],
+            Some(Status::Rejected),
+        );
+        assert_eq!(plan429(&r, Some("sonnet")), Plan::GateModel { family: "opus".into(), until_ms: NOW + 48 * HOUR });
+    }
+
+    #[test]
+    fn a_success_reporting_a_spent_bucket_gates_its_family() {
+        let cfg = CooldownConfig::default();
+        let r = reading(
+            vec![
+                window("5h", 0.1, Status::Allowed, Some(NOW + HOUR)),
+                window("7d_oi", 1.0, Status::Rejected, Some(NOW + 48 * HOUR)),
+                window("7d_opus", 0.4, Status::Allowed, Some(NOW + 48 * HOUR)),
+            ],
+            Some(Status::Allowed),
+        );
+        assert_eq!(
+            plan(Answer::Status(200), &r, Some("sonnet"), Streaks::default(), &cfg, NOW),
+            Plan::Clear { gates: vec![("fable".into(), NOW + 48 * HOUR)] }
+        );
+    }
+
+    #[test]
     fn unified_rejected_without_windows_uses_retry_after_or_the_default() {
         let mut r = reading(vec![window("5h", 0.5, Status::Allowed, None)], Some(Status::Rejected));
         assert_eq!(
@@ -284,12 +377,29 @@ mod tests {
     fn a_success_lifts_quota_cooldowns_unless_it_reports_exhaustion() {
         let cfg = CooldownConfig::default();
         let ok = reading(vec![window("5h", 0.2, Status::Allowed, Some(NOW + HOUR))], Some(Status::Allowed));
-        assert_eq!(plan(Answer::Status(200), &ok, None, Streaks::default(), &cfg, NOW), Plan::Clear);
+        assert_eq!(plan(Answer::Status(200), &ok, None, Streaks::default(), &cfg, NOW), Plan::clear());
         let spent = reading(vec![window("5h", 1.0, Status::Rejected, Some(NOW + HOUR))], Some(Status::Allowed));
         assert_eq!(
             plan(Answer::Status(200), &spent, None, Streaks::default(), &cfg, NOW),
             Plan::Cool { until_ms: NOW + HOUR, reason: CooldownReason::SessionExhausted }
         );
+    }
+
+    #[test]
+    fn repeated_cuts_cool_with_the_upstream_error_backoff() {
+        let cfg = CooldownConfig::default();
+        let cuts = |n| Streaks { stream_cuts: n, ..Default::default() };
+        assert_eq!(after_cut(cuts(2), &cfg, NOW), Plan::Keep);
+        assert_eq!(
+            after_cut(cuts(3), &cfg, NOW),
+            Plan::Cool { until_ms: NOW + 2_000, reason: CooldownReason::UpstreamError }
+        );
+        assert_eq!(
+            after_cut(cuts(5), &cfg, NOW),
+            Plan::Cool { until_ms: NOW + 8_000, reason: CooldownReason::UpstreamError }
+        );
+        let never = CooldownConfig { stream_cuts: 0, ..cfg };
+        assert_eq!(after_cut(cuts(50), &never, NOW), Plan::Keep);
     }
 
     #[test]

@@ -102,7 +102,10 @@ impl Finish {
         drop(lease);
         let observed = match observe {
             Observe::Nothing => None,
-            Observe::Answer { account, request } => Some((request, account, relayed_outcome(ending, status))),
+            Observe::Answer { account, request } => {
+                stream_ended(&gateway, &generation, account, ending);
+                Some((request, account, relayed_outcome(ending, status)))
+            }
             Observe::Known(o) => Some(o),
         };
         if let Some((request, account, outcome)) = observed {
@@ -122,6 +125,23 @@ impl Finish {
         self.complete(ending, status);
         r
     }
+}
+
+/// Tells the account whose answer reached the client how it ended: whole
+/// (`Complete`) or cut after its first byte (`StreamError`). A client that went
+/// away says nothing about the account.
+fn stream_ended(gateway: &Gateway, generation: &Generation, account: u32, ending: Ending) {
+    let whole = match ending {
+        Ending::Complete => true,
+        Ending::StreamError => false,
+        _ => return,
+    };
+    let Some(a) = generation.account(account) else { return };
+    if !whole {
+        gateway.metrics.stream_cut(&a.config.id);
+    }
+    let change = a.state.stream_ended(whole, &generation.config.cooldowns, super::now_ms());
+    super::attempt::note(gateway, a, change);
 }
 
 /// What the chain hears about an attempt that ended with HTTP `status`, or

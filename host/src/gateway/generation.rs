@@ -29,6 +29,9 @@ pub struct PoolAccount {
     pub target: Target,
     /// What the gateway has learned about it (shared across generations).
     pub state: Arc<AccountState>,
+    /// Tried only after every usable account that is not (see
+    /// `AccountConfig::overflow`).
+    pub overflow: bool,
 }
 
 /// A loaded configuration.
@@ -103,8 +106,11 @@ impl Generation {
         let accounts: Vec<PoolAccount> = enabled
             .into_iter()
             .enumerate()
-            .map(|(i, (config, target, state))| PoolAccount { index: i as u32, config, target, state })
-            .collect();
+            .map(|(i, (config, target, state))| PoolAccount { index: i as u32, config, target, state, overflow: false })
+            .collect::<Vec<_>>();
+        let seats = accounts.iter().any(|a| a.config.kind == crate::config::AccountKind::Oauth);
+        let accounts =
+            accounts.into_iter().map(|a| PoolAccount { overflow: a.config.is_overflow(seats), ..a }).collect();
         let generation =
             Generation { number, config, chain, accounts, disabled, client_keys, admin, loaded_ms: now_ms() };
         generation.smoke_rank().await?;

@@ -134,6 +134,7 @@ pub struct Metrics {
     policy_errors: Family<StageCause, Counter>,
     background_errors: Family<StagePhaseCause, Counter>,
     parked: Counter,
+    stream_cuts: Family<Account, Counter>,
     reloads: Family<ReloadResult, Counter>,
     chain_duration: Histogram,
     upstream_latency: Family<Account, Histogram, fn() -> Histogram>,
@@ -150,6 +151,7 @@ impl Default for Metrics {
             policy_errors: Family::default(),
             background_errors: Family::default(),
             parked: Counter::default(),
+            stream_cuts: Family::default(),
             reloads: Family::default(),
             chain_duration: latency_histogram(),
             upstream_latency: Family::new_with_constructor(latency_histogram),
@@ -184,6 +186,11 @@ impl Default for Metrics {
             "poolgate_parked",
             "Requests answered locally with 429 because every account was cooling",
             m.parked.clone(),
+        );
+        r.register(
+            "poolgate_stream_cuts",
+            "Answers cut after their first byte reached the client, by account",
+            m.stream_cuts.clone(),
         );
         r.register("poolgate_reloads", "Configuration reloads by result", m.reloads.clone());
         r.register("poolgate_chain_duration_seconds", "Time to run the policy chain once", m.chain_duration.clone());
@@ -233,6 +240,11 @@ impl Metrics {
     /// A request was parked.
     pub fn parked(&self) {
         self.parked.inc();
+    }
+
+    /// An answer of `account` was cut after its first byte.
+    pub fn stream_cut(&self, account: &str) {
+        self.stream_cuts.get_or_create(&Account { account: account.into() }).inc();
     }
 
     /// A reload finished.

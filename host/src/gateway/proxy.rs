@@ -208,7 +208,11 @@ impl Exchange {
         let decision = self.generation.chain.rank(request.clone(), candidates).await;
         self.gw.metrics.chain_duration(decision.duration_us / 1e6);
         self.record.reason.clone_from(&decision.reason);
-        let order: Vec<u32> = decision.order.indices().iter().copied().filter(|i| usable.contains(i)).collect();
+        let mut order: Vec<u32> = decision.order.indices().iter().copied().filter(|i| usable.contains(i)).collect();
+        // Overflow accounts (API keys beside subscription seats, by default)
+        // come after every usable account that is not: a stable partition, so
+        // the chain's order holds within each tier.
+        order.sort_by_key(|&i| self.generation.account(i).is_some_and(|a| a.overflow));
         if order.is_empty() {
             self.record.attempts.push(local_attempt(attempt, decision, AttemptOutcome::NoUsableAccount));
             return None;

@@ -12,7 +12,14 @@
 //!   from a fixed list, so a new bucket (`7d_oi` for Fable) is seen on day one;
 //! - resets are epoch seconds, but a value above 4,102,444,800 is already in
 //!   milliseconds (neurolink's guard);
-//! - the top-level `status` is authoritative and kept separately from the windows.
+//! - the top-level `status` is authoritative and kept separately from the windows
+//!   — except that a `rejected` the headers attribute to one per-model bucket
+//!   (by the representative claim, `seven_day_opus`, or, without a claim, by
+//!   the only exhausted window being such a bucket) is that bucket's, not the
+//!   account's: it gates that family and leaves the others serving (dario
+//!   #1385). See [`QuotaReading::rejected_bucket`];
+//! - a utilization that is negative or not a number is no reading
+//!   (`poolgate_sdk::quota::utilization`).
 
 use http::HeaderMap;
 
@@ -41,6 +48,10 @@ pub struct QuotaReading {
     pub organization_id: Option<String>,
     /// `retry-after`, in ms from now.
     pub retry_after_ms: Option<u64>,
+    /// The per-model window (`7d_opus`) a top-level `rejected` is attributed
+    /// to, if it is: then the rejection is that bucket's (its window reads
+    /// `rejected`) and the account as a whole is not refused.
+    pub rejected_bucket: Option<String>,
 }
 
 impl QuotaReading {
@@ -68,6 +79,11 @@ pub fn epoch_to_ms(v: u64) -> u64 {
 
 fn number(s: &str) -> Option<f64> {
     s.parse::<f64>().ok().filter(|v| v.is_finite())
+}
+
+/// A utilization header's value: finite and not negative.
+fn utilization(s: &str) -> Option<f64> {
+    s.parse::<f64>().ok().and_then(poolgate_sdk::quota::utilization)
 }
 
 /// The API-key limit families: header infix and window name.
@@ -188,7 +204,7 @@ impl<'a> Seen<'a> {
         match part {
             Part::Utilization => {
                 if u.utilization.is_none() {
-                    u.utilization = number(value);
+                    u.utilization = utilization(value);
                 }
             }
             Part::Reset => set(&mut u.reset, value),
@@ -220,6 +236,7 @@ impl<'a> Seen<'a> {
             fallback_percentage: self.fallback.and_then(number),
             organization_id: self.org.map(str::to_string),
             retry_after_ms: self.retry.and_then(|v| parse_retry_after(v, now_ms)),
+            rejected_bucket: None,
         };
         for u in self.unified {
             let Some(utilization) = u.utilization else { continue };
@@ -249,8 +266,55 @@ impl<'a> Seen<'a> {
             });
         }
         r.windows.sort_by(|a, b| a.name.cmp(&b.name));
+        attribute(&mut r, now_ms);
         r
     }
+}
+
+/// Attributes a top-level `rejected` to the per-model bucket that caused it,
+/// if the headers say which: the representative claim names one
+/// (`seven_day_opus` → `7d_opus`), or — without a claim that names a window —
+/// the 5h and 7d windows admit and exactly one per-model bucket is used up.
+/// The bucket's window then reads `rejected` (created from the unified reset
+/// if the response did not carry it), so every plugin sees the same thing the
+/// host gates on.
+fn attribute(r: &mut QuotaReading, now_ms: u64) {
+    use poolgate_sdk::quota::{Exhaustion, bucket_of, claimed_window, exhaustion};
+    if r.status != Some(Status::Rejected) {
+        return;
+    }
+    let used_up = |w: &WindowReading| {
+        exhaustion(w.status == Status::Rejected, w.utilization, w.resets_at_ms, now_ms) != Exhaustion::Open
+    };
+    let bucket = match r.representative_claim.as_deref().and_then(claimed_window) {
+        Some(window) => bucket_of(&window).is_some().then_some(window),
+        None => {
+            let account_wide = ["5h", "7d"].iter().any(|n| r.window(n).is_some_and(used_up));
+            let mut spent = r.windows.iter().filter(|w| bucket_of(&w.name).is_some() && used_up(w));
+            match (spent.next(), spent.next()) {
+                (Some(w), None) if !account_wide => Some(w.name.clone()),
+                _ => None,
+            }
+        }
+    };
+    let Some(bucket) = bucket else { return };
+    match r.windows.iter_mut().find(|w| w.name == bucket) {
+        Some(w) => {
+            w.status = Status::Rejected;
+            w.resets_at_ms = w.resets_at_ms.or(r.reset_ms);
+        }
+        None => {
+            r.windows.push(WindowReading {
+                name: bucket.clone(),
+                utilization: 1.0,
+                resets_at_ms: r.reset_ms,
+                status: Status::Rejected,
+                observed_at_ms: Some(now_ms),
+            });
+            r.windows.sort_by(|a, b| a.name.cmp(&b.name));
+        }
+    }
+    r.rejected_bucket = Some(bucket);
 }
 
 /// Which companion of a unified window a header is.
@@ -363,6 +427,60 @@ mod tests {
         assert_eq!(req.resets_at_ms, Some(1_760_000_000_000));
         assert_eq!(r.window("input_tokens").unwrap().status, Status::Rejected);
         assert!(!r.has_unified());
+    }
+
+    #[test]
+    fn a_rejection_claimed_by_a_bucket_is_the_buckets() {
+        let h = headers(&[
+            ("anthropic-ratelimit-unified-status", "rejected"),
+            ("anthropic-ratelimit-unified-reset", "1760500000"),
+            ("anthropic-ratelimit-unified-representative-claim", "seven_day_opus"),
+            ("anthropic-ratelimit-unified-5h-utilization", "0.2"),
+            ("anthropic-ratelimit-unified-7d-utilization", "0.3"),
+        ]);
+        let r = parse(&h, NOW);
+        assert_eq!(r.rejected_bucket.as_deref(), Some("7d_opus"));
+        let opus = r.window("7d_opus").expect("the claimed bucket becomes a window");
+        assert_eq!(
+            (opus.status, opus.utilization, opus.resets_at_ms),
+            (Status::Rejected, 1.0, Some(1_760_500_000_000))
+        );
+        // An account-wide claim stays the account's.
+        let h = headers(&[
+            ("anthropic-ratelimit-unified-status", "rejected"),
+            ("anthropic-ratelimit-unified-representative-claim", "five_hour"),
+            ("anthropic-ratelimit-unified-7d_opus-utilization", "1.0"),
+        ]);
+        assert_eq!(parse(&h, NOW).rejected_bucket, None);
+    }
+
+    #[test]
+    fn without_a_claim_the_only_spent_bucket_takes_the_rejection() {
+        let base = [
+            ("anthropic-ratelimit-unified-status", "rejected"),
+            ("anthropic-ratelimit-unified-5h-utilization", "0.2"),
+            ("anthropic-ratelimit-unified-7d-utilization", "0.3"),
+            ("anthropic-ratelimit-unified-7d_oi-utilization", "1.0"),
+            ("anthropic-ratelimit-unified-7d_oi-reset", "1760500000"),
+        ];
+        assert_eq!(parse(&headers(&base), NOW).rejected_bucket.as_deref(), Some("7d_oi"));
+        // Two spent buckets, or a spent 7d: no single bucket to blame.
+        let two = [&base[..], &[("anthropic-ratelimit-unified-7d_opus-utilization", "1.0")]].concat();
+        assert_eq!(parse(&headers(&two), NOW).rejected_bucket, None);
+        let mut wide = base;
+        wide[2] = ("anthropic-ratelimit-unified-7d-utilization", "1.0");
+        assert_eq!(parse(&headers(&wide), NOW).rejected_bucket, None);
+    }
+
+    #[test]
+    fn negative_utilizations_are_no_reading() {
+        let h = headers(&[
+            ("anthropic-ratelimit-unified-5h-utilization", "-0.5"),
+            ("anthropic-ratelimit-unified-7d-utilization", "-inf"),
+            ("anthropic-ratelimit-unified-7d_oi-utilization", "0.4"),
+        ]);
+        let r = parse(&h, NOW);
+        assert_eq!(r.windows.iter().map(|w| w.name.as_str()).collect::<Vec<_>>(), ["7d_oi"]);
     }
 
     #[test]

@@ -27,9 +27,12 @@ pub type FaultSink = Arc<dyn Fn(&str, Phase, &Fault) + Send + Sync>;
 /// counted, not kept.
 const MAX_PENDING: usize = 16;
 
-/// Failures of one phase, for `/status`.
+/// Calls and failures of one phase, for `/status`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PhaseHealth {
+    /// Calls that ran to an answer or a failure since the stage was loaded
+    /// (not those bypassed by the breaker or skipped as busy).
+    pub calls: u64,
     /// Failures since the stage was loaded (the plugin's own: trap, timeout,
     /// oom, error, invalid output, host).
     pub failures: u64,
@@ -63,6 +66,7 @@ pub struct StageEvents {
     pending: Mutex<Vec<PolicyError>>,
     has_pending: AtomicBool,
     counts: [AtomicU64; 3],
+    calls: [AtomicU64; 3],
     last: Mutex<[Option<LastFailure>; 3]>,
     busy: [AtomicU64; 3],
     last_busy: Mutex<[Option<LastFailure>; 3]>,
@@ -78,6 +82,7 @@ impl StageEvents {
             pending: Mutex::new(Vec::new()),
             has_pending: AtomicBool::new(false),
             counts: Default::default(),
+            calls: Default::default(),
             last: Mutex::new(Default::default()),
             busy: Default::default(),
             last_busy: Mutex::new(Default::default()),
@@ -96,6 +101,7 @@ impl StageEvents {
 
     /// A call of `phase` succeeded (a `rank` call hands back its ticket).
     pub fn succeeded(&self, phase: Phase, now_ms: u64, ticket: Option<Ticket<'_>>) {
+        self.calls[phase as usize].fetch_add(1, Ordering::Relaxed);
         self.breaker.record(phase, true, now_ms, ticket);
     }
 
@@ -117,6 +123,7 @@ impl StageEvents {
                 self.last_busy.lock()[slot] = Some(LastFailure { at_ms: now_ms, fault: fault.clone() });
             }
             _ => {
+                self.calls[slot].fetch_add(1, Ordering::Relaxed);
                 self.breaker.record(phase, false, now_ms, ticket);
                 self.counts[slot].fetch_add(1, Ordering::Relaxed);
                 self.last.lock()[slot] = Some(LastFailure { at_ms: now_ms, fault: fault.clone() });
@@ -156,6 +163,7 @@ impl StageEvents {
     pub fn health(&self, phase: Phase) -> PhaseHealth {
         let slot = phase as usize;
         PhaseHealth {
+            calls: self.calls[slot].load(Ordering::Relaxed),
             failures: self.counts[slot].load(Ordering::Relaxed),
             last: self.last.lock()[slot].clone(),
             busy: self.busy[slot].load(Ordering::Relaxed),

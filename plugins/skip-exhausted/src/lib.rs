@@ -2,9 +2,11 @@
 //! refuse, so no request (and no failover attempt) is spent on a doomed probe.
 //!
 //! An account is dropped only on evidence strong enough to act on: a fresh reading
-//! in which the 5h window, the 7d window, the request's per-model bucket or the
-//! unified status is exhausted (`rejected`, or used ≥ 100%) until a reset that is
-//! still in the future. Everything weaker fails open — no reading, a stale one, a
+//! in which the 5h window, the 7d window, the bucket that binds the request's
+//! model family or the unified status is exhausted (`rejected`, or used ≥ 100%)
+//! until a reset that is still in the future — the SDK's one definition
+//! (`poolgate_sdk::quota`, `Buckets::exhausted`), which the ladders and the
+//! host's cooldowns share. Freshness is per window. Everything weaker fails open — no reading, a stale one, a
 //! window whose reset is unknown or has passed, a utilization that is not a
 //! number — because a wrong "exhausted" costs a usable seat while a wrong "fine"
 //! costs one probe. And it never drops the last way out: when no usable candidate
@@ -22,28 +24,6 @@ pub struct SkipExhausted {
     buckets: Buckets,
 }
 
-impl SkipExhausted {
-    /// What says `a` is exhausted and until when, if anything trustworthy does.
-    fn exhausted(&self, a: &Candidate, family: Option<&str>, now: u64) -> Option<(&'static str, u64)> {
-        if a.quota_freshness != Freshness::Fresh {
-            return None;
-        }
-        let future = |r: Option<u64>| r.filter(|&r| r > now);
-        if a.status == WindowStatus::Rejected
-            && let Some(r) = future(a.resets_at_ms)
-        {
-            return Some(("unified", r));
-        }
-        let scoped = family.into_iter().flat_map(|f| self.buckets.windows_for(a, f));
-        a.windows
-            .iter()
-            .filter(|w| matches!(w.kind, WindowKind::FiveHour | WindowKind::SevenDay))
-            .chain(scoped)
-            .filter(|w| w.status == WindowStatus::Rejected || (w.utilization.is_finite() && w.utilization >= 1.0))
-            .find_map(|w| future(w.resets_at_ms).map(|r| (poolgate_sdk::host::window_name(w.name), r)))
-    }
-}
-
 impl Ranker for SkipExhausted {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
         let mut o = config.options();
@@ -58,7 +38,7 @@ impl Ranker for SkipExhausted {
         let mut kept = Vec::with_capacity(candidates.len());
         let mut dropped = Vec::new();
         for c in candidates.iter() {
-            match self.exhausted(&c, family, req.now_ms) {
+            match self.buckets.exhausted(&c, family, req.now_ms) {
                 Some((window, until)) => dropped.push(format!("`{}` ({window} exhausted until {until})", c.info.id)),
                 None => kept.push(c.position),
             }

@@ -153,6 +153,12 @@ impl View {
             for (family, by) in &c.by_family {
                 let _ = writeln!(out, "{family} served by account: {}", per(by));
             }
+            let (served, put) = c.sessions_staying_put();
+            let _ = writeln!(
+                out,
+                "sessions that stayed on one account: {put} of {served} (affinity keeps a session's prompt cache warm; \
+                 a session moves when its account cools or fills up)"
+            );
         }
         let seen: Vec<String> = self
             .seen

@@ -48,6 +48,17 @@ pub struct Counts {
     pub tool_calls: u64,
     /// Requests that failed without an HTTP answer, or whose stream broke.
     pub transport_errors: u64,
+    /// For each session that was served, the accounts that served it: with
+    /// the default chain's affinity, one while that account stays usable.
+    pub accounts_by_session: BTreeMap<String, std::collections::BTreeSet<String>>,
+}
+
+impl Counts {
+    /// (sessions served, of those served by one account only).
+    pub fn sessions_staying_put(&self) -> (usize, usize) {
+        let served = self.accounts_by_session.len();
+        (served, self.accounts_by_session.values().filter(|a| a.len() == 1).count())
+    }
 }
 
 /// Running sessions.
@@ -165,7 +176,8 @@ async fn session_loop(n: u32, seed: u64, client: Client, counts: Arc<Mutex<Count
                     if a.status == 200 {
                         let account = a.account.clone().unwrap_or_else(|| "?".into());
                         *c.served.entry(account.clone()).or_default() += 1;
-                        *c.by_family.entry(family.clone()).or_default().entry(account).or_default() += 1;
+                        *c.by_family.entry(family.clone()).or_default().entry(account.clone()).or_default() += 1;
+                        c.accounts_by_session.entry(session.clone()).or_default().insert(account);
                         c.tool_calls += u64::from(a.tool.is_some());
                         drop(c);
                         history.push(user);
