@@ -17,6 +17,7 @@ pub mod cli;
 pub mod config;
 pub mod fixtures;
 pub mod gateway;
+pub mod oauth;
 pub mod policy;
 pub mod random;
 pub mod sim;

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod check;
 mod demo;
+mod login;
 mod plugin;
 mod rank;
 mod serve;
@@ -89,6 +90,19 @@ enum Command {
     ///   poolgate plugin test <the .wasm it printed> least-busy/fixtures
     #[command(subcommand, verbatim_doc_comment)]
     Plugin(plugin::Command),
+    /// Log an OAuth subscription seat in: approve in a browser, paste the code.
+    ///
+    /// The account needs `kind = "oauth"` and a `credentials` file in its
+    /// [[accounts]] entry; the tokens go there (0600), and the gateway
+    /// refreshes them from then on. Endpoints and client id: [oauth].
+    ///
+    /// Example:
+    ///   poolgate login work --config poolgate.toml
+    #[command(verbatim_doc_comment)]
+    Login(login::LoginArgs),
+    /// Manage account credentials (import an existing Claude Code login).
+    #[command(subcommand)]
+    Accounts(login::AccountsCommand),
 }
 
 /// Entry point of the binary.
@@ -116,6 +130,8 @@ pub fn main() -> ExitCode {
         Command::Check(args) => check::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Plugin(cmd) => plugin::run(cmd),
+        Command::Login(args) => login::login(args),
+        Command::Accounts(login::AccountsCommand::Import(args)) => login::import(args),
     };
     match result {
         Ok(code) => code,

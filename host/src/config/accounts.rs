@@ -47,6 +47,10 @@ pub struct AccountConfig {
     /// File holding the API key or token (first line).
     #[serde(default)]
     pub token_file: Option<PathBuf>,
+    /// An OAuth seat's credentials file, which the gateway owns and refreshes
+    /// (`poolgate login` or `poolgate accounts import` writes it).
+    #[serde(default)]
+    pub credentials: Option<PathBuf>,
     /// Upstream base URL.
     #[serde(default)]
     pub base_url: Option<String>,
@@ -86,8 +90,12 @@ impl AccountConfig {
         self.base_url.as_deref().unwrap_or(ANTHROPIC_API).trim_end_matches('/')
     }
 
-    /// Reads the credential from where the config says it is.
+    /// Reads a static credential from where the config says it is (an
+    /// account with `credentials` has none: its seat refreshes its own).
     pub fn credential(&self) -> Result<Secret> {
+        if self.credentials.is_some() {
+            bail!("an account with `credentials` takes neither api_key_env nor token_file");
+        }
         match (&self.api_key_env, &self.token_file) {
             (Some(var), None) => {
                 let v = std::env::var(var).with_context(|| format!("environment variable {var} is not set"))?;

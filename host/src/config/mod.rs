@@ -5,6 +5,7 @@
 
 mod accounts;
 mod cooldowns;
+mod oauth;
 pub mod schema;
 mod secrets;
 mod server;
@@ -17,7 +18,8 @@ use serde::{Deserialize, Serialize};
 
 pub use accounts::{ANTHROPIC_API, AccountConfig, AccountKind};
 pub use cooldowns::CooldownConfig;
-pub use secrets::{Resolved, ResolvedAccount, Secret, base_prefix, digest};
+pub use oauth::{CLAUDE_CODE_CLIENT_ID, OAuthConfig};
+pub use secrets::{Credential, Resolved, ResolvedAccount, Secret, base_prefix, digest};
 pub use server::{ClientKey, GatewayConfig, LogFormat, ServerConfig};
 
 use crate::policy::{self, BreakerConfig, Limits, PluginRef, PluginSpec, StageSpec};
@@ -38,6 +40,9 @@ pub struct Config {
     /// The policy chain and the plugin sandbox.
     #[serde(default)]
     pub policy: PolicyConfig,
+    /// OAuth endpoints and refresh timing of subscription seats.
+    #[serde(default)]
+    pub oauth: OAuthConfig,
     /// The accounts of the pool.
     #[serde(default)]
     pub accounts: Vec<AccountConfig>,
@@ -255,7 +260,7 @@ impl Config {
         Ok((config, index))
     }
 
-    /// Makes plugin and token-file paths relative to the config file's directory.
+    /// Makes plugin, token-file and credentials paths relative to the config file's directory.
     pub fn resolve_paths(&mut self, base: &Path) {
         for stage in &mut self.policy.chain {
             if !stage.plugin.starts_with("builtin:") && Path::new(&stage.plugin).is_relative() {
@@ -263,10 +268,10 @@ impl Config {
             }
         }
         for account in &mut self.accounts {
-            if let Some(f) = &account.token_file
-                && f.is_relative()
-            {
-                account.token_file = Some(base.join(f));
+            for f in [&mut account.token_file, &mut account.credentials].into_iter().flatten() {
+                if f.is_relative() {
+                    *f = base.join(&*f);
+                }
             }
         }
     }

@@ -130,10 +130,24 @@ pub const ACCOUNT: &[Field] = &[
     f("kind", Kind::OneOf(&["api-key", "oauth"])),
     f("api_key_env", Kind::Str),
     f("token_file", Kind::Str),
+    f("credentials", Kind::Str),
     f("base_url", Kind::Str),
     f("max_in_flight", Kind::Int(1, 100_000)),
     f("enabled", Kind::Bool),
     f("overflow", Kind::Bool),
+];
+
+/// `[oauth]`.
+pub const OAUTH: &[Field] = &[
+    f("token_url", Kind::Str),
+    f("authorize_url", Kind::Str),
+    f("redirect_uri", Kind::Str),
+    f("client_id", Kind::Str),
+    f("scopes", Kind::Str),
+    f("refresh_before_ms", Kind::Int(0, 30 * MS_DAY)),
+    f("check_interval_ms", Kind::Int(100, MS_DAY)),
+    f("timeout_ms", Kind::Int(100, 600_000)),
+    f("max_backoff_ms", Kind::Int(1_000, MS_DAY)),
 ];
 
 /// The whole file.
@@ -141,6 +155,7 @@ pub const ROOT: &[Field] = &[
     f("server", Kind::Table(SERVER)),
     f("gateway", Kind::Table(GATEWAY)),
     f("cooldowns", Kind::Table(COOLDOWNS)),
+    f("oauth", Kind::Table(OAUTH)),
     f("policy", Kind::Table(POLICY)),
     f("accounts", Kind::Tables(ACCOUNT, &["id"])),
 ];
@@ -177,6 +192,7 @@ mod tests {
             alias: Some("a".into()),
             api_key_env: Some("E".into()),
             token_file: Some("/f".into()),
+            credentials: Some("/c".into()),
             base_url: Some("http://x".into()),
             max_in_flight: Some(1),
             overflow: Some(true),

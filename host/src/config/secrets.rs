@@ -73,7 +73,40 @@ pub struct ResolvedAccount {
     /// The base URL every request path is appended to (see [`base_prefix`]).
     pub base: String,
     /// Its credential; `None` for a disabled account (its secret is not read).
-    pub credential: Option<Secret>,
+    pub credential: Option<Credential>,
+}
+
+/// Where an account's credential comes from.
+#[derive(Debug, Clone)]
+pub enum Credential {
+    /// A key or token that does not change (`api_key_env`, `token_file`).
+    Static(Secret),
+    /// An OAuth seat's credentials file, read at load and refreshed by the
+    /// gateway (`credentials`).
+    Seat {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What it held at load.
+        stored: crate::oauth::StoredCredential,
+    },
+}
+
+fn account_credential(a: &AccountConfig) -> Result<Credential> {
+    match &a.credentials {
+        Some(path) => {
+            if a.api_key_env.is_some() || a.token_file.is_some() {
+                bail!("an account with `credentials` takes neither api_key_env nor token_file");
+            }
+            if a.kind != super::AccountKind::Oauth {
+                bail!("`credentials` is for OAuth seats: set kind = \"oauth\"");
+            }
+            let stored = crate::oauth::StoredCredential::read(path).with_context(|| {
+                format!("run `poolgate login {}` or `poolgate accounts import {0} --from <file>`", a.id)
+            })?;
+            Ok(Credential::Seat { path: path.clone(), stored })
+        }
+        None => a.credential().map(Credential::Static),
+    }
 }
 
 /// Everything a config refers to, resolved.
@@ -116,11 +149,17 @@ impl Config {
             let base = base_prefix(a.base_url())
                 .map_err(|e| problems.push((format!("accounts[{i}].base_url"), e.to_string())))
                 .ok();
-            let credential = match a.enabled.then(|| a.credential()) {
+            let credential = match a.enabled.then(|| account_credential(a)) {
                 None => Ok(None),
                 Some(Ok(c)) => Ok(Some(c)),
                 Some(Err(e)) => {
-                    let key = if a.token_file.is_some() { "token_file" } else { "api_key_env" };
+                    let key = if a.credentials.is_some() {
+                        "credentials"
+                    } else if a.token_file.is_some() {
+                        "token_file"
+                    } else {
+                        "api_key_env"
+                    };
                     problems.push((format!("accounts[{i}].{key}"), format!("{e:#}")));
                     Err(())
                 }

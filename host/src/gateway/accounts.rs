@@ -6,6 +6,7 @@
 //! that started on an old generation releases its lease on the same counter.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -15,6 +16,7 @@ use super::cooldown::{self, Answer, CooldownConfig, Plan, Streaks};
 use super::quota::QuotaReading;
 use crate::account::{AccountSnapshot, Cooldown, CooldownReason, ModelGate, Status, WindowReading};
 use crate::config::AccountConfig;
+use crate::oauth::Seat;
 
 /// Learned state of one account.
 #[derive(Debug)]
@@ -27,6 +29,9 @@ pub struct AccountState {
     pub attempts: AtomicU64,
     /// Attempts answered 2xx.
     pub successes: AtomicU64,
+    /// An OAuth seat's token and refresh state, kept across reloads like
+    /// everything else learned about the account.
+    seat: Mutex<Option<Arc<Seat>>>,
 }
 
 #[derive(Debug, Default)]
@@ -67,7 +72,37 @@ impl AccountState {
             in_flight: AtomicU32::new(0),
             attempts: AtomicU64::new(0),
             successes: AtomicU64::new(0),
+            seat: Mutex::new(None),
         }
+    }
+
+    /// The account's OAuth seat for credentials file `path`: the one it has if
+    /// it is for that file and was made with the same `[oauth]` settings, else
+    /// a new one from `make`.
+    pub fn seat_for(
+        &self,
+        path: &std::path::Path,
+        config: &crate::config::OAuthConfig,
+        make: impl FnOnce() -> anyhow::Result<Arc<Seat>>,
+    ) -> anyhow::Result<Arc<Seat>> {
+        let mut slot = self.seat.lock();
+        if let Some(s) = slot.as_ref().filter(|s| s.path() == path && s.config() == config) {
+            return Ok(s.clone());
+        }
+        let seat = make()?;
+        *slot = Some(seat.clone());
+        Ok(seat)
+    }
+
+    /// The account's OAuth seat, if it is one.
+    pub fn seat(&self) -> Option<Arc<Seat>> {
+        self.seat.lock().clone()
+    }
+
+    /// Forgets what was learned about the account's quota and cooldowns: its
+    /// seat now belongs to another identity, whose readings are not these.
+    pub fn forget_learned(&self) {
+        *self.learned.lock() = Learned::default();
     }
 
     /// Requests in flight now.
@@ -94,7 +129,7 @@ impl AccountState {
             alias: config.alias.clone(),
             primary: config.primary,
             usable: None,
-            disabled: !config.enabled,
+            disabled: !config.enabled || self.seat().is_some_and(|s| s.needs_login()),
             cooldown: l.cooldown,
             model_gates: l.model_gates.clone(),
             in_flight: self.in_flight(),
@@ -120,6 +155,13 @@ impl AccountState {
             return;
         }
         if let Some(org) = &r.organization_id {
+            // Another subscription now answers under this account id (a
+            // re-login to a different identity): nothing learned about the
+            // old one is this one's.
+            if l.organization_id.as_ref().is_some_and(|o| o != org) {
+                tracing::warn!(organization = %org, "the account answers as another organization now; its old quota readings and cooldowns are dropped");
+                *l = Learned::default();
+            }
             l.organization_id = Some(org.clone());
         }
         if r.is_empty() {
@@ -222,6 +264,19 @@ impl AccountState {
         }
     }
 
+    /// The organization the account's answers come from, once known.
+    pub fn organization_id(&self) -> Option<String> {
+        self.learned.lock().organization_id.clone()
+    }
+
+    /// Takes a quota reading another account of the same subscription (the
+    /// same organization) received: one subscription, one quota (dario's
+    /// `sharesWindowWith`). Cooldowns and streaks stay each account's own.
+    pub fn merge_shared(&self, r: &QuotaReading, now: u64) {
+        let mut l = self.learned.lock();
+        Self::merge(&mut l, r, now, r.rejected_bucket.is_none());
+    }
+
     /// Gates `family` until `until_ms`, replacing its earlier gate.
     fn gate(l: &mut Learned, family: &str, until_ms: u64, now: u64) {
         l.model_gates.retain(|g| g.family != family && g.until_ms > now);
@@ -275,6 +330,8 @@ impl AccountState {
             windows: l.windows.values().cloned().collect(),
             streaks: l.streaks,
             last_status: l.last_status,
+            same_subscription_as: Vec::new(),
+            oauth: self.seat().map(|s| s.status(now)),
             attempts: self.attempts.load(Ordering::Relaxed),
             successes: self.successes.load(Ordering::Relaxed),
         }
@@ -324,6 +381,13 @@ pub struct AccountStatus {
     pub streaks: Streaks,
     /// Status of the last answer.
     pub last_status: Option<u16>,
+    /// Other accounts whose answers come from the same organization: one
+    /// subscription under two ids, drawing on one quota.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub same_subscription_as: Vec<String>,
+    /// An OAuth seat's token: expiry, refreshes, identity, `needs_login`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oauth: Option<crate::oauth::SeatStatus>,
     /// Attempts sent.
     pub attempts: u64,
     /// Attempts answered 2xx.
@@ -339,6 +403,17 @@ pub struct CooldownStatus {
     pub until_ms: u64,
     /// Time left.
     pub remaining_ms: u64,
+}
+
+/// Fills in `same_subscription_as`: the accounts sharing an organization id.
+pub fn mark_shared_subscriptions(accounts: &mut [AccountStatus]) {
+    let orgs: Vec<(String, Option<String>)> =
+        accounts.iter().map(|a| (a.id.clone(), a.organization_id.clone())).collect();
+    for a in accounts.iter_mut() {
+        let Some(org) = a.organization_id.as_deref() else { continue };
+        a.same_subscription_as =
+            orgs.iter().filter(|(id, o)| *id != a.id && o.as_deref() == Some(org)).map(|(id, _)| id.clone()).collect();
+    }
 }
 
 #[cfg(test)]

@@ -169,10 +169,7 @@ pub async fn send(
     let sent = Instant::now();
     account.state.attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let timeout = Duration::from_millis(generation.config.gateway.response_timeout_ms);
-    let result = gw
-        .http
-        .send(&account.target, &incoming.method, &incoming.uri, &incoming.headers, &incoming.body, timeout)
-        .await;
+    let result = send_refreshing(gw, generation, account, incoming, timeout).await;
     let attempted = |reading, how| Attempted {
         account: account.index,
         queued_ms,
@@ -211,6 +208,41 @@ pub async fn send(
     attempted(reading, How::Answered(answered))
 }
 
+/// Sends the request; for an OAuth seat whose token the upstream refused
+/// (401), refreshes the token — once for every request that met the same 401
+/// — and sends again on the same account before the request fails over.
+async fn send_refreshing(
+    gw: &Gateway,
+    generation: &Generation,
+    account: &PoolAccount,
+    incoming: &Incoming,
+    timeout: Duration,
+) -> Result<upstream::UpstreamResponse, String> {
+    let send =
+        || gw.http.send(&account.target, &incoming.method, &incoming.uri, &incoming.headers, &incoming.body, timeout);
+    let Some(seat) = account.target.oauth_seat() else { return send().await };
+    let token = seat.header();
+    let response = send().await?;
+    if response.status() != StatusCode::UNAUTHORIZED {
+        return Ok(response);
+    }
+    let oauth = &generation.config.oauth;
+    let refreshed = seat
+        .refresh(crate::oauth::Why::Unauthorized, Some(&token), now_ms, oauth.refresh_before_ms, oauth.max_backoff_ms)
+        .await;
+    crate::oauth::keep::note(&gw.metrics, &account.config.id, &account.state, &refreshed);
+    match refreshed {
+        Ok(_) => {
+            tracing::info!(request = incoming.id, account = %account.config.id, "401 on an OAuth seat: token refreshed, sending again");
+            send().await
+        }
+        Err(e) => {
+            tracing::warn!(request = incoming.id, account = %account.config.id, error = %e, "401 on an OAuth seat and no new token");
+            Ok(response)
+        }
+    }
+}
+
 /// What the gateway learns from an attempt — quota, cooldowns, streaks,
 /// metrics — and the record entry's outcome and status.
 pub fn learn(
@@ -233,6 +265,7 @@ pub fn learn(
     if let Some(s) = status {
         let change = account.state.record(Answer::Status(s.as_u16()), &attempted.reading, family, cooldowns, now_ms());
         note(gw, account, change);
+        share_reading(generation, account, &attempted.reading);
     }
     let connection_failed = |cause: &str| {
         let change = account.state.record(Answer::ConnectFailed, &QuotaReading::default(), family, cooldowns, now_ms());
@@ -256,6 +289,20 @@ pub fn learn(
         }
     };
     (outcome, status.map(|s| s.as_u16()))
+}
+
+/// Hands a quota reading to the other accounts of the same subscription
+/// (same organization id): they draw on one quota.
+fn share_reading(generation: &Generation, account: &PoolAccount, reading: &QuotaReading) {
+    let Some(org) = reading.organization_id.as_deref() else { return };
+    if reading.is_empty() {
+        return;
+    }
+    for sibling in generation.accounts.iter().filter(|a| a.index != account.index) {
+        if sibling.state.organization_id().as_deref() == Some(org) {
+            sibling.state.merge_shared(reading, now_ms());
+        }
+    }
 }
 
 /// Reports a cooldown change to metrics and the log.

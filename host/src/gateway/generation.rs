@@ -14,7 +14,7 @@ use super::auth::{AdminToken, ClientKeys};
 use super::metrics::Metrics;
 use super::now_ms;
 use super::upstream::Target;
-use crate::config::{AccountConfig, Config};
+use crate::config::{AccountConfig, Config, Credential, OAuthConfig};
 use crate::policy::types::{self as wit, AccountInfo};
 use crate::policy::view;
 use crate::policy::{Candidates, Chain, Fault, Phase, PolicyEngine, StateStore};
@@ -54,6 +54,27 @@ pub struct Generation {
     pub loaded_ms: u64,
 }
 
+/// Where an account's requests go: with its static credential, or through
+/// its OAuth seat (kept from the last generation when it is the same file).
+fn target(
+    base: &str,
+    config: &AccountConfig,
+    credential: &Credential,
+    state: &AccountState,
+    oauth: &OAuthConfig,
+) -> Result<Target> {
+    match credential {
+        Credential::Static(secret) => Target::new(base, config.kind, secret),
+        Credential::Seat { path, stored } => {
+            let seat = state.seat_for(path, oauth, || {
+                let client = crate::oauth::TokenClient::new(oauth.clone())?;
+                crate::oauth::Seat::new(&config.id, path.clone(), stored, client)
+            })?;
+            Ok(Target::seat(base, seat))
+        }
+    }
+}
+
 impl Generation {
     /// Loads `config`. Every problem with credentials is reported at once; the
     /// chain is compiled, instantiated, configured and smoke-ranked — except
@@ -84,7 +105,7 @@ impl Generation {
                 disabled.push((account.config.clone(), state));
                 continue;
             };
-            match Target::new(&account.base, account.config.kind, credential) {
+            match target(&account.base, &account.config, credential, &state, &config.oauth) {
                 Ok(target) => enabled.push((account.config.clone(), target, state)),
                 Err(e) => problems.push(format!("accounts[{i}] (`{}`): {e:#}", account.config.id)),
             }

@@ -124,6 +124,12 @@ struct Account {
     account: Text,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AccountResult {
+    account: Text,
+    result: Text,
+}
+
 /// The gateway's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -135,6 +141,7 @@ pub struct Metrics {
     background_errors: Family<StagePhaseCause, Counter>,
     parked: Counter,
     stream_cuts: Family<Account, Counter>,
+    oauth_refreshes: Family<AccountResult, Counter>,
     reloads: Family<ReloadResult, Counter>,
     chain_duration: Histogram,
     upstream_latency: Family<Account, Histogram, fn() -> Histogram>,
@@ -152,6 +159,7 @@ impl Default for Metrics {
             background_errors: Family::default(),
             parked: Counter::default(),
             stream_cuts: Family::default(),
+            oauth_refreshes: Family::default(),
             reloads: Family::default(),
             chain_duration: latency_histogram(),
             upstream_latency: Family::new_with_constructor(latency_histogram),
@@ -191,6 +199,11 @@ impl Default for Metrics {
             "poolgate_stream_cuts",
             "Answers cut after their first byte reached the client, by account",
             m.stream_cuts.clone(),
+        );
+        r.register(
+            "poolgate_oauth_refreshes",
+            "OAuth seat refreshes by account and result (renewed, adopted, failed, needs_login)",
+            m.oauth_refreshes.clone(),
         );
         r.register("poolgate_reloads", "Configuration reloads by result", m.reloads.clone());
         r.register("poolgate_chain_duration_seconds", "Time to run the policy chain once", m.chain_duration.clone());
@@ -240,6 +253,11 @@ impl Metrics {
     /// A request was parked.
     pub fn parked(&self) {
         self.parked.inc();
+    }
+
+    /// A refresh of `account`'s OAuth seat ended with `result`.
+    pub fn oauth_refresh(&self, account: &str, result: &str) {
+        self.oauth_refreshes.get_or_create(&AccountResult { account: account.into(), result: result.into() }).inc();
     }
 
     /// An answer of `account` was cut after its first byte.

@@ -216,12 +216,13 @@ async fn status(State(s): State<AppState>, headers: HeaderMap) -> Response {
     let gw = &s.gateway;
     let g = gw.generation();
     let now = now_ms();
-    let accounts: Vec<_> = g
+    let mut accounts: Vec<_> = g
         .accounts
         .iter()
         .map(|a| a.state.status(&a.config, now))
         .chain(g.disabled.iter().map(|(c, st)| st.status(c, now)))
         .collect();
+    super::accounts::mark_shared_subscriptions(&mut accounts);
     json(&serde_json::json!({
         "version": env!("CARGO_PKG_VERSION"),
         "now_ms": now,

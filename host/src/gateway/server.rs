@@ -47,6 +47,10 @@ impl Running {
         let grace = Duration::from_millis(config.server.shutdown_grace_ms);
         let warm = engine.clone();
         let gateway = Gateway::new(config, engine).await?;
+        // Seats whose token expired while the gateway was down are refreshed
+        // before it serves, then kept fresh in the background.
+        crate::oauth::keep::heal(&gateway).await;
+        crate::oauth::keep::spawn(&gateway);
         // After the first generation: the chain's own built-ins are in memory by now.
         warm.warm_builtins();
         let listener = bind(&listen).await?;

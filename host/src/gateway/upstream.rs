@@ -72,16 +72,26 @@ pub trait Transport: Send + Sync + 'static {
     ) -> Result<UpstreamResponse, String>;
 }
 
+/// The pooled HTTPS client type (also the OAuth token endpoint's).
+pub type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
 /// The HTTP client every account's requests go through.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpsClient,
 }
 
 impl Upstream {
     /// A pooled client: TCP_NODELAY, `connect_timeout` per connection attempt,
     /// HTTP/2 where TLS negotiates it, idle connections kept 90 s.
     pub fn new(connect_timeout: Duration) -> Result<Upstream> {
+        Ok(Upstream { client: https_client(connect_timeout)? })
+    }
+}
+
+/// A pooled client as [`Upstream::new`] describes.
+pub fn https_client(connect_timeout: Duration) -> Result<HttpsClient> {
+    {
         let mut tcp = HttpConnector::new();
         tcp.set_nodelay(true);
         tcp.enforce_http(false);
@@ -97,7 +107,7 @@ impl Upstream {
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_timer(TokioTimer::new())
             .build(connector);
-        Ok(Upstream { client })
+        Ok(client)
     }
 }
 
@@ -133,7 +143,15 @@ pub struct Target {
     prefix: String,
     kind: AccountKind,
     /// `x-api-key` or `authorization`, marked sensitive.
-    credential: (HeaderName, HeaderValue),
+    credential: Auth,
+}
+
+/// How a target authenticates.
+enum Auth {
+    /// A header that never changes (an API key, a static token).
+    Fixed(HeaderName, HeaderValue),
+    /// An OAuth seat's bearer token, which refreshes.
+    Seat(std::sync::Arc<crate::oauth::Seat>),
 }
 
 impl Target {
@@ -153,7 +171,21 @@ impl Target {
         let mut value = HeaderValue::from_str(&value)
             .map_err(|_| anyhow::anyhow!("the credential holds characters a header cannot carry"))?;
         value.set_sensitive(true);
-        Ok(Target { prefix, kind, credential: (name, value) })
+        Ok(Target { prefix, kind, credential: Auth::Fixed(name, value) })
+    }
+
+    /// The target of an OAuth seat: its bearer token is whatever the seat
+    /// holds when a request is sent.
+    pub fn seat(prefix: &str, seat: std::sync::Arc<crate::oauth::Seat>) -> Target {
+        Target { prefix: prefix.to_string(), kind: AccountKind::Oauth, credential: Auth::Seat(seat) }
+    }
+
+    /// The seat, for an OAuth seat's target.
+    pub fn oauth_seat(&self) -> Option<&std::sync::Arc<crate::oauth::Seat>> {
+        match &self.credential {
+            Auth::Seat(s) => Some(s),
+            Auth::Fixed(..) => None,
+        }
     }
 
     /// The headers to send: the client's, minus hop-by-hop headers, its own
@@ -176,7 +208,10 @@ impl Target {
         if let Some(b) = beta_header(client, self.kind) {
             headers.insert("anthropic-beta", b);
         }
-        headers.insert(self.credential.0.clone(), self.credential.1.clone());
+        match &self.credential {
+            Auth::Fixed(name, value) => headers.insert(name.clone(), value.clone()),
+            Auth::Seat(seat) => headers.insert(header::AUTHORIZATION, seat.header()),
+        };
         headers
     }
 }

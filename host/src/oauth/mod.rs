@@ -1,0 +1,20 @@
+//! Subscription seats that stay alive: OAuth credentials the gateway owns
+//! ([`store`]), the token endpoint ([`token`]), each seat's token and its
+//! single-flight refresh ([`seat`]), and the background keeper that refreshes
+//! seats before they expire, and heals expired ones at start ([`keep`]).
+//!
+//! Access tokens live hours and refresh tokens are single-use, so a pool of
+//! static tokens dies the same day and a refresh that is lost, or two that
+//! race, loses a seat for good. The references (dario, neurolink, CortexKit)
+//! all refresh ahead of expiry, on a 401, and at start, one refresh per seat at
+//! a time; so does this module. Settings: `[oauth]` (`crate::config::OAuthConfig`).
+
+pub mod keep;
+pub mod seat;
+pub mod store;
+pub mod token;
+
+pub use crate::config::OAuthConfig;
+pub use seat::{Refreshed, Seat, SeatError, SeatStatus, Why};
+pub use store::{Identity, StoredCredential};
+pub use token::{TokenClient, TokenError};

@@ -1,0 +1,297 @@
+//! One OAuth seat at run time: the bearer token requests carry now, and the
+//! one way it changes — [`Seat::refresh`], single-flight.
+//!
+//! The order of a refresh is what keeps a seat alive:
+//! 1. one refresh at a time per seat; a caller that waited finds the token
+//!    already changed and adopts it instead of refreshing again;
+//! 2. the stored credential is re-read first, so a newer `poolgate login` (or
+//!    another process that refreshed) wins over the copy in memory;
+//! 3. the rotated pair is written to disk *before* the new access token is
+//!    used, so a crash between the two keeps a refresh token that works;
+//! 4. `invalid_grant` marks the seat `needs_login` (no retry loop, the account
+//!    is disabled until the operator logs in again); any other failure backs
+//!    off, doubling from 5 s, and never blocks the other accounts.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use http::HeaderValue;
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use super::store::{Identity, StoredCredential};
+use super::token::{TokenClient, TokenError};
+
+/// Why a refresh is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// The token expires soon (the background check, or startup).
+    Expiring,
+    /// The upstream answered 401 to the token the caller sent.
+    Unauthorized,
+}
+
+/// What a refresh did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refreshed {
+    /// A new pair was obtained and stored.
+    Renewed {
+        /// The identity changed (a login to another subscription under the
+        /// same account id): what was learned about the old one is not its.
+        identity_changed: bool,
+    },
+    /// Another refresh (or a newer login on disk) already replaced the token.
+    Adopted,
+    /// Nothing was needed: the token is not close to expiring.
+    NotNeeded,
+}
+
+/// Why a refresh did not happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SeatError {
+    /// The seat needs `poolgate login` (its refresh token was refused).
+    NeedsLogin,
+    /// A recent attempt failed; the next one waits until this time.
+    BackingOff(u64),
+    /// The token endpoint failed now.
+    Failed(String),
+}
+
+impl std::fmt::Display for SeatError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SeatError::NeedsLogin => f.write_str("the seat needs a new login"),
+            SeatError::BackingOff(until) => write!(f, "refresh backing off until {until}"),
+            SeatError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+struct Current {
+    header: HeaderValue,
+    expires_at_ms: u64,
+    identity: Identity,
+}
+
+#[derive(Default)]
+struct Health {
+    needs_login: bool,
+    backoff_until_ms: u64,
+    failures: u32,
+    refreshes: u64,
+    last_refresh_ms: Option<u64>,
+    last_error: Option<String>,
+}
+
+/// A seat's state, for `/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct SeatStatus {
+    /// When the access token in use expires, ms since the epoch.
+    pub token_expires_at_ms: u64,
+    /// Successful refreshes since start.
+    pub refreshes: u64,
+    /// When the last one succeeded.
+    pub last_refresh_ms: Option<u64>,
+    /// The refresh token was refused: the account is disabled until a new login.
+    pub needs_login: bool,
+    /// What to run to fix it, when it needs fixing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+    /// The last refresh failure, if the last attempt failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// While refreshes fail for want of an answer: when the next may run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backoff_until_ms: Option<u64>,
+    /// Who the tokens belong to.
+    pub identity: Identity,
+}
+
+/// One OAuth seat.
+pub struct Seat {
+    id: String,
+    path: PathBuf,
+    client: TokenClient,
+    current: ArcSwap<Current>,
+    flight: tokio::sync::Mutex<()>,
+    health: Mutex<Health>,
+}
+
+impl std::fmt::Debug for Seat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Seat")
+            .field("id", &self.id)
+            .field("expires_at_ms", &self.expires_at_ms())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The first pause after a failed refresh; it doubles per failure.
+const FIRST_BACKOFF_MS: u64 = 5_000;
+
+fn bearer(token: &str) -> Option<HeaderValue> {
+    let mut v = HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
+    v.set_sensitive(true);
+    Some(v)
+}
+
+impl Seat {
+    /// The seat of account `id`, whose credentials file `path` held `stored`.
+    pub fn new(id: &str, path: PathBuf, stored: &StoredCredential, client: TokenClient) -> anyhow::Result<Arc<Seat>> {
+        let header = bearer(&stored.access_token)
+            .ok_or_else(|| anyhow::anyhow!("the access token holds characters a header cannot carry"))?;
+        let current = Current { header, expires_at_ms: stored.expires_at_ms, identity: stored.identity.clone() };
+        Ok(Arc::new(Seat {
+            id: id.to_string(),
+            path,
+            client,
+            current: ArcSwap::from_pointee(current),
+            flight: tokio::sync::Mutex::new(()),
+            health: Mutex::new(Health::default()),
+        }))
+    }
+
+    /// The credentials file.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// The `[oauth]` settings its refreshes use.
+    pub fn config(&self) -> &super::OAuthConfig {
+        self.client.config()
+    }
+
+    /// The `authorization` header requests carry now.
+    pub fn header(&self) -> HeaderValue {
+        self.current.load().header.clone()
+    }
+
+    /// When the token in use expires.
+    pub fn expires_at_ms(&self) -> u64 {
+        self.current.load().expires_at_ms
+    }
+
+    /// Whether the seat needs a new login.
+    pub fn needs_login(&self) -> bool {
+        self.health.lock().needs_login
+    }
+
+    /// Whether the token needs refreshing at `now` (less than `before` left).
+    pub fn due(&self, now_ms: u64, before_ms: u64) -> bool {
+        self.expires_at_ms() <= now_ms.saturating_add(before_ms)
+    }
+
+    /// The seat's state, for `/status`.
+    pub fn status(&self, now_ms: u64) -> SeatStatus {
+        let h = self.health.lock();
+        let c = self.current.load();
+        SeatStatus {
+            token_expires_at_ms: c.expires_at_ms,
+            refreshes: h.refreshes,
+            last_refresh_ms: h.last_refresh_ms,
+            needs_login: h.needs_login,
+            fix: h.needs_login.then(|| format!("poolgate login {} --config <your poolgate.toml>", self.id)),
+            last_error: h.last_error.clone(),
+            backoff_until_ms: Some(h.backoff_until_ms).filter(|&t| t > now_ms),
+            identity: c.identity.clone(),
+        }
+    }
+
+    /// Refreshes the token, once for every caller that asks at the same time.
+    /// `seen` is the header the caller sent (on a 401): if the token changed
+    /// since, the caller adopts the new one. With [`Why::Expiring`], nothing
+    /// happens unless less than `before_ms` is left.
+    pub async fn refresh(
+        &self,
+        why: Why,
+        seen: Option<&HeaderValue>,
+        now: impl Fn() -> u64,
+        before_ms: u64,
+        max_backoff_ms: u64,
+    ) -> Result<Refreshed, SeatError> {
+        let _flight = self.flight.lock().await;
+        if seen.is_some_and(|s| *s != self.current.load().header) {
+            return Ok(Refreshed::Adopted);
+        }
+        // A newer login (or another process's refresh) on disk wins — and
+        // is how a seat that needs a login comes back.
+        let stored = StoredCredential::read(&self.path).ok();
+        if let Some(s) = &stored
+            && bearer(&s.access_token).is_some_and(|h| h != self.current.load().header)
+            && s.expires_at_ms > now().saturating_add(60_000)
+        {
+            self.adopt(s);
+            tracing::info!(account = %self.id, "adopted the OAuth credentials found on disk");
+            return Ok(Refreshed::Adopted);
+        }
+        if self.needs_login() {
+            return Err(SeatError::NeedsLogin);
+        }
+        if why == Why::Expiring && !self.due(now(), before_ms) {
+            return Ok(Refreshed::NotNeeded);
+        }
+        let backoff = self.health.lock().backoff_until_ms;
+        if backoff > now() {
+            return Err(SeatError::BackingOff(backoff));
+        }
+        let Some(previous) = stored else {
+            return Err(self.failed(format!("cannot read {}", self.path.display()), now(), max_backoff_ms));
+        };
+        match self.client.refresh(&previous, now()).await {
+            Ok(grant) => self.renew(grant.credential, now()),
+            Err(TokenError::InvalidGrant(m)) => {
+                let mut h = self.health.lock();
+                h.needs_login = true;
+                h.last_error = Some(format!("refresh token refused (invalid_grant): {m}"));
+                tracing::error!(account = %self.id, "OAuth refresh token refused: the account needs `poolgate login {}`", self.id);
+                Err(SeatError::NeedsLogin)
+            }
+            Err(e) => Err(self.failed(e.to_string(), now(), max_backoff_ms)),
+        }
+    }
+
+    /// Stores the new pair, then uses it.
+    fn renew(&self, credential: StoredCredential, now_ms: u64) -> Result<Refreshed, SeatError> {
+        // Persist before use: if this fails, the new refresh token would be
+        // lost with the process, so say so loudly — but keep serving on it.
+        if let Err(e) = credential.write(&self.path) {
+            tracing::error!(account = %self.id, error = %format!("{e:#}"), "could not store the rotated OAuth credentials");
+            self.health.lock().last_error = Some(format!("could not store the rotated credentials: {e:#}"));
+        }
+        let identity_changed = {
+            let old = &self.current.load().identity;
+            old.organization.is_some()
+                && credential.identity.organization.is_some()
+                && old.organization != credential.identity.organization
+        };
+        self.adopt(&credential);
+        let mut h = self.health.lock();
+        (h.failures, h.backoff_until_ms, h.refreshes, h.last_refresh_ms) = (0, 0, h.refreshes + 1, Some(now_ms));
+        h.last_error = None;
+        tracing::info!(account = %self.id, expires_in_s = credential.expires_at_ms.saturating_sub(now_ms) / 1000, "OAuth token refreshed");
+        Ok(Refreshed::Renewed { identity_changed })
+    }
+
+    fn adopt(&self, c: &StoredCredential) {
+        if let Some(header) = bearer(&c.access_token) {
+            self.current.store(Arc::new(Current {
+                header,
+                expires_at_ms: c.expires_at_ms,
+                identity: c.identity.clone(),
+            }));
+        }
+        let mut h = self.health.lock();
+        h.needs_login = false;
+    }
+
+    fn failed(&self, message: String, now_ms: u64, max_backoff_ms: u64) -> SeatError {
+        let mut h = self.health.lock();
+        h.failures = h.failures.saturating_add(1);
+        let pause = FIRST_BACKOFF_MS.saturating_mul(1 << (h.failures - 1).min(20)).min(max_backoff_ms);
+        h.backoff_until_ms = now_ms + pause;
+        h.last_error = Some(message.clone());
+        tracing::warn!(account = %self.id, error = %message, retry_in_ms = pause, "OAuth refresh failed");
+        SeatError::Failed(message)
+    }
+}
