@@ -67,6 +67,9 @@ pub enum CooldownReason {
     UpstreamError,
     /// 401/403.
     Auth,
+    /// Its answers were billed as extra usage and `[oauth] overage = "avoid"`:
+    /// rested until its subscription windows reset.
+    Overage,
     /// Disabled.
     Disabled,
 }
@@ -83,6 +86,7 @@ impl CooldownReason {
             CooldownReason::Overloaded => "overloaded",
             CooldownReason::UpstreamError => "upstream_error",
             CooldownReason::Auth => "auth",
+            CooldownReason::Overage => "overage",
             CooldownReason::Disabled => "disabled",
         }
     }

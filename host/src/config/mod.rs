@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub use accounts::{ANTHROPIC_API, AccountConfig, AccountKind};
 pub use cooldowns::CooldownConfig;
-pub use oauth::{CLAUDE_CODE_CLIENT_ID, OAuthConfig};
+pub use oauth::{CLAUDE_CODE_CLIENT_ID, OAuthConfig, Overage};
 pub use secrets::{Credential, Resolved, ResolvedAccount, Secret, base_prefix, digest};
 pub use server::{ClientKey, GatewayConfig, LogFormat, ServerConfig};
 

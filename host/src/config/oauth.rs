@@ -30,6 +30,25 @@ pub struct OAuthConfig {
     /// Longest pause between refresh attempts of a seat whose refreshes fail
     /// for want of an answer (the pause doubles from 5 s up to this).
     pub max_backoff_ms: u64,
+    /// Poll `/api/oauth/usage` for a seat whose newest quota reading is older
+    /// than this (an idle seat, or a fresh gateway); 0 never polls.
+    pub usage_poll_ms: u64,
+    /// What to do when an answer was billed as extra usage (overage).
+    pub overage: Overage,
+}
+
+/// The overage guard: what an answer billed as extra usage does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overage {
+    /// Nothing but the count in metrics.
+    Allow,
+    /// A warning in the log too.
+    Warn,
+    /// Rest the seat until its windows reset and route elsewhere: no
+    /// subscription traffic is billed as extra usage unnoticed.
+    #[default]
+    Avoid,
 }
 
 impl Default for OAuthConfig {
@@ -44,6 +63,8 @@ impl Default for OAuthConfig {
             check_interval_ms: 5 * 60 * 1000,
             timeout_ms: 15_000,
             max_backoff_ms: 5 * 60 * 1000,
+            usage_poll_ms: 5 * 60 * 1000,
+            overage: Overage::default(),
         }
     }
 }

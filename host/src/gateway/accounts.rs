@@ -264,6 +264,29 @@ impl AccountState {
         }
     }
 
+    /// Cools the account until `until_ms` for `reason`, unless a longer
+    /// cooldown is in force.
+    pub fn cool(&self, until_ms: u64, reason: CooldownReason) -> Change {
+        let mut l = self.learned.lock();
+        if l.cooldown.is_some_and(|c| c.until_ms >= until_ms) {
+            return Change::None;
+        }
+        l.cooldown = Some(Cooldown { until_ms, reason });
+        Change::Cooled(reason)
+    }
+
+    /// Takes a quota reading that came from elsewhere than an answer (the
+    /// usage endpoint): the same merge, no cooldown plan.
+    pub fn take_reading(&self, r: &QuotaReading, now: u64) {
+        let mut l = self.learned.lock();
+        Self::merge(&mut l, r, now, r.rejected_bucket.is_none());
+    }
+
+    /// When the newest quota reading was taken.
+    pub fn last_reading_ms(&self) -> Option<u64> {
+        self.learned.lock().last_reading_ms
+    }
+
     /// The organization the account's answers come from, once known.
     pub fn organization_id(&self) -> Option<String> {
         self.learned.lock().organization_id.clone()

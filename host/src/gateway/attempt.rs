@@ -266,6 +266,9 @@ pub fn learn(
         let change = account.state.record(Answer::Status(s.as_u16()), &attempted.reading, family, cooldowns, now_ms());
         note(gw, account, change);
         share_reading(generation, account, &attempted.reading);
+        if s.is_success() {
+            overage_guard(gw, generation, account, &attempted.reading);
+        }
     }
     let connection_failed = |cause: &str| {
         let change = account.state.record(Answer::ConnectFailed, &QuotaReading::default(), family, cooldowns, now_ms());
@@ -301,6 +304,30 @@ fn share_reading(generation: &Generation, account: &PoolAccount, reading: &Quota
     for sibling in generation.accounts.iter().filter(|a| a.index != account.index) {
         if sibling.state.organization_id().as_deref() == Some(org) {
             sibling.state.merge_shared(reading, now_ms());
+        }
+    }
+}
+
+/// The overage guard: a subscription seat's answer billed as extra usage is
+/// counted, and — with `[oauth] overage = "avoid"` (the default) — the seat
+/// rests until the windows that pushed it there reset.
+fn overage_guard(gw: &Gateway, generation: &Generation, account: &PoolAccount, reading: &QuotaReading) {
+    use crate::config::{AccountKind, Overage};
+    let now = now_ms();
+    if account.config.kind != AccountKind::Oauth || !reading.billed_as_overage(now) {
+        return;
+    }
+    let action = generation.config.oauth.overage;
+    gw.metrics.overage(&account.config.id, &format!("{action:?}").to_lowercase());
+    match action {
+        Overage::Allow => {}
+        Overage::Warn => tracing::warn!(account = %account.config.id, "an answer was billed as extra usage (overage)"),
+        Overage::Avoid => {
+            let fallback = now + generation.config.cooldowns.unified_ms;
+            let until = reading.subscription_reset_ms(now).unwrap_or(fallback);
+            let change = account.state.cool(until, crate::account::CooldownReason::Overage);
+            tracing::warn!(account = %account.config.id, until_ms = until, "an answer was billed as extra usage: the seat rests until its windows reset");
+            note(gw, account, change);
         }
     }
 }

@@ -142,6 +142,7 @@ pub struct Metrics {
     parked: Counter,
     stream_cuts: Family<Account, Counter>,
     oauth_refreshes: Family<AccountResult, Counter>,
+    overage: Family<AccountResult, Counter>,
     reloads: Family<ReloadResult, Counter>,
     chain_duration: Histogram,
     upstream_latency: Family<Account, Histogram, fn() -> Histogram>,
@@ -160,6 +161,7 @@ impl Default for Metrics {
             parked: Counter::default(),
             stream_cuts: Family::default(),
             oauth_refreshes: Family::default(),
+            overage: Family::default(),
             reloads: Family::default(),
             chain_duration: latency_histogram(),
             upstream_latency: Family::new_with_constructor(latency_histogram),
@@ -204,6 +206,11 @@ impl Default for Metrics {
             "poolgate_oauth_refreshes",
             "OAuth seat refreshes by account and result (renewed, adopted, failed, needs_login)",
             m.oauth_refreshes.clone(),
+        );
+        r.register(
+            "poolgate_overage_answers",
+            "Subscription answers billed as extra usage, by account and the guard's action (allow, warn, avoid)",
+            m.overage.clone(),
         );
         r.register("poolgate_reloads", "Configuration reloads by result", m.reloads.clone());
         r.register("poolgate_chain_duration_seconds", "Time to run the policy chain once", m.chain_duration.clone());
@@ -258,6 +265,11 @@ impl Metrics {
     /// A refresh of `account`'s OAuth seat ended with `result`.
     pub fn oauth_refresh(&self, account: &str, result: &str) {
         self.oauth_refreshes.get_or_create(&AccountResult { account: account.into(), result: result.into() }).inc();
+    }
+
+    /// An answer of `account` was billed as extra usage; the guard did `result`.
+    pub fn overage(&self, account: &str, result: &str) {
+        self.overage.get_or_create(&AccountResult { account: account.into(), result: result.into() }).inc();
     }
 
     /// An answer of `account` was cut after its first byte.

@@ -70,6 +70,34 @@ impl QuotaReading {
     pub fn window(&self, name: &str) -> Option<&WindowReading> {
         self.windows.iter().find(|w| w.name == name)
     }
+
+    /// Whether the answer carrying this reading was billed as extra usage:
+    /// the binding window is `overage`, or the 5h or 7d window is used up
+    /// while overage admits (the request went through on credits).
+    pub fn billed_as_overage(&self, now_ms: u64) -> bool {
+        use poolgate_sdk::quota::{Exhaustion, exhaustion};
+        let spent = |name: &str| {
+            self.window(name).is_some_and(|w| {
+                exhaustion(w.status == Status::Rejected, w.utilization, w.resets_at_ms, now_ms) != Exhaustion::Open
+            })
+        };
+        self.representative_claim.as_deref().is_some_and(|c| c.eq_ignore_ascii_case("overage"))
+            || (self.overage_status == Some(Status::Allowed) && (spent("5h") || spent("7d")))
+    }
+
+    /// When the subscription windows that pushed the answer into overage
+    /// reset: the latest future reset of a spent 5h/7d window, else the
+    /// unified reset.
+    pub fn subscription_reset_ms(&self, now_ms: u64) -> Option<u64> {
+        let spent = ["5h", "7d"]
+            .iter()
+            .filter_map(|n| self.window(n))
+            .filter(|w| w.status == Status::Rejected || w.utilization >= 1.0)
+            .filter_map(|w| w.resets_at_ms)
+            .filter(|&r| r > now_ms)
+            .max();
+        spent.or(self.reset_ms.filter(|&r| r > now_ms))
+    }
 }
 
 /// Epoch seconds (or, above year 2100 in seconds, already milliseconds) to ms.

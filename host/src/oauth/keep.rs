@@ -59,11 +59,48 @@ pub fn note(
     metrics.oauth_refresh(id, result);
 }
 
+/// Polls `/api/oauth/usage` for every seat whose newest reading is older
+/// than `[oauth] usage_poll_ms` (and that was not polled within it), all at
+/// once; each result is a reading like a response's headers.
+pub async fn poll_usage(gw: &Gateway) {
+    let g = gw.generation();
+    let every = g.config.oauth.usage_poll_ms;
+    if every == 0 {
+        return;
+    }
+    let now = now_ms();
+    let timeout = Duration::from_millis(g.config.oauth.timeout_ms);
+    let runs = g.accounts.iter().filter_map(|a| {
+        let seat = a.target.oauth_seat()?;
+        let stale = a.state.last_reading_ms().is_none_or(|t| now.saturating_sub(t) >= every);
+        (stale && !seat.needs_login() && seat.take_usage_turn(now, every)).then_some(a)
+    });
+    let runs = runs.map(|a| async move {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(http::header::ACCEPT, http::HeaderValue::from_static("application/json"));
+        let uri = http::Uri::from_static("/api/oauth/usage");
+        let sent = gw.http.send(&a.target, &http::Method::GET, &uri, &headers, &bytes::Bytes::new(), timeout).await;
+        let body = match sent {
+            Ok(r) if r.status().is_success() => crate::gateway::upstream::read_small(r).await,
+            Ok(r) => return tracing::debug!(account = %a.config.id, status = r.status().as_u16(), "usage poll refused"),
+            Err(e) => return tracing::debug!(account = %a.config.id, error = %e, "usage poll failed"),
+        };
+        match super::usage::parse(&body, now_ms()) {
+            Some(reading) => a.state.take_reading(&reading, now_ms()),
+            None => tracing::debug!(account = %a.config.id, "usage poll answered something else"),
+        }
+    });
+    futures_util::future::join_all(runs).await;
+}
+
 /// At start: refreshes the seats whose token expired (or expires within a
 /// minute), before the gateway serves — so a restart after a long stop does
 /// not begin by answering 401s. Bounded by the token endpoint's timeout.
 pub async fn heal(gw: &Gateway) {
     refresh_due(gw, 60_000).await;
+    // A first reading for every seat, if the usage endpoint answers quickly;
+    // readiness does not wait longer than this for it (the keeper polls again).
+    let _ = tokio::time::timeout(Duration::from_secs(2), poll_usage(gw)).await;
 }
 
 /// Checks the seats every `check_interval_ms` for as long as the gateway lives.
@@ -77,6 +114,7 @@ pub fn spawn(gw: &Arc<Gateway>) -> tokio::task::JoinHandle<()> {
             tokio::time::sleep(Duration::from_millis(oauth.check_interval_ms)).await;
             let Some(gw) = weak.upgrade() else { return };
             refresh_due(&gw, oauth.refresh_before_ms).await;
+            poll_usage(&gw).await;
         }
     })
 }

@@ -13,6 +13,7 @@ pub mod keep;
 pub mod seat;
 pub mod store;
 pub mod token;
+pub mod usage;
 
 pub use crate::config::OAuthConfig;
 pub use seat::{Refreshed, Seat, SeatError, SeatStatus, Why};

@@ -116,6 +116,8 @@ pub struct Seat {
     current: ArcSwap<Current>,
     flight: tokio::sync::Mutex<()>,
     health: Mutex<Health>,
+    /// When the usage endpoint was last asked about this seat.
+    usage_polled_ms: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Seat {
@@ -149,6 +151,7 @@ impl Seat {
             current: ArcSwap::from_pointee(current),
             flight: tokio::sync::Mutex::new(()),
             health: Mutex::new(Health::default()),
+            usage_polled_ms: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -175,6 +178,15 @@ impl Seat {
     /// Whether the seat needs a new login.
     pub fn needs_login(&self) -> bool {
         self.health.lock().needs_login
+    }
+
+    /// Whether the usage endpoint may be asked about this seat at `now` (not
+    /// within `every` of the last time); claims the turn if so.
+    pub fn take_usage_turn(&self, now_ms: u64, every_ms: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        let last = self.usage_polled_ms.load(Ordering::Acquire);
+        (last == 0 || now_ms.saturating_sub(last) >= every_ms)
+            && self.usage_polled_ms.compare_exchange(last, now_ms, Ordering::AcqRel, Ordering::Acquire).is_ok()
     }
 
     /// Whether the token needs refreshing at `now` (less than `before` left).

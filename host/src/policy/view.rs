@@ -105,6 +105,10 @@ fn reason(r: CooldownReason) -> wit::CooldownReason {
         CooldownReason::Overloaded => W::Overloaded,
         CooldownReason::UpstreamError => W::UpstreamError,
         CooldownReason::Auth => W::Auth,
+        // The WIT has no reason of its own for it (0.1.x cannot grow the
+        // enum): an account resting on the overage guard reads as refused
+        // by its unified status, which is what it would be without overage.
+        CooldownReason::Overage => W::UnifiedRejected,
         CooldownReason::Disabled => W::Disabled,
     }
 }
