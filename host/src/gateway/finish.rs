@@ -1,6 +1,6 @@
 //! The one place a request ends, however it ends: an answer streamed or
-//! buffered from an account, a local answer (a parked pool, a full queue, an
-//! unreachable upstream), a passed-on upstream error, or a client gone mid-way.
+//! buffered from an account, a local answer (a parked pool, refused
+//! credentials, an upstream outage, a full queue), or a client gone mid-way.
 //!
 //! [`Finish::respond`] writes the explanation headers on the response when it
 //! starts; [`Finish::complete`] — when the response is over, for a stream at its
@@ -10,8 +10,8 @@
 //!
 //! - `x-poolgate-request-id` always;
 //! - `x-poolgate-account`: the id of the account whose answer the response is
-//!   (its alias is in the record) — an answer relayed, or the last upstream
-//!   error passed on — and never on an answer the gateway writes itself;
+//!   (its alias is in the record) — an answer relayed — and never on an
+//!   answer the gateway writes itself;
 //! - `x-poolgate-reason` and `x-poolgate-policy-error`: whenever the chain
 //!   decided something for the request, local answers included;
 //! - `x-poolgate-attempts`: how many times the chain ranked for it.
@@ -140,7 +140,7 @@ pub fn outcome_of(status: Option<u16>, retry_after_ms: Option<u64>) -> wit::Outc
 /// broke or a client that left is a failure whatever its status said.
 fn relayed_outcome(ending: Ending, status: u16) -> wit::Outcome {
     match ending {
-        Ending::Complete | Ending::UpstreamError => outcome_of(Some(status), None),
+        Ending::Complete => outcome_of(Some(status), None),
         _ => wit::Outcome::Failed,
     }
 }

@@ -115,6 +115,11 @@ struct StagePhaseCause {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Cause {
+    cause: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadResult {
     result: &'static str,
 }
@@ -134,6 +139,7 @@ pub struct Metrics {
     policy_errors: Family<StageCause, Counter>,
     background_errors: Family<StagePhaseCause, Counter>,
     parked: Counter,
+    unserved: Family<Cause, Counter>,
     reloads: Family<ReloadResult, Counter>,
     chain_duration: Histogram,
     upstream_latency: Family<Account, Histogram, fn() -> Histogram>,
@@ -150,6 +156,7 @@ impl Default for Metrics {
             policy_errors: Family::default(),
             background_errors: Family::default(),
             parked: Counter::default(),
+            unserved: Family::default(),
             reloads: Family::default(),
             chain_duration: latency_histogram(),
             upstream_latency: Family::new_with_constructor(latency_histogram),
@@ -182,8 +189,13 @@ impl Default for Metrics {
         );
         r.register(
             "poolgate_parked",
-            "Requests answered locally with 429 because every account was cooling",
+            "Requests answered locally with 429 because accounts were waiting out a quota and none could serve",
             m.parked.clone(),
+        );
+        r.register(
+            "poolgate_unserved",
+            "Requests no account could serve, by the cause answered (parked, auth_refused, upstream_failed, upstream_cooling, no_account)",
+            m.unserved.clone(),
         );
         r.register("poolgate_reloads", "Configuration reloads by result", m.reloads.clone());
         r.register("poolgate_chain_duration_seconds", "Time to run the policy chain once", m.chain_duration.clone());
@@ -233,6 +245,11 @@ impl Metrics {
     /// A request was parked.
     pub fn parked(&self) {
         self.parked.inc();
+    }
+
+    /// No account could serve a request; `cause` is its ending.
+    pub fn unserved(&self, cause: &'static str) {
+        self.unserved.get_or_create(&Cause { cause }).inc();
     }
 
     /// A reload finished.
