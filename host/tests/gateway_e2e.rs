@@ -344,7 +344,13 @@ async fn limits_and_setup_mistakes_answer_in_anthropics_shape() {
     let r = post(&gw, &big).await;
     assert_eq!(r.status(), 413);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "request_too_large");
-    let r = Gateway::client().post(format!("{}/v1/messages", gw.url)).body("{not json").send().await.unwrap();
+    let r = Gateway::client()
+        .post(format!("{}/v1/messages", gw.url))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "invalid_request_error");
     // Claude Code's unauthenticated probes are answered cheaply.

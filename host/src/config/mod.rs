@@ -5,6 +5,7 @@
 
 mod accounts;
 mod cooldowns;
+pub mod headers;
 pub mod schema;
 mod secrets;
 mod server;

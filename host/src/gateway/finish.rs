@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::response::Response;
-use http::HeaderValue;
+use http::{HeaderValue, Method};
 
 use super::Gateway;
 use super::admission::Lease;
@@ -120,6 +120,29 @@ impl Finish {
         let r = self.respond(r);
         let status = r.status().as_u16();
         self.complete(ending, status);
+        r
+    }
+}
+
+/// A request refused before its record began — its head, its body, or a pool
+/// with no accounts: what it asked and when it arrived.
+pub struct Early<'a> {
+    /// The request's number.
+    pub id: u64,
+    /// Its method.
+    pub method: &'a Method,
+    /// Its path (without the query).
+    pub path: &'a str,
+    /// When it arrived.
+    pub started: Instant,
+}
+
+impl Early<'_> {
+    /// Ends the request with `r`: counted in `poolgate_refused_total{reason}`
+    /// and tagged with its request id.
+    pub fn refuse(&self, gw: &Gateway, reason: &'static str, mut r: Response) -> Response {
+        gw.metrics.refused(reason);
+        r.headers_mut().insert("x-poolgate-request-id", HeaderValue::from(self.id));
         r
     }
 }

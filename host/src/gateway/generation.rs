@@ -14,6 +14,7 @@ use super::auth::{AdminToken, ClientKeys};
 use super::metrics::Metrics;
 use super::now_ms;
 use super::upstream::Target;
+use crate::config::headers::ForwardPolicy;
 use crate::config::{AccountConfig, Config};
 use crate::policy::types::{self as wit, AccountInfo};
 use crate::policy::view;
@@ -71,6 +72,7 @@ impl Generation {
         let mut problems = Vec::new();
         let mut enabled = Vec::new();
         let mut disabled = Vec::new();
+        let forward = Arc::new(ForwardPolicy::new(&config.gateway.forward_headers));
         for (i, account) in resolved.accounts.iter().enumerate() {
             let state = states
                 .lock()
@@ -81,7 +83,7 @@ impl Generation {
                 disabled.push((account.config.clone(), state));
                 continue;
             };
-            match Target::new(&account.base, account.config.kind, credential) {
+            match Target::new(&account.base, account.config.kind, credential, forward.clone()) {
                 Ok(target) => enabled.push((account.config.clone(), target, state)),
                 Err(e) => problems.push(format!("accounts[{i}] (`{}`): {e:#}", account.config.id)),
             }

@@ -120,6 +120,11 @@ struct Cause {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Reason {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadResult {
     result: &'static str,
 }
@@ -140,6 +145,7 @@ pub struct Metrics {
     background_errors: Family<StagePhaseCause, Counter>,
     parked: Counter,
     unserved: Family<Cause, Counter>,
+    refused: Family<Reason, Counter>,
     reloads: Family<ReloadResult, Counter>,
     chain_duration: Histogram,
     upstream_latency: Family<Account, Histogram, fn() -> Histogram>,
@@ -157,6 +163,7 @@ impl Default for Metrics {
             background_errors: Family::default(),
             parked: Counter::default(),
             unserved: Family::default(),
+            refused: Family::default(),
             reloads: Family::default(),
             chain_duration: latency_histogram(),
             upstream_latency: Family::new_with_constructor(latency_histogram),
@@ -197,6 +204,7 @@ impl Default for Metrics {
             "Requests no account could serve, by the cause answered (parked, auth_refused, upstream_failed, upstream_cooling, no_account)",
             m.unserved.clone(),
         );
+        r.register("poolgate_refused", "Requests refused before any account was asked, by reason", m.refused.clone());
         r.register("poolgate_reloads", "Configuration reloads by result", m.reloads.clone());
         r.register("poolgate_chain_duration_seconds", "Time to run the policy chain once", m.chain_duration.clone());
         r.register(
@@ -250,6 +258,11 @@ impl Metrics {
     /// No account could serve a request; `cause` is its ending.
     pub fn unserved(&self, cause: &'static str) {
         self.unserved.get_or_create(&Cause { cause }).inc();
+    }
+
+    /// A request was refused before reaching an account.
+    pub fn refused(&self, reason: &'static str) {
+        self.refused.get_or_create(&Reason { reason }).inc();
     }
 
     /// A reload finished.

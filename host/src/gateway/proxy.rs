@@ -29,7 +29,7 @@ use super::admission::{Lease, Refused, Slot};
 use super::attempt::{self, Answered, Attempted, Failure, Next, next};
 use super::decisions::{Attempt, AttemptOutcome, Ending, RequestRecord};
 use super::errors::{ErrorType, error, final_error, rate_limited};
-use super::finish::{Finish, Observe};
+use super::finish::{Early, Finish, Observe};
 use super::generation::Generation;
 use super::relay::Relay;
 use super::request::{BodyFacts, body_facts, session_id};
@@ -138,15 +138,19 @@ impl Exchange {
         let started = Instant::now();
         let id = incoming.id;
         let generation = gw.generation();
+        let early = Early { id, method: &incoming.method, path: incoming.uri.path(), started };
         let facts = if incoming.method == Method::POST {
-            body_facts(&incoming.body)
-                .map_err(|e| Box::new(tag_id(error(StatusCode::BAD_REQUEST, ErrorType::InvalidRequest, &e.0), id)))?
+            body_facts(&incoming.body).map_err(|e| {
+                let r = error(StatusCode::BAD_REQUEST, ErrorType::InvalidRequest, &e.0);
+                Box::new(early.refuse(&gw, "invalid_body", r))
+            })?
         } else {
             BodyFacts::default()
         };
         if generation.accounts.is_empty() {
             let msg = "poolgate has no usable accounts configured: add an [[accounts]] entry (with api_key_env or token_file) to the config, or enable one";
-            return Err(Box::new(tag_id(final_error(StatusCode::SERVICE_UNAVAILABLE, ErrorType::Api, msg), id)));
+            let r = final_error(StatusCode::SERVICE_UNAVAILABLE, ErrorType::Api, msg);
+            return Err(Box::new(early.refuse(&gw, "no_accounts", r)));
         }
         let model = facts.model.clone().unwrap_or_default();
         let pool = generation.accounts.len();
@@ -349,11 +353,4 @@ impl Exchange {
 /// The record entry of a rank that reached no account.
 fn local_attempt(attempt: u32, decision: Decision, outcome: AttemptOutcome) -> Attempt {
     Attempt { attempt, decision, account: None, status: None, outcome, queued_ms: 0, upstream_ms: None }
-}
-
-/// Tags an answer given before the request had a record (a malformed body, no
-/// accounts) with its request id.
-pub fn tag_id(mut r: Response, id: u64) -> Response {
-    r.headers_mut().insert("x-poolgate-request-id", HeaderValue::from(id));
-    r
 }
