@@ -107,6 +107,10 @@ pub struct RequestRecord {
     pub generation: u64,
     /// `messages`, `count_tokens`, `models`.
     pub api: &'static str,
+    /// The HTTP method.
+    pub method: String,
+    /// The path (without the query).
+    pub path: String,
     /// Model asked for.
     pub model: String,
     /// Session id, if any.
@@ -155,12 +159,13 @@ impl DecisionLog {
         }
     }
 
-    /// Adds a record, logging it.
+    /// Adds a record, logging it whole at `debug` (the request's `info` line
+    /// is [`super::finish::log_line`]'s).
     pub fn push(&self, record: RequestRecord) {
-        if tracing::enabled!(target: "poolgate::decision", tracing::Level::INFO)
+        if tracing::enabled!(target: "poolgate::decision", tracing::Level::DEBUG)
             && let Ok(json) = serde_json::to_string(&record)
         {
-            tracing::info!(target: "poolgate::decision", request = record.id, account = record.account.as_deref().unwrap_or("-"), status = record.status, reason = %record.reason, "{json}");
+            tracing::debug!(target: "poolgate::decision", request = record.id, account = record.account.as_deref().unwrap_or("-"), status = record.status, reason = %record.reason, "{json}");
         }
         let mut k = self.kept.lock();
         if k.0 == 0 {

@@ -98,7 +98,7 @@ impl Finish {
     /// Ends the request with HTTP `status`: a local answer at once, a relayed
     /// one when its body ends.
     pub fn complete(self, ending: Ending, status: u16) {
-        let Finish { gateway, generation, started, mut record, lease, observe, .. } = self;
+        let Finish { gateway, generation, started, mut record, lease, observe, account_answers } = self;
         drop(lease);
         let observed = match observe {
             Observe::Nothing => None,
@@ -112,6 +112,8 @@ impl Finish {
         record.outcome = ending;
         record.duration_ms = started.elapsed().as_millis() as u64;
         gateway.metrics.request(record.account.as_deref().unwrap_or("-"), record.status);
+        let answered_by = record.account.as_deref().filter(|_| account_answers);
+        log_line(record.id, &record.method, &record.path, status, answered_by, record.duration_ms);
         gateway.decisions.push(record);
     }
 
@@ -138,13 +140,24 @@ pub struct Early<'a> {
 }
 
 impl Early<'_> {
-    /// Ends the request with `r`: counted in `poolgate_refused_total{reason}`
-    /// and tagged with its request id.
+    /// Ends the request with `r`: counted in `poolgate_refused_total{reason}`,
+    /// logged, and tagged with its request id.
     pub fn refuse(&self, gw: &Gateway, reason: &'static str, mut r: Response) -> Response {
         gw.metrics.refused(reason);
         r.headers_mut().insert("x-poolgate-request-id", HeaderValue::from(self.id));
+        let ms = self.started.elapsed().as_millis() as u64;
+        log_line(self.id, self.method.as_str(), self.path, r.status().as_u16(), None, ms);
         r
     }
+}
+
+/// The one `info` line of a request (its full record is logged at `debug`,
+/// target `poolgate::decision`): nothing in it is secret.
+pub fn log_line(id: u64, method: &str, path: &str, status: u16, account: Option<&str>, ms: u64) {
+    let account = account.unwrap_or("-");
+    // Displayed, not quoted: a method and a path hold no spaces or line breaks,
+    // and an account id (the operator's text) is escaped so it cannot forge a line.
+    tracing::info!(target: "poolgate::request", request = id, method = %method, path = %path, status, account = %account.escape_debug(), ms, "answered");
 }
 
 /// What the chain hears about an attempt that ended with HTTP `status`, or

@@ -161,6 +161,8 @@ impl Exchange {
             at_ms: now_ms(),
             generation: generation.number,
             api: api.name(),
+            method: incoming.method.to_string(),
+            path: incoming.uri.path().to_string(),
             blocked: Vec::new(),
             session: session_id(&facts, &incoming.headers),
             model,
