@@ -1,12 +1,16 @@
 //! Logs fit for a file, from the real binary with its stderr piped (as under
 //! systemd or `2> poolgate.log`): no colour codes, `RUST_LOG` honoured unless
 //! `POOLGATE_LOG` says otherwise, one short line per request with the full
-//! decision record at debug.
+//! decision record at debug — and a 400 that a client (the Anthropic Python
+//! SDK here) reads in Anthropic's words, not the gateway's Rust types.
 
+mod bounded;
 mod support;
 
+use std::process::Command;
 use std::time::Duration;
 
+use bounded::OutputWithin as _;
 use poolgate_mock_upstream::MockUpstream;
 use serde_json::Value;
 use support::{Gateway, config, send_message};
@@ -95,4 +99,33 @@ async fn poolgate_log_wins_over_rust_log() {
         .await;
     let log = gw.log();
     assert!(!log.contains("answered") && !log.contains("DEBUG"), "POOLGATE_LOG=warn wins:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_hears_a_bad_field_in_anthropics_words() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a-secret");
+    let gw = start(&mock.base_url(), "", "", "text");
+    let script = r#"
+import sys, anthropic
+client = anthropic.Anthropic(base_url=sys.argv[1], api_key="client-key", max_retries=0)
+try:
+    client.messages.create(model=5, max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+except anthropic.BadRequestError as e:
+    print(e.body["error"]["type"], "|", e.body["error"]["message"])
+"#;
+    let url = gw.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("python3").args(["-c", script, &url]).output_within(Duration::from_secs(60))
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.trim(),
+        "invalid_request_error | model: Input should be a valid string",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(mock.requests().is_empty());
 }
