@@ -86,3 +86,25 @@ fn a_good_config_checks_out() {
     assert!(ok, "{out}");
     assert!(out.contains("chain:    builtin:skip-exhausted → builtin:headroom"), "{out}");
 }
+
+#[test]
+fn serve_refuses_header_settings_it_cannot_honour_naming_the_key() {
+    let cfg = "[server]\nlisten = \"127.0.0.1:0\"\nmax_header_bytes = 10\n\n\
+               [gateway]\nforward_headers = [\"x-team-*\", \"X-Upper\", \"cookie\", \"x-trace*\", 5]\n\n\
+               [[accounts]]\nid = \"a\"\napi_key_env = \"GOOD_KEY\"\n";
+    let (ok, out) = run(&["serve"], cfg);
+    assert!(!ok, "{out}");
+    assert!(out.contains("cfg:3: server.max_header_bytes: 10 is out of range; allowed: 1024 to 1048576"), "{out}");
+    assert!(out.contains("cfg:6: gateway.forward_headers: expected strings, found integer"), "{out}");
+    assert!(!out.contains("listening"), "{out}");
+    let cfg = cfg.replace("max_header_bytes = 10", "max_header_bytes = 65536").replace(", 5]", "]");
+    let (ok, out) = run(&["serve"], &cfg);
+    assert!(!ok, "{out}");
+    for needle in [
+        "cfg:6: gateway.forward_headers: `X-Upper` is not a lowercase header name",
+        "cfg:6: gateway.forward_headers: `cookie` is never forwarded",
+        "cfg:6: gateway.forward_headers: `x-trace*`: a prefix ends in `-*`; write `x-trace-*`",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
+    }
+}

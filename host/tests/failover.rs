@@ -22,6 +22,7 @@ use poolgate::config::Config;
 use poolgate::gateway::Gateway;
 use poolgate::gateway::decisions::{AttemptOutcome, Ending, RequestRecord};
 use poolgate::gateway::proxy::{Api, Incoming, forward};
+use poolgate::gateway::unserved::Cause;
 use poolgate::gateway::upstream::{BoxError, Target, Transport, UpstreamResponse};
 use poolgate::policy::MemoryState;
 
@@ -217,21 +218,39 @@ async fn with_nothing_reachable_the_answer_is_a_local_502() {
     assert_eq!(r.status(), 502);
     assert_eq!(header(&r, "x-poolgate-account"), None);
     assert_eq!(header(&r, "x-poolgate-attempts"), Some("3"));
-    assert_eq!(record.outcome, Ending::Unreachable);
+    assert_eq!(header(&r, "x-poolgate-pool"), Some("upstream_failed"));
+    assert_eq!(record.outcome, Ending::UpstreamFailed);
 }
 
 #[tokio::test]
-async fn when_the_attempts_run_out_the_last_upstream_error_is_passed_on() {
+async fn when_the_attempts_run_out_on_upstream_errors_the_answer_is_a_local_502() {
     let fake = Scripted::new(&[
         ("a", &[Reply::Status(500, &[], r#"{"from":"a"}"#)]),
         ("b", &[Reply::Status(503, &[], r#"{"from":"b"}"#)]),
     ]);
     let gw = gateway(fake.clone(), "max_attempts = 2").await;
     let (r, record) = send(&gw).await;
-    assert_eq!(r.status(), 503);
+    assert_eq!(r.status(), 502);
     assert_eq!(fake.asked(), ["a", "b"], "max_attempts bounds the tries");
-    assert_eq!(header(&r, "x-poolgate-account"), Some("b"), "the answer is b's");
-    let body = r.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(&body[..], br#"{"from":"b"}"#);
-    assert_eq!(record.outcome, Ending::UpstreamError);
+    assert_eq!(header(&r, "x-poolgate-account"), None, "the answer is the gateway's, not b's");
+    let body: serde_json::Value = serde_json::from_slice(&r.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["error"]["type"], "api_error");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("`a` (HTTP 500") && message.contains("`b` (HTTP 503"), "{message}");
+    assert_eq!(record.outcome, Ending::UpstreamFailed);
+}
+
+#[tokio::test]
+async fn a_refused_credential_is_never_passed_on_as_the_clients() {
+    let refused = [Reply::Status(401, &[], r#"{"type":"error","error":{"type":"authentication_error"}}"#)];
+    let forbidden = [Reply::Status(403, &[], r#"{"type":"error","error":{"type":"permission_error"}}"#)];
+    let fake = Scripted::new(&[("a", &refused), ("b", &forbidden), ("c", &[Reply::Status(500, &[], "{}")])]);
+    let gw = gateway(fake.clone(), "").await;
+    let (r, record) = send(&gw).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(header(&r, "x-poolgate-pool"), Some("auth_refused"));
+    assert_eq!(header(&r, "x-should-retry"), None);
+    assert_eq!(record.outcome, Ending::AuthRefused);
+    let blocked: Vec<(&str, Cause)> = record.blocked.iter().map(|b| (b.account.as_str(), b.cause)).collect();
+    assert_eq!(blocked, [("a", Cause::Auth), ("b", Cause::Auth), ("c", Cause::Upstream)]);
 }

@@ -344,9 +344,26 @@ async fn limits_and_setup_mistakes_answer_in_anthropics_shape() {
     let r = post(&gw, &big).await;
     assert_eq!(r.status(), 413);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "request_too_large");
-    let r = Gateway::client().post(format!("{}/v1/messages", gw.url)).body("{not json").send().await.unwrap();
-    assert_eq!(r.status(), 400);
-    assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "invalid_request_error");
+    let bad = |body: &'static str| {
+        Gateway::client()
+            .post(format!("{}/v1/messages", gw.url))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    // What is wrong, in Anthropic's words: never the gateway's Rust types.
+    for (body, says) in [
+        ("{not json", "body is not valid JSON: key must be a string at line 1 column 2"),
+        (r#"{"model":5,"messages":[]}"#, "model: Input should be a valid string"),
+        (r#"{"model":"m","stream":"yes"}"#, "stream: Input should be a valid boolean"),
+        ("[]", "body: Input should be a valid dictionary"),
+    ] {
+        let r = bad(body).await.unwrap();
+        assert_eq!(r.status(), 400);
+        let error = &r.json::<Value>().await.unwrap()["error"];
+        assert_eq!(error["type"], "invalid_request_error");
+        assert_eq!(error["message"], says);
+    }
     // Claude Code's unauthenticated probes are answered cheaply.
     let r = Gateway::client().head(format!("{}/api/hello", gw.url)).send().await.unwrap();
     assert_eq!(r.status(), 200);

@@ -63,13 +63,85 @@ struct Fields<'a> {
     tool_choice: Option<ToolChoice>,
 }
 
+/// The types of the top-level fields [`Fields`] reads.
+const FIELD_TYPES: &[(&str, Expect)] = &[
+    ("model", Expect::String),
+    ("max_tokens", Expect::Count),
+    ("messages", Expect::Array),
+    ("stream", Expect::Boolean),
+    ("tools", Expect::Array),
+    ("tool_choice", Expect::Object),
+];
+
 impl<'a> Fields<'a> {
     fn parse(body: &'a [u8]) -> Result<Fields<'a>, String> {
-        let fields: Fields<'a> = serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+        let fields: Fields<'a> = serde_json::from_slice(body).map_err(|e| json_error(body, &e, FIELD_TYPES))?;
         if fields.model.is_none() {
             return Err("model: Field required".into());
         }
         Ok(fields)
+    }
+}
+
+/// What a top-level field must hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// A string.
+    String,
+    /// A whole number, 0 or more.
+    Count,
+    /// `true` or `false`.
+    Boolean,
+    /// A list.
+    Array,
+    /// An object.
+    Object,
+}
+
+impl Expect {
+    fn holds(self, v: &Value) -> bool {
+        match self {
+            Expect::String => v.is_string(),
+            Expect::Count => v.is_u64(),
+            Expect::Boolean => v.is_boolean(),
+            Expect::Array => v.is_array(),
+            Expect::Object => v.is_object(),
+        }
+    }
+
+    /// Anthropic's (pydantic's) words.
+    fn words(self) -> &'static str {
+        match self {
+            Expect::String => "Input should be a valid string",
+            Expect::Count => "Input should be a valid non-negative integer",
+            Expect::Boolean => "Input should be a valid boolean",
+            Expect::Array => "Input should be a valid list",
+            Expect::Object => "Input should be a valid dictionary",
+        }
+    }
+}
+
+/// Anthropic-like words for why `body` could not be read as a request whose
+/// top-level `fields` hold the given types: `body is not valid JSON: …`,
+/// `body: Input should be a valid dictionary`, `model: Input should be a valid
+/// string`. serde's own words for a wrong type name the reader's Rust types
+/// (`expected struct Fields`, `expected u64`), which mean nothing to a client.
+pub fn json_error(body: &[u8], error: &serde_json::Error, fields: &[(&str, Expect)]) -> String {
+    if !error.is_data() {
+        // Syntax and end-of-input errors say where, in JSON's terms.
+        return format!("body is not valid JSON: {error}");
+    }
+    let Ok(value) = serde_json::from_slice::<Value>(body) else {
+        return format!("body is not valid JSON (line {}, column {})", error.line(), error.column());
+    };
+    let Some(object) = value.as_object() else {
+        return "body: Input should be a valid dictionary".into();
+    };
+    let wrong =
+        fields.iter().find(|(name, expect)| object.get(*name).is_some_and(|v| !v.is_null() && !expect.holds(v)));
+    match wrong {
+        Some((name, expect)) => format!("{name}: {}", expect.words()),
+        None => format!("body: a field has the wrong type (line {}, column {})", error.line(), error.column()),
     }
 }
 
@@ -95,8 +167,8 @@ impl<'de> Deserialize<'de> for List {
 
 impl<'a> MessagesRequest<'a> {
     /// Reads a Messages request, or says what is wrong in Anthropic's words:
-    /// `invalid JSON body: …` (also for a field of the wrong type), or
-    /// `model: Field required`, `max_tokens: …`, `messages: …`, in that order.
+    /// `body is not valid JSON: …`, a field of the wrong type ([`json_error`]),
+    /// or `model: Field required`, `max_tokens: …`, `messages: …`, in that order.
     pub fn parse(body: &'a [u8]) -> Result<MessagesRequest<'a>, String> {
         let f = Fields::parse(body)?;
         let max_tokens = f.max_tokens.ok_or("max_tokens: Field required")?;
@@ -209,16 +281,26 @@ mod tests {
         assert_eq!(err(json!({ "model": "m", "messages": [] })), "max_tokens: Field required");
         assert_eq!(err(json!({ "model": "m", "max_tokens": 1 })), "messages: Field required");
         assert_eq!(err(json!({ "max_tokens": 1 })), "model: Field required", "the model is named first");
-        assert!(
-            err(json!({ "model": "m", "max_tokens": 1, "messages": {} }))
-                .starts_with("invalid JSON body: invalid type")
+        assert_eq!(
+            err(json!({ "model": "m", "max_tokens": 1, "messages": {} })),
+            "messages: Input should be a valid list"
         );
-        assert!(
-            err(json!({ "model": 5, "max_tokens": 1, "messages": [] })).starts_with("invalid JSON body: invalid type")
+        assert_eq!(
+            err(json!({ "model": 5, "max_tokens": 1, "messages": [] })),
+            "model: Input should be a valid string"
+        );
+        assert_eq!(
+            err(json!({ "model": "m", "max_tokens": -1, "messages": [] })),
+            "max_tokens: Input should be a valid non-negative integer"
+        );
+        assert_eq!(err(json!(["m"])), "body: Input should be a valid dictionary");
+        assert_eq!(
+            err(json!({ "model": "m", "max_tokens": 1, "messages": [], "tools": [{ "name": 1 }] })),
+            "body: a field has the wrong type (line 1, column 60)"
         );
         assert_eq!(
             MessagesRequest::parse(b"{").unwrap_err(),
-            "invalid JSON body: EOF while parsing an object at line 1 column 1"
+            "body is not valid JSON: EOF while parsing an object at line 1 column 1"
         );
     }
 

@@ -122,7 +122,8 @@ pub fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Serve(_)) {
-        init_tracing(crate::config::LogFormat::Text);
+        // No line per request: the demo's live table would scroll away.
+        init_tracing(crate::config::LogFormat::Text, false);
     }
     let result = match cli.command {
         Command::Rank(args) => rank::run(args),
@@ -142,20 +143,32 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Logs go to stderr, filtered by `POOLGATE_LOG` (e.g. `info`,
-/// `poolgate::decision=info`); `json` writes one object per line.
-pub(crate) fn init_tracing(format: crate::config::LogFormat) {
+/// Logs go to stderr, filtered by `POOLGATE_LOG`, else `RUST_LOG` (e.g.
+/// `info`, `poolgate::decision=debug`); `json` writes one object per line.
+/// Colour only on a terminal (and never with `NO_COLOR` set), so a log file or
+/// a journal gets plain text. `requests`: whether the default filter keeps the
+/// one line per request.
+pub(crate) fn init_tracing(format: crate::config::LogFormat, requests: bool) {
+    use std::io::IsTerminal as _;
     use tracing_subscriber::EnvFilter;
-    // Text logs are for people: poolgate's own events (reloads, cooldowns,
-    // plugin output) at info, everything else and the per-request JSON records
-    // only when something is wrong. JSON logs are for machines: everything.
-    let default = if matches!(format, crate::config::LogFormat::Json) {
-        "info"
-    } else {
-        "warn,poolgate=info,poolgate::decision=warn"
+    // Text logs are for people: one line per request (`poolgate::request`),
+    // poolgate's own events (reloads, cooldowns, plugin output) at info,
+    // everything else only when something is wrong; the full decision record
+    // of each request is at debug. JSON logs are for machines: the records too.
+    let default = match (format, requests) {
+        (crate::config::LogFormat::Json, _) => "info,poolgate::decision=debug",
+        (crate::config::LogFormat::Text, true) => "warn,poolgate=info",
+        (crate::config::LogFormat::Text, false) => "warn,poolgate=info,poolgate::request=warn",
     };
-    let filter = EnvFilter::try_from_env("POOLGATE_LOG").unwrap_or_else(|_| EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = ["POOLGATE_LOG", "RUST_LOG"]
+        .into_iter()
+        .find_map(|var| {
+            let value = std::env::var(var).ok().filter(|v| !v.trim().is_empty())?;
+            EnvFilter::try_new(&value).inspect_err(|e| eprintln!("poolgate: ignoring {var}={value:?}: {e}")).ok()
+        })
+        .unwrap_or_else(|| EnvFilter::new(default));
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = match format {
         crate::config::LogFormat::Json => builder.json().try_init(),
         crate::config::LogFormat::Text => builder.try_init(),

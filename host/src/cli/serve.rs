@@ -36,7 +36,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         config.server.log_format =
             if f == "json" { crate::config::LogFormat::Json } else { crate::config::LogFormat::Text };
     }
-    super::init_tracing(config.server.log_format);
+    super::init_tracing(config.server.log_format, true);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let file = args.config.display().to_string();
     runtime

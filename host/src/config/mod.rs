@@ -5,6 +5,7 @@
 
 mod accounts;
 mod cooldowns;
+pub mod headers;
 mod oauth;
 pub mod schema;
 mod secrets;

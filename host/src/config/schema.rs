@@ -19,6 +19,8 @@ pub enum Kind {
     Bool,
     /// One of these strings.
     OneOf(&'static [&'static str]),
+    /// An array of strings.
+    Strs,
     /// A table with these keys.
     Table(&'static [Field]),
     /// An array of tables with these keys (`[[x]]`), the second list naming the
@@ -43,6 +45,10 @@ const fn f(name: &'static str, kind: Kind) -> Field {
 
 const MS_DAY: i64 = 86_400_000;
 
+/// The largest `server.max_header_bytes`: 1 MiB. The HTTP server buffers up
+/// to twice this, so any head up to there gets poolgate's own 431.
+pub const MAX_HEADER_BYTES: i64 = 1 << 20;
+
 /// `[[server.client_keys]]`.
 pub const CLIENT_KEY: &[Field] = &[f("name", Kind::Str), f("sha256", Kind::Str), f("key_env", Kind::Str)];
 
@@ -50,6 +56,7 @@ pub const CLIENT_KEY: &[Field] = &[f("name", Kind::Str), f("sha256", Kind::Str),
 pub const SERVER: &[Field] = &[
     f("listen", Kind::Str),
     f("max_body_mb", Kind::Int(1, 1024)),
+    f("max_header_bytes", Kind::Int(1024, MAX_HEADER_BYTES)),
     f("shutdown_grace_ms", Kind::Int(0, 3_600_000)),
     f("decisions_kept", Kind::Int(0, 100_000)),
     f("log_format", Kind::OneOf(&["text", "json"])),
@@ -65,6 +72,7 @@ pub const GATEWAY: &[Field] = &[
     f("queue_timeout_ms", Kind::Int(1, 3_600_000)),
     f("connect_timeout_ms", Kind::Int(1, 600_000)),
     f("response_timeout_ms", Kind::Int(1, 3_600_000)),
+    f("forward_headers", Kind::Strs),
 ];
 
 /// `[cooldowns]`.

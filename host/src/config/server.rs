@@ -12,6 +12,9 @@ pub struct ServerConfig {
     /// Largest request body accepted, MiB (Claude Code sends ~90 KB per turn and
     /// several MB with images); larger bodies get 413.
     pub max_body_mb: usize,
+    /// Largest request head accepted, bytes: every header's name and value plus
+    /// the 4 bytes of `: ` and CRLF, as on the wire. Larger heads get 431.
+    pub max_header_bytes: usize,
     /// How long a shutdown waits for in-flight requests and streams, ms.
     pub shutdown_grace_ms: u64,
     /// Decision records kept for `GET /admin/decisions`.
@@ -31,6 +34,7 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: "127.0.0.1:8787".into(),
             max_body_mb: 32,
+            max_header_bytes: 32 << 10,
             shutdown_grace_ms: 30_000,
             decisions_kept: 200,
             log_format: LogFormat::Text,
@@ -81,6 +85,9 @@ pub struct GatewayConfig {
     pub connect_timeout_ms: u64,
     /// Time allowed until the upstream's response headers, ms.
     pub response_timeout_ms: u64,
+    /// Client headers forwarded upstream beyond the built-in allow-list:
+    /// lowercase names (`x-team`) or prefixes (`x-team-*`).
+    pub forward_headers: Vec<String>,
 }
 
 impl Default for GatewayConfig {
@@ -91,6 +98,7 @@ impl Default for GatewayConfig {
             queue_timeout_ms: 60_000,
             connect_timeout_ms: 10_000,
             response_timeout_ms: 600_000,
+            forward_headers: Vec::new(),
         }
     }
 }

@@ -146,6 +146,14 @@ impl Walker<'_> {
                     }
                 }
             }
+            Kind::Strs => match v.as_array() {
+                Some(items) => {
+                    for item in items.iter().filter(|i| !i.get_ref().is_str()) {
+                        self.push(path, item.span(), format!("expected strings, found {}", item.get_ref().type_str()));
+                    }
+                }
+                None => self.push(path, span, format!("expected an array of strings, found {}", v.type_str())),
+            },
             Kind::AnyTable => {
                 if !v.is_table() {
                     self.push(path, span, format!("expected a table, found {}", v.type_str()));
@@ -323,6 +331,11 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<super::
     let s = &config.server;
     if s.listen.parse::<std::net::SocketAddr>().is_err() {
         add("server.listen".into(), format!("`{}` is not an address with a port (e.g. 127.0.0.1:8787)", s.listen));
+    }
+    for h in &config.gateway.forward_headers {
+        if let Err(why) = super::headers::check_addition(h) {
+            add("gateway.forward_headers".into(), why);
+        }
     }
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (i, a) in config.accounts.iter().enumerate() {

@@ -48,12 +48,11 @@ pub enum How {
     /// status that does not fail over (a 4xx the client caused).
     Answered(Answered),
     /// A status that moves the request to the next account: 429, 529, 5xx,
-    /// 401, 403. Its body is kept, to be passed on if no account is left.
+    /// 401, 403. Its body is read (at most 64 KiB) so the connection can be
+    /// reused, and its message logged for the operator.
     Refused {
         /// The status.
         status: StatusCode,
-        /// Its headers.
-        headers: HeaderMap,
         /// Its body (at most 64 KiB).
         body: Bytes,
     },
@@ -86,18 +85,16 @@ pub struct Answered {
     pub lease: Lease,
 }
 
-/// How a failed attempt failed, kept to answer with when no account is left.
+/// How a failed attempt failed: what the chain hears, and what the answer
+/// says when no account is left. The upstream's own answer is never passed
+/// on: its 401 would read as the client's key being wrong.
 pub enum Failure {
-    /// The upstream refused; its answer may be passed on.
+    /// The upstream refused.
     Refused {
         /// The account's pool index.
         account: u32,
         /// The status.
         status: StatusCode,
-        /// Its headers.
-        headers: HeaderMap,
-        /// Its body.
-        body: Bytes,
         /// What `retry-after` said, ms.
         retry_after_ms: Option<u64>,
     },
@@ -111,12 +108,6 @@ pub enum Failure {
 }
 
 impl Failure {
-    /// Whether it was a rate limit or overload (which leaves the pool parked
-    /// rather than broken).
-    pub fn is_rate_limit(&self) -> bool {
-        matches!(self, Failure::Refused { status, .. } if matches!(status.as_u16(), 429 | 529))
-    }
-
     /// The account that failed.
     pub fn account(&self) -> u32 {
         match self {
@@ -146,8 +137,8 @@ pub fn next(attempted: Attempted) -> Next {
     let Attempted { account, reading, how, .. } = attempted;
     match how {
         How::Answered(a) => Next::Commit(a),
-        How::Refused { status, headers, body } => {
-            Next::FailOver(Failure::Refused { account, status, headers, body, retry_after_ms: reading.retry_after_ms })
+        How::Refused { status, .. } => {
+            Next::FailOver(Failure::Refused { account, status, retry_after_ms: reading.retry_after_ms })
         }
         How::Unreachable(why) => Next::FailOver(Failure::Unreachable { account, why }),
         How::Broke { why, .. } => {
@@ -188,9 +179,8 @@ pub async fn send(
     let status = response.status();
     let reading = quota::parse(response.headers(), now_ms());
     if fails_over(status.as_u16()) {
-        let headers = response.headers().clone();
         let body = upstream::read_small(response).await;
-        return attempted(reading, How::Refused { status, headers, body });
+        return attempted(reading, How::Refused { status, body });
     }
     let sse = upstream::is_plain_sse(response.headers());
     let headers = response.headers().clone();
@@ -277,9 +267,10 @@ pub fn learn(
     };
     let outcome = match &attempted.how {
         How::Answered(_) => AttemptOutcome::Served,
-        How::Refused { status, .. } => {
+        How::Refused { status, body, .. } => {
             gw.metrics.failover(id, status.as_str());
-            tracing::info!(account = %id, status = status.as_u16(), "failing over");
+            let upstream = upstream_message(body);
+            tracing::info!(account = %id, status = status.as_u16(), upstream, "failing over");
             AttemptOutcome::Failover
         }
         How::Unreachable(_) => {
@@ -332,6 +323,15 @@ fn overage_guard(gw: &Gateway, generation: &Generation, account: &PoolAccount, r
     }
 }
 
+/// What an upstream error body says, for the log: `error.message` of
+/// Anthropic's envelope, else the start of the body; at most 200 characters.
+fn upstream_message(body: &[u8]) -> String {
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let message = parsed.as_ref().and_then(|v| v["error"]["message"].as_str()).map(str::to_string);
+    let text = message.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    text.chars().take(200).collect()
+}
+
 /// Reports a cooldown change to metrics and the log.
 pub(super) fn note(gw: &Gateway, account: &PoolAccount, change: Change) {
     match change {
@@ -358,25 +358,29 @@ mod tests {
 
     #[test]
     fn a_refusal_fails_over_keeping_its_answer_and_retry_after() {
-        let how = How::Refused { status: StatusCode::TOO_MANY_REQUESTS, headers: HeaderMap::new(), body: "x".into() };
+        let how = How::Refused { status: StatusCode::TOO_MANY_REQUESTS, body: "x".into() };
         let Next::FailOver(f) = next(attempted(how, Some(30_000))) else { panic!("a 429 moves on") };
-        assert!(f.is_rate_limit());
         assert_eq!(f.account(), 3);
         assert!(matches!(f.outcome(), wit::Outcome::RateLimited(Some(30_000))));
-        assert!(matches!(f, Failure::Refused { ref body, .. } if &body[..] == b"x"));
+        assert!(matches!(f, Failure::Refused { status, .. } if status == 429));
+    }
+
+    #[test]
+    fn the_log_gets_the_upstreams_message_not_its_envelope() {
+        let body = br#"{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}"#;
+        assert_eq!(upstream_message(body), "invalid x-api-key");
+        assert_eq!(upstream_message(b"<html>bad gateway</html>"), "<html>bad gateway</html>");
+        assert_eq!(upstream_message("é".repeat(300).as_bytes()).chars().count(), 200);
     }
 
     #[test]
     fn no_answer_fails_over_and_is_no_rate_limit() {
         for how in [How::Unreachable("refused".into()), How::Broke { status: StatusCode::OK, why: "reset".into() }] {
             let Next::FailOver(f) = next(attempted(how, None)) else { panic!("moves on") };
-            assert!(!f.is_rate_limit(), "a broken pool is not a parked one");
             assert!(matches!(f.outcome(), wit::Outcome::Failed));
         }
-        let how =
-            How::Refused { status: StatusCode::INTERNAL_SERVER_ERROR, headers: HeaderMap::new(), body: Bytes::new() };
+        let how = How::Refused { status: StatusCode::INTERNAL_SERVER_ERROR, body: Bytes::new() };
         let Next::FailOver(f) = next(attempted(how, None)) else { panic!("a 500 moves on") };
-        assert!(!f.is_rate_limit());
         assert!(matches!(f.outcome(), wit::Outcome::UpstreamError(500)));
     }
 }

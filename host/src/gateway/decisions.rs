@@ -39,16 +39,18 @@ pub enum Ending {
     StreamError,
     /// The client went away before the answer was whole.
     ClientGone,
-    /// Every account was cooling: a local 429.
+    /// Some account waits out a quota and none could serve: a local 429.
     Parked,
+    /// Credentials were refused and no account could serve: a local 503.
+    AuthRefused,
+    /// Every attempt failed upstream (5xx, 529, no connection): a local 502.
+    UpstreamFailed,
+    /// Every account was cooling after upstream failures: a local 503.
+    UpstreamCooling,
     /// The admission queue was full: a local 429.
     QueueFull,
     /// The admission queue timed out: a local 429.
     QueueTimeout,
-    /// The last attempt's upstream error was passed on.
-    UpstreamError,
-    /// No account could be reached: a local 502.
-    Unreachable,
     /// No account could take it: a local 503.
     NoAccount,
 }
@@ -62,10 +64,11 @@ impl Ending {
             Ending::StreamError => "stream_error",
             Ending::ClientGone => "client_gone",
             Ending::Parked => "parked",
+            Ending::AuthRefused => "auth_refused",
+            Ending::UpstreamFailed => "upstream_failed",
+            Ending::UpstreamCooling => "upstream_cooling",
             Ending::QueueFull => "queue_full",
             Ending::QueueTimeout => "queue_timeout",
-            Ending::UpstreamError => "upstream_error",
-            Ending::Unreachable => "unreachable",
             Ending::NoAccount => "no_account",
         }
     }
@@ -104,6 +107,10 @@ pub struct RequestRecord {
     pub generation: u64,
     /// `messages`, `count_tokens`, `models`.
     pub api: &'static str,
+    /// The HTTP method.
+    pub method: String,
+    /// The path (without the query).
+    pub path: String,
     /// Model asked for.
     pub model: String,
     /// Session id, if any.
@@ -116,6 +123,9 @@ pub struct RequestRecord {
     pub client: Option<String>,
     /// Each attempt.
     pub attempts: Vec<Attempt>,
+    /// When no account served: what stood in each one's way.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub blocked: Vec<super::unserved::Blocked>,
     /// The account that served (or failed last).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub account: Option<String>,
@@ -149,12 +159,13 @@ impl DecisionLog {
         }
     }
 
-    /// Adds a record, logging it.
+    /// Adds a record, logging it whole at `debug` (the request's `info` line
+    /// is [`super::finish::log_line`]'s).
     pub fn push(&self, record: RequestRecord) {
-        if tracing::enabled!(target: "poolgate::decision", tracing::Level::INFO)
+        if tracing::enabled!(target: "poolgate::decision", tracing::Level::DEBUG)
             && let Ok(json) = serde_json::to_string(&record)
         {
-            tracing::info!(target: "poolgate::decision", request = record.id, account = record.account.as_deref().unwrap_or("-"), status = record.status, reason = %record.reason, "{json}");
+            tracing::debug!(target: "poolgate::decision", request = record.id, account = record.account.as_deref().unwrap_or("-"), status = record.status, reason = %record.reason, "{json}");
         }
         let mut k = self.kept.lock();
         if k.0 == 0 {

@@ -1,6 +1,6 @@
 //! The one place a request ends, however it ends: an answer streamed or
-//! buffered from an account, a local answer (a parked pool, a full queue, an
-//! unreachable upstream), a passed-on upstream error, or a client gone mid-way.
+//! buffered from an account, a local answer (a parked pool, refused
+//! credentials, an upstream outage, a full queue), or a client gone mid-way.
 //!
 //! [`Finish::respond`] writes the explanation headers on the response when it
 //! starts; [`Finish::complete`] — when the response is over, for a stream at its
@@ -10,8 +10,8 @@
 //!
 //! - `x-poolgate-request-id` always;
 //! - `x-poolgate-account`: the id of the account whose answer the response is
-//!   (its alias is in the record) — an answer relayed, or the last upstream
-//!   error passed on — and never on an answer the gateway writes itself;
+//!   (its alias is in the record) — an answer relayed — and never on an
+//!   answer the gateway writes itself;
 //! - `x-poolgate-reason` and `x-poolgate-policy-error`: whenever the chain
 //!   decided something for the request, local answers included;
 //! - `x-poolgate-attempts`: how many times the chain ranked for it.
@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::response::Response;
-use http::HeaderValue;
+use http::{HeaderValue, Method};
 
 use super::Gateway;
 use super::admission::Lease;
@@ -98,7 +98,7 @@ impl Finish {
     /// Ends the request with HTTP `status`: a local answer at once, a relayed
     /// one when its body ends.
     pub fn complete(self, ending: Ending, status: u16) {
-        let Finish { gateway, generation, started, mut record, lease, observe, .. } = self;
+        let Finish { gateway, generation, started, mut record, lease, observe, account_answers } = self;
         drop(lease);
         let observed = match observe {
             Observe::Nothing => None,
@@ -115,6 +115,8 @@ impl Finish {
         record.outcome = ending;
         record.duration_ms = started.elapsed().as_millis() as u64;
         gateway.metrics.request(record.account.as_deref().unwrap_or("-"), record.status);
+        let answered_by = record.account.as_deref().filter(|_| account_answers);
+        log_line(record.id, &record.method, &record.path, status, answered_by, record.duration_ms);
         gateway.decisions.push(record);
     }
 
@@ -144,6 +146,40 @@ fn stream_ended(gateway: &Gateway, generation: &Generation, account: u32, ending
     super::attempt::note(gateway, a, change);
 }
 
+/// A request refused before its record began — its head, its body, or a pool
+/// with no accounts: what it asked and when it arrived.
+pub struct Early<'a> {
+    /// The request's number.
+    pub id: u64,
+    /// Its method.
+    pub method: &'a Method,
+    /// Its path (without the query).
+    pub path: &'a str,
+    /// When it arrived.
+    pub started: Instant,
+}
+
+impl Early<'_> {
+    /// Ends the request with `r`: counted in `poolgate_refused_total{reason}`,
+    /// logged, and tagged with its request id.
+    pub fn refuse(&self, gw: &Gateway, reason: &'static str, mut r: Response) -> Response {
+        gw.metrics.refused(reason);
+        r.headers_mut().insert("x-poolgate-request-id", HeaderValue::from(self.id));
+        let ms = self.started.elapsed().as_millis() as u64;
+        log_line(self.id, self.method.as_str(), self.path, r.status().as_u16(), None, ms);
+        r
+    }
+}
+
+/// The one `info` line of a request (its full record is logged at `debug`,
+/// target `poolgate::decision`): nothing in it is secret.
+pub fn log_line(id: u64, method: &str, path: &str, status: u16, account: Option<&str>, ms: u64) {
+    let account = account.unwrap_or("-");
+    // Displayed, not quoted: a method and a path hold no spaces or line breaks,
+    // and an account id (the operator's text) is escaped so it cannot forge a line.
+    tracing::info!(target: "poolgate::request", request = id, method = %method, path = %path, status, account = %account.escape_debug(), ms, "answered");
+}
+
 /// What the chain hears about an attempt that ended with HTTP `status`, or
 /// with no answer at all (`None`): the one mapping from statuses to outcomes.
 pub fn outcome_of(status: Option<u16>, retry_after_ms: Option<u64>) -> wit::Outcome {
@@ -160,7 +196,7 @@ pub fn outcome_of(status: Option<u16>, retry_after_ms: Option<u64>) -> wit::Outc
 /// broke or a client that left is a failure whatever its status said.
 fn relayed_outcome(ending: Ending, status: u16) -> wit::Outcome {
     match ending {
-        Ending::Complete | Ending::UpstreamError => outcome_of(Some(status), None),
+        Ending::Complete => outcome_of(Some(status), None),
         _ => wit::Outcome::Failed,
     }
 }

@@ -14,6 +14,7 @@ use super::auth::{AdminToken, ClientKeys};
 use super::metrics::Metrics;
 use super::now_ms;
 use super::upstream::Target;
+use crate::config::headers::ForwardPolicy;
 use crate::config::{AccountConfig, Config, Credential, OAuthConfig};
 use crate::policy::types::{self as wit, AccountInfo};
 use crate::policy::view;
@@ -62,15 +63,16 @@ fn target(
     credential: &Credential,
     state: &AccountState,
     oauth: &OAuthConfig,
+    forward: &Arc<ForwardPolicy>,
 ) -> Result<Target> {
     match credential {
-        Credential::Static(secret) => Target::new(base, config.kind, secret),
+        Credential::Static(secret) => Target::new(base, config.kind, secret, forward.clone()),
         Credential::Seat { path, stored } => {
             let seat = state.seat_for(path, oauth, || {
                 let client = crate::oauth::TokenClient::new(oauth.clone())?;
                 crate::oauth::Seat::new(&config.id, path.clone(), stored, client)
             })?;
-            Ok(Target::seat(base, seat))
+            Ok(Target::seat(base, seat, forward.clone()))
         }
     }
 }
@@ -95,6 +97,7 @@ impl Generation {
         let mut problems = Vec::new();
         let mut enabled = Vec::new();
         let mut disabled = Vec::new();
+        let forward = Arc::new(ForwardPolicy::new(&config.gateway.forward_headers));
         for (i, account) in resolved.accounts.iter().enumerate() {
             let state = states
                 .lock()
@@ -105,7 +108,7 @@ impl Generation {
                 disabled.push((account.config.clone(), state));
                 continue;
             };
-            match target(&account.base, &account.config, credential, &state, &config.oauth) {
+            match target(&account.base, &account.config, credential, &state, &config.oauth, &forward) {
                 Ok(target) => enabled.push((account.config.clone(), target, state)),
                 Err(e) => problems.push(format!("accounts[{i}] (`{}`): {e:#}", account.config.id)),
             }

@@ -115,6 +115,16 @@ struct StagePhaseCause {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Cause {
+    cause: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Reason {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadResult {
     result: &'static str,
 }
@@ -143,6 +153,8 @@ pub struct Metrics {
     stream_cuts: Family<Account, Counter>,
     oauth_refreshes: Family<AccountResult, Counter>,
     overage: Family<AccountResult, Counter>,
+    unserved: Family<Cause, Counter>,
+    refused: Family<Reason, Counter>,
     reloads: Family<ReloadResult, Counter>,
     chain_duration: Histogram,
     upstream_latency: Family<Account, Histogram, fn() -> Histogram>,
@@ -162,6 +174,8 @@ impl Default for Metrics {
             stream_cuts: Family::default(),
             oauth_refreshes: Family::default(),
             overage: Family::default(),
+            unserved: Family::default(),
+            refused: Family::default(),
             reloads: Family::default(),
             chain_duration: latency_histogram(),
             upstream_latency: Family::new_with_constructor(latency_histogram),
@@ -194,7 +208,7 @@ impl Default for Metrics {
         );
         r.register(
             "poolgate_parked",
-            "Requests answered locally with 429 because every account was cooling",
+            "Requests answered locally with 429 because accounts were waiting out a quota and none could serve",
             m.parked.clone(),
         );
         r.register(
@@ -212,6 +226,12 @@ impl Default for Metrics {
             "Subscription answers billed as extra usage, by account and the guard's action (allow, warn, avoid)",
             m.overage.clone(),
         );
+        r.register(
+            "poolgate_unserved",
+            "Requests no account could serve, by the cause answered (parked, auth_refused, upstream_failed, upstream_cooling, no_account)",
+            m.unserved.clone(),
+        );
+        r.register("poolgate_refused", "Requests refused before any account was asked, by reason", m.refused.clone());
         r.register("poolgate_reloads", "Configuration reloads by result", m.reloads.clone());
         r.register("poolgate_chain_duration_seconds", "Time to run the policy chain once", m.chain_duration.clone());
         r.register(
@@ -275,6 +295,16 @@ impl Metrics {
     /// An answer of `account` was cut after its first byte.
     pub fn stream_cut(&self, account: &str) {
         self.stream_cuts.get_or_create(&Account { account: account.into() }).inc();
+    }
+
+    /// No account could serve a request; `cause` is its ending.
+    pub fn unserved(&self, cause: &'static str) {
+        self.unserved.get_or_create(&Cause { cause }).inc();
+    }
+
+    /// A request was refused before reaching an account.
+    pub fn refused(&self, reason: &'static str) {
+        self.refused.get_or_create(&Reason { reason }).inc();
     }
 
     /// A reload finished.

@@ -30,6 +30,7 @@ pub mod relay;
 pub mod request;
 pub mod routes;
 pub mod server;
+pub mod unserved;
 pub mod upstream;
 pub mod watch;
 

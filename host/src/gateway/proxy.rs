@@ -5,7 +5,7 @@
 //! read ─► rank ─► admit ─► attempt ─► learn ─┬─► commit ─► answer (relayed; finished when its body ends)
 //!          ▲                                  └─► fail over: the next attempt ranks again
 //!          └──────────────────────────────────────┘
-//!          out of accounts ─► answer (local: parked 429, 502, 503, or the last upstream error)
+//!          out of accounts ─► answer (local: 429 quota, 503 auth, 502/503 upstream; see `unserved`)
 //! ```
 //!
 //! Failover happens only while nothing has reached the client: on 429, 529,
@@ -29,10 +29,11 @@ use super::admission::{Lease, Refused, Slot};
 use super::attempt::{self, Answered, Attempted, Failure, Next, next};
 use super::decisions::{Attempt, AttemptOutcome, Ending, RequestRecord};
 use super::errors::{ErrorType, error, final_error, rate_limited};
-use super::finish::{Finish, Observe};
+use super::finish::{Early, Finish, Observe};
 use super::generation::Generation;
 use super::relay::Relay;
 use super::request::{BodyFacts, body_facts, session_id};
+use super::unserved;
 use super::{Gateway, now_ms, upstream};
 use crate::account::model_family;
 use crate::policy::Decision;
@@ -137,15 +138,19 @@ impl Exchange {
         let started = Instant::now();
         let id = incoming.id;
         let generation = gw.generation();
+        let early = Early { id, method: &incoming.method, path: incoming.uri.path(), started };
         let facts = if incoming.method == Method::POST {
-            body_facts(&incoming.body)
-                .map_err(|e| Box::new(tag_id(error(StatusCode::BAD_REQUEST, ErrorType::InvalidRequest, &e.0), id)))?
+            body_facts(&incoming.body).map_err(|e| {
+                let r = error(StatusCode::BAD_REQUEST, ErrorType::InvalidRequest, &e.0);
+                Box::new(early.refuse(&gw, "invalid_body", r))
+            })?
         } else {
             BodyFacts::default()
         };
         if generation.accounts.is_empty() {
             let msg = "poolgate has no usable accounts configured: add an [[accounts]] entry (with api_key_env or token_file) to the config, or enable one";
-            return Err(Box::new(tag_id(final_error(StatusCode::SERVICE_UNAVAILABLE, ErrorType::Api, msg), id)));
+            let r = final_error(StatusCode::SERVICE_UNAVAILABLE, ErrorType::Api, msg);
+            return Err(Box::new(early.refuse(&gw, "no_accounts", r)));
         }
         let model = facts.model.clone().unwrap_or_default();
         let pool = generation.accounts.len();
@@ -156,6 +161,9 @@ impl Exchange {
             at_ms: now_ms(),
             generation: generation.number,
             api: api.name(),
+            method: incoming.method.to_string(),
+            path: incoming.uri.path().to_string(),
+            blocked: Vec::new(),
             session: session_id(&facts, &incoming.headers),
             model,
             stream: facts.stream,
@@ -305,66 +313,24 @@ impl Exchange {
         self.into_finish(None, false, observe).now(r, ending)
     }
 
-    /// Phase *answer*, when no account is left to try: parked, the last
-    /// upstream error passed on, a 502 when nothing could be reached, or a 503.
+    /// Phase *answer*, when no account is left to try: the cause that stood
+    /// in the way, as the status a client can act on ([`unserved`]).
     fn out_of_accounts(mut self) -> Response {
-        if let Some(retry_after_ms) = self.parked() {
+        let (blocked, usable) = unserved::survey(&self.generation, self.family, &self.record.attempts, now_ms());
+        let attempted = self.record.attempts.iter().any(|a| a.account.is_some());
+        let verdict = unserved::verdict(&blocked, usable, attempted, now_ms());
+        let ending = verdict.ending();
+        self.gw.metrics.unserved(ending.as_str());
+        if ending == Ending::Parked {
             self.gw.metrics.parked();
-            let mut r = rate_limited(
-                "poolgate: every account is cooling down (rate limited or exhausted); retry after the time given",
-                retry_after_ms,
-            );
-            r.headers_mut().insert("x-poolgate-pool", HeaderValue::from_static("parked"));
-            let observe = self.observe_last();
-            return self.into_finish(None, false, observe).now(r, Ending::Parked);
         }
-        let Some((failure, request)) = self.last.take() else {
-            let r = error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                ErrorType::Overloaded,
-                "poolgate: no account could take the request",
-            );
-            return self.into_finish(None, false, Observe::Nothing).now(r, Ending::NoAccount);
+        let last_why = match &self.last {
+            Some((Failure::Unreachable { why, .. }, _)) => Some(why.clone()),
+            _ => None,
         };
-        let observe = Observe::Known((request, failure.account(), failure.outcome()));
-        match failure {
-            Failure::Refused { status, mut headers, body, .. } => {
-                let mut r = Response::new(Body::from(body));
-                *r.status_mut() = status;
-                upstream::retain_forwardable(&mut headers);
-                *r.headers_mut() = headers;
-                // The answer is that account's: it says so.
-                self.into_finish(None, true, observe).now(r, Ending::UpstreamError)
-            }
-            Failure::Unreachable { why, .. } => {
-                let msg = format!("poolgate: the upstream could not be reached ({why})");
-                let r = error(StatusCode::BAD_GATEWAY, ErrorType::Api, &msg);
-                self.into_finish(None, false, observe).now(r, Ending::Unreachable)
-            }
-        }
-    }
-
-    /// Whether the pool is parked — every account cooling, and nothing but rate
-    /// limits (or nothing at all) stood in the way — with how long until the
-    /// earliest recovery, ms. A cooling account is never probed.
-    fn parked(&self) -> Option<u64> {
-        let now = now_ms();
-        let accounts = &self.generation.accounts;
-        let all_cooling = accounts.iter().all(|a| !a.state.snapshot(&a.config).usable(self.family, now));
-        let rate_limited_last = self.last.as_ref().is_none_or(|(f, _)| f.is_rate_limit());
-        if !(all_cooling && rate_limited_last) {
-            return None;
-        }
-        let earliest = accounts
-            .iter()
-            .filter_map(|a| {
-                let s = a.state.snapshot(&a.config);
-                let gate = s.active_gate(self.family, now).map(|g| g.until_ms);
-                s.active_cooldown(now).map(|c| c.until_ms).into_iter().chain(gate).min()
-            })
-            .min()
-            .unwrap_or(now + 1_000);
-        Some(earliest.saturating_sub(now))
+        self.record.blocked = blocked;
+        let observe = self.observe_last();
+        self.into_finish(None, false, observe).now(verdict.response(last_why.as_deref()), ending)
     }
 
     /// What the chain hears when the gateway answers itself: how the last
@@ -393,11 +359,4 @@ impl Exchange {
 /// The record entry of a rank that reached no account.
 fn local_attempt(attempt: u32, decision: Decision, outcome: AttemptOutcome) -> Attempt {
     Attempt { attempt, decision, account: None, status: None, outcome, queued_ms: 0, upstream_ms: None }
-}
-
-/// Tags an answer given before the request had a record (a malformed body, no
-/// accounts) with its request id.
-pub fn tag_id(mut r: Response, id: u64) -> Response {
-    r.headers_mut().insert("x-poolgate-request-id", HeaderValue::from(id));
-    r
 }

@@ -8,6 +8,7 @@
 //! Both body forms are parsed; the headers are the fallback.
 
 use http::HeaderMap;
+use poolgate_wire::request::{Expect, json_error};
 use serde::Deserialize;
 
 /// What the gateway reads from a request body.
@@ -39,6 +40,11 @@ struct UserIdJson {
     session_id: Option<String>,
 }
 
+/// The types of the fields [`Peek`] reads, for an error that names them
+/// instead of `Peek`.
+const PEEKED: &[(&str, Expect)] =
+    &[("model", Expect::String), ("stream", Expect::Boolean), ("metadata", Expect::Object)];
+
 /// Why a body was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadBody(pub String);
@@ -49,8 +55,7 @@ pub fn body_facts(body: &[u8]) -> Result<BodyFacts, BadBody> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(BodyFacts::default());
     }
-    let peek: Peek =
-        serde_json::from_slice(body).map_err(|e| BadBody(format!("request body is not valid JSON: {e}")))?;
+    let peek: Peek = serde_json::from_slice(body).map_err(|e| BadBody(json_error(body, &e, PEEKED)))?;
     let session = peek.metadata.and_then(|m| m.user_id).and_then(|v| match v {
         serde_json::Value::String(s) => session_from_user_id(&s),
         _ => None,
@@ -118,7 +123,15 @@ mod tests {
 
     #[test]
     fn refuses_a_body_that_is_not_json_and_accepts_an_empty_one() {
-        assert!(body_facts(b"{not json").is_err());
+        let err = |b: &[u8]| body_facts(b).unwrap_err().0;
+        assert!(err(b"{not json").starts_with("body is not valid JSON: key must be a string"), "{}", err(b"{not"));
+        assert_eq!(err(br#"{"model":5}"#), "model: Input should be a valid string");
+        assert_eq!(err(br#"{"stream":"yes"}"#), "stream: Input should be a valid boolean");
+        assert_eq!(err(br#"{"metadata":[]}"#), "metadata: Input should be a valid dictionary");
+        assert_eq!(err(br#"[1]"#), "body: Input should be a valid dictionary");
+        for e in [err(br#"{"model":5}"#), err(b"[1]"), err(br#""text""#)] {
+            assert!(!e.contains("Peek") && !e.contains("struct"), "no Rust type in {e}");
+        }
         assert_eq!(body_facts(b"").unwrap(), BodyFacts::default());
     }
 }

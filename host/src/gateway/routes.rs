@@ -6,6 +6,7 @@
 //! `HEAD /api/hello`) stay open. No route ever shows a secret.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::Body;
@@ -16,8 +17,9 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 
 use super::errors::{ErrorType, error, final_error};
+use super::finish::Early;
 use super::metrics::labels;
-use super::proxy::{Api, Incoming, forward, tag_id};
+use super::proxy::{Api, Incoming, forward};
 use super::{Gateway, now_ms};
 
 /// A hook the server installs to reload the configuration from its source:
@@ -75,7 +77,7 @@ pub fn router(state: AppState) -> Router {
 
 async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
     let gw = state.gateway;
-    let id = gw.next_request_id();
+    let early = Early { id: gw.next_request_id(), method: &method, path: uri.path(), started: Instant::now() };
     let generation = gw.generation();
     let client = if generation.client_keys.is_empty() {
         None
@@ -88,11 +90,42 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
                     ErrorType::Authentication,
                     "poolgate: invalid or missing client key (send it as x-api-key or Authorization: Bearer)",
                 );
-                return tag_id(r, id);
+                return early.refuse(&gw, "client_key", r);
             }
         }
     };
-    let limit = generation.config.server.max_body_mb << 20;
+    if method == Method::POST
+        && let Some(refused) = not_json(&headers)
+    {
+        return early.refuse(&gw, "unsupported_media_type", refused);
+    }
+    let body = match read_body(&headers, body, generation.config.server.max_body_mb << 20).await {
+        Ok(b) => b,
+        Err(refused) => return early.refuse(&gw, "body_too_large", refused),
+    };
+    drop(generation);
+    let id = early.id;
+    forward(gw, api, Incoming { id, method, uri, headers, body, client }).await
+}
+
+/// The 415 for a POST whose body is not declared `application/json` (any
+/// parameters, any case): the body is read as JSON and forwarded as such, so
+/// anything else is refused before it costs a round trip.
+fn not_json(headers: &HeaderMap) -> Option<Response> {
+    let declared = headers.get(http::header::CONTENT_TYPE).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let essence = declared.as_deref().map(|v| v.split(';').next().unwrap_or("").trim());
+    if essence.is_some_and(|e| e.eq_ignore_ascii_case("application/json")) {
+        return None;
+    }
+    let msg = match declared {
+        Some(d) => format!("poolgate: the request body must be JSON (content-type: application/json), not `{d}`"),
+        None => "poolgate: the request body must be JSON: send content-type: application/json".to_string(),
+    };
+    Some(final_error(StatusCode::UNSUPPORTED_MEDIA_TYPE, ErrorType::InvalidRequest, &msg))
+}
+
+/// Reads the whole body, at most `limit` bytes; past it, the 413.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<bytes::Bytes, Response> {
     let declared =
         headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     let too_large = || {
@@ -110,14 +143,9 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
         }
         let mut r = too_large();
         r.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
-        return tag_id(r, id);
+        return Err(r);
     }
-    let body = match axum::body::to_bytes(body, limit).await {
-        Ok(b) => b,
-        Err(_) => return tag_id(too_large(), id),
-    };
-    drop(generation);
-    forward(gw, api, Incoming { id, method, uri, headers, body, client }).await
+    axum::body::to_bytes(body, limit).await.map_err(|_| too_large())
 }
 
 async fn messages(State(s): State<AppState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
@@ -150,37 +178,52 @@ async fn readyz(State(s): State<AppState>) -> Response {
     (StatusCode::OK, "ready").into_response()
 }
 
-/// How many headers a request may carry, and how many bytes of them: past
-/// either, poolgate answers 431 itself, in Anthropic's error shape and with a
-/// request id. (Claude Code sends about 20 headers, well under 8 KiB.) The
-/// HTTP server's own limits sit above these, as a backstop.
+/// How many headers a request may carry: past it, or past
+/// `server.max_header_bytes`, poolgate answers 431 itself, in Anthropic's error
+/// shape and with a request id. (Claude Code sends about 20 headers, well
+/// under 8 KiB.) The HTTP server's own limits sit above these
+/// ([`SERVER_HEAD_BYTES`]), as a backstop.
 pub const MAX_HEADERS: usize = 100;
-/// See [`MAX_HEADERS`].
-pub const MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// What the HTTP server buffers of a request head: twice the largest
+/// `server.max_header_bytes`, so that any head up to there is refused by
+/// poolgate (with a body that says why) rather than by hyper (with none).
+pub const SERVER_HEAD_BYTES: usize = 2 * crate::config::schema::MAX_HEADER_BYTES as usize;
 
 /// The 431 for a request whose headers exceed [`MAX_HEADERS`] or
-/// [`MAX_HEADER_BYTES`]; `None` for any other.
-pub fn oversized_head(gw: &Gateway, headers: &HeaderMap) -> Option<Response> {
+/// `server.max_header_bytes` (names, values, and `: ` and CRLF, as on the
+/// wire); `None` for any other.
+pub fn oversized_head(gw: &Gateway, method: &Method, uri: &Uri, headers: &HeaderMap) -> Option<Response> {
+    let limit = gw.generation().config.server.max_header_bytes;
     let bytes: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
-    if headers.len() <= MAX_HEADERS && bytes <= MAX_HEADER_BYTES {
+    let reason = if headers.len() > MAX_HEADERS {
+        "too_many_headers"
+    } else if bytes > limit {
+        "headers_too_large"
+    } else {
         return None;
-    }
+    };
     let msg = format!(
-        "poolgate: the request headers are too large ({} headers, {bytes} bytes; the limit is {MAX_HEADERS} headers, {} KiB)",
+        "poolgate: the request headers are too large ({} headers, {bytes} bytes; the limit is {MAX_HEADERS} headers, \
+         {limit} bytes: server.max_header_bytes)",
         headers.len(),
-        MAX_HEADER_BYTES >> 10
     );
     let r = final_error(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, ErrorType::InvalidRequest, &msg);
-    Some(tag_id(r, gw.next_request_id()))
+    let early = Early { id: gw.next_request_id(), method, path: uri.path(), started: Instant::now() };
+    Some(early.refuse(gw, reason, r))
 }
 
-async fn not_found(uri: Uri) -> Response {
-    error(StatusCode::NOT_FOUND, ErrorType::NotFound, &format!("poolgate: no route for {}", uri.path()))
+async fn not_found(State(s): State<AppState>, method: Method, uri: Uri) -> Response {
+    let r = error(StatusCode::NOT_FOUND, ErrorType::NotFound, &format!("poolgate: no route for {}", uri.path()));
+    let early = Early { id: s.gateway.next_request_id(), method: &method, path: uri.path(), started: Instant::now() };
+    early.refuse(&s.gateway, "not_found", r)
 }
 
-async fn wrong_method(method: Method, uri: Uri) -> Response {
+async fn wrong_method(State(s): State<AppState>, method: Method, uri: Uri) -> Response {
     let msg = format!("poolgate: {method} is not allowed on {}", uri.path());
-    final_error(StatusCode::METHOD_NOT_ALLOWED, ErrorType::InvalidRequest, &msg)
+    let r = final_error(StatusCode::METHOD_NOT_ALLOWED, ErrorType::InvalidRequest, &msg);
+    let early = Early { id: s.gateway.next_request_id(), method: &method, path: uri.path(), started: Instant::now() };
+    early.refuse(&s.gateway, "method_not_allowed", r)
 }
 
 fn admin_refused(s: &AppState, headers: &HeaderMap) -> Option<Response> {

@@ -98,7 +98,8 @@ pub fn check_exposure(addr: &SocketAddr, has_client_keys: bool) -> Result<()> {
 ///
 /// Each connection is served by hyper directly (HTTP/1.1, and HTTP/2 with
 /// prior knowledge), with TCP_NODELAY, and with head limits above poolgate's
-/// own ([`routes::MAX_HEADERS`]), so that a request with too many headers gets
+/// own ([`routes::MAX_HEADERS`], `server.max_header_bytes`; hyper's are
+/// [`routes::SERVER_HEAD_BYTES`]), so that a request with too large a head gets
 /// poolgate's 431 — in Anthropic's error shape, with a request id — rather
 /// than hyper's bare one.
 pub async fn serve(
@@ -109,13 +110,15 @@ pub async fn serve(
 ) -> Result<()> {
     let gateway = state.gateway.clone();
     let app = TowerToHyperService::new(router(state));
-    let service =
-        service_fn(move |req: http::Request<Incoming>| match routes::oversized_head(&gateway, req.headers()) {
+    let service = service_fn(move |req: http::Request<Incoming>| {
+        match routes::oversized_head(&gateway, req.method(), req.uri(), req.headers()) {
             Some(refused) => Either::Left(std::future::ready(Ok(refused))),
             None => Either::Right(app.call(req)),
-        });
+        }
+    });
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().max_headers(routes::MAX_HEADERS * 4).max_buf_size(routes::MAX_HEADER_BYTES * 8);
+    builder.http1().max_headers(routes::MAX_HEADERS * 10).max_buf_size(routes::SERVER_HEAD_BYTES);
+    builder.http2().max_header_list_size(routes::SERVER_HEAD_BYTES as u32);
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {

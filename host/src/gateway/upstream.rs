@@ -21,13 +21,17 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use std::sync::Arc;
+
+use crate::config::headers::ForwardPolicy;
 use crate::config::{AccountKind, Secret};
 
 /// The OAuth beta flag subscription tokens need.
 const OAUTH_BETA: &str = "oauth-2025-04-20";
 
-/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus
-/// those the client sets itself.
+/// Response headers that describe one connection, not the message (RFC 9110
+/// §7.6.1), plus those the HTTP layer sets itself. (Request headers go by the
+/// allow-list of [`ForwardPolicy`].)
 const NOT_FORWARDED: [&str; 11] = [
     "connection",
     "keep-alive",
@@ -144,6 +148,8 @@ pub struct Target {
     kind: AccountKind,
     /// `x-api-key` or `authorization`, marked sensitive.
     credential: Auth,
+    /// Which client headers go along.
+    forward: Arc<ForwardPolicy>,
 }
 
 /// How a target authenticates.
@@ -161,8 +167,9 @@ impl Target {
     }
 
     /// The target for an account whose base URL the config resolved to
-    /// `prefix` (see [`crate::config::base_prefix`]), with `credential`.
-    pub fn new(prefix: &str, kind: AccountKind, credential: &Secret) -> Result<Target> {
+    /// `prefix` (see [`crate::config::base_prefix`]), with `credential`,
+    /// forwarding the client headers `forward` allows.
+    pub fn new(prefix: &str, kind: AccountKind, credential: &Secret, forward: Arc<ForwardPolicy>) -> Result<Target> {
         let prefix = prefix.to_string();
         let (name, value) = match kind {
             AccountKind::ApiKey => (HeaderName::from_static("x-api-key"), credential.expose().to_string()),
@@ -171,13 +178,13 @@ impl Target {
         let mut value = HeaderValue::from_str(&value)
             .map_err(|_| anyhow::anyhow!("the credential holds characters a header cannot carry"))?;
         value.set_sensitive(true);
-        Ok(Target { prefix, kind, credential: Auth::Fixed(name, value) })
+        Ok(Target { prefix, kind, credential: Auth::Fixed(name, value), forward })
     }
 
     /// The target of an OAuth seat: its bearer token is whatever the seat
     /// holds when a request is sent.
-    pub fn seat(prefix: &str, seat: std::sync::Arc<crate::oauth::Seat>) -> Target {
-        Target { prefix: prefix.to_string(), kind: AccountKind::Oauth, credential: Auth::Seat(seat) }
+    pub fn seat(prefix: &str, seat: std::sync::Arc<crate::oauth::Seat>, forward: Arc<ForwardPolicy>) -> Target {
+        Target { prefix: prefix.to_string(), kind: AccountKind::Oauth, credential: Auth::Seat(seat), forward }
     }
 
     /// The seat, for an OAuth seat's target.
@@ -188,19 +195,23 @@ impl Target {
         }
     }
 
-    /// The headers to send: the client's, minus hop-by-hop headers, its own
-    /// credentials and `x-poolgate-*`; the `anthropic-beta` list fitted to the
-    /// account kind; the account's credential.
+    /// The headers to send: the client's that the allow-list forwards (never
+    /// its credential, cookies, `x-forwarded-*`, connection headers or
+    /// `x-poolgate-*`, nor a header its `connection` names); the
+    /// `anthropic-beta` list fitted to the account kind; the account's
+    /// credential.
     fn headers(&self, client: &HeaderMap) -> HeaderMap {
+        let nominated: Vec<String> = client
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|n| n.trim().to_ascii_lowercase())
+            .collect();
         let mut headers = HeaderMap::with_capacity(client.len() + 2);
         for (name, value) in client {
             let n = name.as_str();
-            if !forwardable(name)
-                || n == "authorization"
-                || n == "x-api-key"
-                || n == "anthropic-beta"
-                || n.starts_with("x-poolgate-")
-            {
+            if n == "anthropic-beta" || !self.forward.forwards(n) || nominated.iter().any(|c| c == n) {
                 continue;
             }
             headers.append(name.clone(), value.clone());
@@ -307,6 +318,10 @@ mod tests {
         Secret::new(s.into()).unwrap()
     }
 
+    fn policy() -> Arc<ForwardPolicy> {
+        Arc::new(ForwardPolicy::new(&["x-team-*".into()]))
+    }
+
     #[test]
     fn the_oauth_beta_flag_follows_the_account_kind() {
         let mut h = HeaderMap::new();
@@ -332,6 +347,17 @@ mod tests {
     }
 
     #[test]
+    fn a_header_the_connection_header_names_stays() {
+        let t = Target::new("http://h", AccountKind::ApiKey, &secret("k"), policy()).unwrap();
+        let mut client = HeaderMap::new();
+        client.insert("connection", "X-Team-Hop".parse().unwrap());
+        client.insert("x-team-hop", "1".parse().unwrap());
+        client.insert("x-team-id", "7".parse().unwrap());
+        let h = t.headers(&client);
+        assert!(h.get("x-team-hop").is_none() && h.get("x-team-id").is_some());
+    }
+
+    #[test]
     fn only_an_uncompressed_event_stream_is_framed() {
         let h = |pairs: &[(&str, &str)]| {
             let mut m = HeaderMap::new();
@@ -350,7 +376,7 @@ mod tests {
     #[test]
     fn the_account_credential_replaces_the_clients() {
         let base = crate::config::base_prefix("https://api.example.test/base/").unwrap();
-        let t = Target::new(&base, AccountKind::Oauth, &secret("tok")).unwrap();
+        let t = Target::new(&base, AccountKind::Oauth, &secret("tok"), policy()).unwrap();
         assert_eq!(t.prefix, "https://api.example.test/base");
         let mut client = HeaderMap::new();
         client.insert("x-api-key", "gateway-key".parse().unwrap());
@@ -358,14 +384,20 @@ mod tests {
         client.insert("x-poolgate-debug", "1".parse().unwrap());
         client.insert("connection", "close".parse().unwrap());
         client.insert("anthropic-version", "2023-06-01".parse().unwrap());
+        client.insert("cookie", "session=1".parse().unwrap());
+        client.insert("x-forwarded-for", "10.0.0.1".parse().unwrap());
+        client.insert("x-foo", "1".parse().unwrap());
+        client.insert("x-team-id", "7".parse().unwrap());
         let h = t.headers(&client);
+        assert!(h.get("cookie").is_none() && h.get("x-forwarded-for").is_none() && h.get("x-foo").is_none());
+        assert_eq!(h.get("x-team-id").unwrap(), "7");
         assert_eq!(h.get("authorization").unwrap(), "Bearer tok");
         assert!(h.get("authorization").unwrap().is_sensitive());
         assert!(h.get("x-api-key").is_none() && h.get("x-poolgate-debug").is_none() && h.get("connection").is_none());
         assert_eq!(h.get("anthropic-version").unwrap(), "2023-06-01");
         assert_eq!(h.get("anthropic-beta").unwrap(), OAUTH_BETA);
 
-        let k = Target::new("http://127.0.0.1:9", AccountKind::ApiKey, &secret("sk-1")).unwrap();
+        let k = Target::new("http://127.0.0.1:9", AccountKind::ApiKey, &secret("sk-1"), policy()).unwrap();
         assert_eq!(k.prefix, "http://127.0.0.1:9");
         let h = k.headers(&client);
         assert_eq!(h.get("x-api-key").unwrap(), "sk-1");
@@ -374,7 +406,7 @@ mod tests {
 
     #[test]
     fn a_credential_a_header_cannot_carry_is_refused_without_showing_it() {
-        let e = Target::new("http://h", AccountKind::ApiKey, &secret("bad\nkey")).err().unwrap();
+        let e = Target::new("http://h", AccountKind::ApiKey, &secret("bad\nkey"), policy()).err().unwrap();
         assert!(e.to_string().contains("header"), "{e}");
         assert!(!e.to_string().contains("bad\nkey"), "the credential is never in an error");
     }
