@@ -38,6 +38,7 @@
 
 mod chunks;
 mod conn;
+mod oauth;
 mod quota;
 mod reply;
 mod script;
@@ -50,6 +51,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+pub use oauth::{EXPIRED, Identity, OAuth, SCOPES, Seat, TokenMode, TokenRequest, Tokens, pkce_challenge};
 pub use poolgate_wire::ratelimit::{Quota, Window, now_s, rfc3339};
 pub use reply::{DEFAULT_TEXT, MODELS};
 pub use script::{Account, Step};
@@ -84,9 +86,15 @@ pub struct Recorded {
     pub method: String,
     /// The path with its query string, e.g. `/v1/messages?beta=true`.
     pub path: String,
-    /// The credential of the account that answered, or `""` if there was none or it was
-    /// unknown.
+    /// The credential of the account that answered: the API key or bearer token it is
+    /// registered under. For a seat's OAuth access token it is the credential of the
+    /// seat's [`Account`], whichever token was used, so [`MockUpstream::served_by`] stays
+    /// stable as tokens rotate (the token itself is in [`Recorded::bearer`]). `""` if
+    /// there was no credential, or it was unknown or an expired access token.
     pub credential: String,
+    /// The exact token of `authorization: Bearer`, when that is what authenticated the
+    /// request (`None` with an `x-api-key`, which takes precedence, or with neither).
+    pub bearer: Option<String>,
     /// Headers as received (lowercase names), in order; non-UTF-8 bytes are replaced.
     pub headers: Vec<(String, String)>,
     /// The request body.
@@ -157,7 +165,14 @@ impl MockUpstream {
         self.shared.account(credential)
     }
 
-    /// Every request received, in arrival order.
+    /// The OAuth authority: seats, their tokens, and the token route.
+    pub fn oauth(&self) -> OAuth {
+        OAuth { inner: self.shared.oauth.clone() }
+    }
+
+    /// Every request received, in arrival order, except those to the token route
+    /// (`/v1/oauth/token`), which [`OAuth::token_requests`] accounts for, so a gateway's
+    /// background refreshes do not interleave with the traffic a test asserts on.
     pub fn requests(&self) -> Vec<Recorded> {
         self.shared.records().clone()
     }
