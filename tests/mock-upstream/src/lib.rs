@@ -51,7 +51,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-pub use oauth::{EXPIRED, Identity, OAuth, SCOPES, Seat, TokenMode, TokenRequest, Tokens, pkce_challenge};
+pub use oauth::{EXPIRED, Identity, OAUTH_BETA, OAuth, SCOPES, Seat, TokenMode, TokenRequest, Tokens, pkce_challenge};
 pub use poolgate_wire::ratelimit::{Quota, Window, now_s, rfc3339};
 pub use reply::{DEFAULT_TEXT, MODELS};
 pub use script::{Account, Step};
@@ -165,13 +165,14 @@ impl MockUpstream {
         self.shared.account(credential)
     }
 
-    /// The OAuth authority: seats, their tokens, and the token route.
+    /// The OAuth authority: seats, their tokens, and the token, usage and profile routes.
     pub fn oauth(&self) -> OAuth {
         OAuth { inner: self.shared.oauth.clone() }
     }
 
-    /// Every request received, in arrival order, except those to the token route
-    /// (`/v1/oauth/token`), which [`OAuth::token_requests`] accounts for, so a gateway's
+    /// Every request received, in arrival order, except those to the OAuth routes
+    /// (`/v1/oauth/token`, `/api/oauth/usage`, `/api/oauth/profile`), which
+    /// [`OAuth::token_requests`] and [`OAuth::usage_requests`] account for, so a gateway's
     /// background refreshes do not interleave with the traffic a test asserts on.
     pub fn requests(&self) -> Vec<Recorded> {
         self.shared.records().clone()

@@ -16,10 +16,11 @@
 
 mod ids;
 mod token;
+mod usage;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::http::header::CONTENT_TYPE;
@@ -33,6 +34,7 @@ use ids::{fake_uuid, random_token};
 
 pub use ids::pkce_challenge;
 pub(crate) use token::token;
+pub(crate) use usage::{profile, usage};
 
 /// The scopes every token of a seat carries (`scope` in the token response, space
 /// separated).
@@ -41,6 +43,9 @@ pub const SCOPES: &[&str] = &["user:inference", "user:profile"];
 /// The `message` of the 401 an expired access token gets on the API routes, verbatim
 /// from Anthropic.
 pub const EXPIRED: &str = "OAuth token has expired. Please obtain a new token or refresh your existing token.";
+
+/// The `anthropic-beta` flag OAuth-only routes (`/api/oauth/*`) require.
+pub const OAUTH_BETA: &str = "oauth-2025-04-20";
 
 /// How long access tokens live unless [`Seat::set_lifetime`] says otherwise; Anthropic's
 /// are hours, tests compress this to seconds.
@@ -155,6 +160,9 @@ struct State {
     mode: TokenMode,
     requests: Vec<TokenLog>,
     refreshes: usize,
+    usage_requests: usize,
+    usage_limit: Option<u32>,
+    usage_calls: HashMap<String, VecDeque<Instant>>,
 }
 
 struct SeatData {
@@ -191,8 +199,9 @@ struct TokenLog {
 
 /// What an access token presented on an API route stands for.
 pub(crate) enum Access {
-    /// A live token: answer as this account, under this organization id.
-    Valid { account: Account, org: HeaderValue },
+    /// A live token of seat number `seat`: answer as this account, under this
+    /// organization id.
+    Valid { account: Account, org: HeaderValue, seat: usize },
     /// A token the mock issued whose lifetime is over.
     Expired,
 }
@@ -247,6 +256,19 @@ impl OAuth {
     /// How many `refresh_token` grants succeeded.
     pub fn refreshes(&self) -> usize {
         self.inner.state().refreshes
+    }
+
+    /// How many requests reached `GET /api/oauth/usage`, answered or refused.
+    pub fn usage_requests(&self) -> usize {
+        self.inner.state().usage_requests
+    }
+
+    /// Limits `GET /api/oauth/usage` to `per_minute` answers per access token in any 60
+    /// seconds; the next gets a 429 with `retry-after`. `None` (the default) is no limit.
+    pub fn set_usage_limit(&self, per_minute: Option<u32>) {
+        let mut state = self.inner.state();
+        state.usage_limit = per_minute;
+        state.usage_calls.clear();
     }
 }
 
@@ -342,7 +364,12 @@ impl Authority {
             return Some(Access::Expired);
         }
         let seat = &state.seats[access.seat];
-        Some(Access::Valid { account: seat.account.clone(), org: seat.org.clone() })
+        Some(Access::Valid { account: seat.account.clone(), org: seat.org.clone(), seat: access.seat })
+    }
+
+    /// Whom seat number `seat` is logged in as.
+    fn identity(&self, seat: usize) -> Identity {
+        self.state().seats[seat].identity.clone()
     }
 
     /// Records a token request on arrival; returns its index for [`Authority::answered`].
@@ -393,6 +420,25 @@ impl Authority {
         let tokens = state.mint(seat, now_ms());
         let data = &state.seats[seat];
         Ok(Granted { tokens, lifetime: data.lifetime, identity: data.identity.clone() })
+    }
+
+    /// Whether `token` may have one more usage answer under the per-token limit, if one is
+    /// set (counting it if so): `Err(seconds until a slot frees)` if not.
+    fn usage_slot(&self, token: &str) -> Result<(), u64> {
+        const MINUTE: Duration = Duration::from_secs(60);
+        let mut state = self.state();
+        let Some(limit) = state.usage_limit else { return Ok(()) };
+        let now = Instant::now();
+        let calls = state.usage_calls.entry(token.to_owned()).or_default();
+        while calls.front().is_some_and(|t| now.duration_since(*t) >= MINUTE) {
+            calls.pop_front();
+        }
+        if calls.len() >= limit as usize {
+            let oldest = calls.front().copied().unwrap_or(now);
+            return Err(MINUTE.saturating_sub(now.duration_since(oldest)).as_secs().max(1));
+        }
+        calls.push_back(now);
+        Ok(())
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -506,5 +552,16 @@ mod tests {
         assert!(matches!(oauth.inner.access(&t.access_token, now_ms()), Some(Access::Valid { .. })));
         let relogin = seat.issue();
         assert!(oauth.inner.grant(&Grant::Refresh { refresh_token: &relogin.refresh_token }).is_ok());
+    }
+
+    #[test]
+    fn the_usage_limit_is_per_token() {
+        let (oauth, _) = seat();
+        assert_eq!(oauth.inner.usage_slot("a"), Ok(()), "no limit by default");
+        oauth.set_usage_limit(Some(2));
+        assert_eq!(oauth.inner.usage_slot("a"), Ok(()));
+        assert_eq!(oauth.inner.usage_slot("a"), Ok(()));
+        assert!(matches!(oauth.inner.usage_slot("a"), Err(59 | 60)));
+        assert_eq!(oauth.inner.usage_slot("b"), Ok(()));
     }
 }

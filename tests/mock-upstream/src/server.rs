@@ -5,9 +5,9 @@
 //! the account's step and play it. Normal replies depend on the endpoint; failures look
 //! the same on every endpoint, as they do at Anthropic.
 //!
-//! The token route (`/v1/oauth/token`) is answered by [`crate::oauth`] instead: it is not
-//! scripted, and it is recorded there, not here, so a gateway's background refreshes do
-//! not disturb [`crate::MockUpstream::served_by`].
+//! The OAuth routes (`/v1/oauth/token`, `/api/oauth/*`) are answered by [`crate::oauth`]
+//! instead: they are not scripted, and they are recorded there, not here, so a gateway's
+//! background refreshes and usage polls do not disturb [`crate::MockUpstream::served_by`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -135,6 +135,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/", head(probe))
         .route("/api/hello", head(probe))
         .route("/v1/oauth/token", post(oauth_token))
+        .route("/api/oauth/usage", get(oauth_usage))
+        .route("/api/oauth/profile", get(oauth_profile))
         .fallback(not_found)
         .method_not_allowed_fallback(not_found)
         .with_state(shared)
@@ -166,6 +168,12 @@ async fn oauth_token(State(s): State<Arc<Shared>>, req: Request) -> Response {
         return error(&request_id, ErrorType::RequestTooLarge, error::TOO_LARGE);
     };
     oauth::token(&s.oauth, &parts.headers, &body, &request_id).await
+}
+async fn oauth_usage(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    oauth::usage(&s.oauth, &headers, &s.request_id())
+}
+async fn oauth_profile(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    oauth::profile(&s.oauth, &headers, &s.request_id())
 }
 
 /// `x-api-key` first, then `authorization: Bearer`.

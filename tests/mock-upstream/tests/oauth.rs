@@ -1,12 +1,14 @@
-//! The OAuth side: seats, the token endpoint (rotation, PKCE, modes), and expiry on the
-//! API routes.
+//! The OAuth side: seats, the token endpoint (rotation, PKCE, modes), expiry on the API
+//! routes, and the usage and profile routes.
 
 mod common;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{client, client_with_timeout, header, message_body};
-use poolgate_mock_upstream::{Config, EXPIRED, Identity, MockUpstream, Seat, Step, TokenMode, pkce_challenge};
+use poolgate_mock_upstream::{
+    Config, EXPIRED, Identity, MockUpstream, OAUTH_BETA, Quota, Seat, Step, TokenMode, Window, pkce_challenge,
+};
 use serde_json::{Value, json};
 
 const CLIENT_ID: &str = "9d1c250a-e61b-44d9-88ed-5944d1962f5e";
@@ -40,11 +42,20 @@ async fn messages(up: &MockUpstream, access_token: &str) -> reqwest::Response {
     client()
         .post(format!("{}/v1/messages", up.base_url()))
         .bearer_auth(access_token)
-        .header("anthropic-beta", "oauth-2025-04-20")
+        .header("anthropic-beta", OAUTH_BETA)
         .json(&message_body(false))
         .send()
         .await
         .unwrap()
+}
+
+/// `GET /api/oauth/<route>` with a bearer token and, if `beta`, the OAuth beta flag.
+async fn oauth_get(up: &MockUpstream, route: &str, token: &str, beta: bool) -> reqwest::Response {
+    let mut request = client().get(format!("{}/api/oauth/{route}", up.base_url())).bearer_auth(token);
+    if beta {
+        request = request.header("anthropic-beta", format!("claude-code-20250219,{OAUTH_BETA}"));
+    }
+    request.send().await.unwrap()
 }
 
 async fn status_and_json(r: reqwest::Response) -> (u16, Value) {
@@ -282,4 +293,87 @@ async fn a_revoked_seat_must_log_in_again() {
     assert_eq!(status_and_json(refresh(&up, &login.refresh_token).await).await, (400, invalid_grant()));
     assert_eq!(messages(&up, &login.access_token).await.status(), 200, "access tokens live out their lifetime");
     assert_eq!(refresh(&up, &seat.issue().refresh_token).await.status(), 200, "a new login works");
+}
+
+#[tokio::test]
+async fn usage_reports_the_seat_accounts_current_quota() {
+    let up = MockUpstream::start().await;
+    let seat = seat(&up, "acct-a", "alice");
+    let mut quota = Quota::unified_at(0.25, 0.5, 1_795_003_199 - 5 * 3600);
+    quota.buckets = vec![("opus".into(), Window::new(0.95, "allowed_warning", 1_795_003_199))];
+    seat.account().set_quota(quota);
+    let login = seat.issue();
+
+    let (status, body) = status_and_json(oauth_get(&up, "usage", &login.access_token, true).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["five_hour"], json!({"utilization": 25, "resets_at": "2026-11-18T11:59:59Z"}));
+    assert_eq!(body["seven_day"]["utilization"], 50);
+    assert_eq!(
+        body["limits"][2],
+        json!({"kind": "weekly_scoped", "percent": 95, "severity": "warning", "resets_at": "2026-11-18T11:59:59Z",
+               "is_active": true, "scope": {"model": {"display_name": "Opus"}}})
+    );
+    let kinds: Vec<&str> = body["limits"].as_array().unwrap().iter().map(|l| l["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["session", "weekly_all", "weekly_scoped"]);
+
+    seat.account().set_quota(Quota::unified(1.0, 0.5));
+    let (_, body) = status_and_json(oauth_get(&up, "usage", &login.access_token, true).await).await;
+    assert_eq!((&body["limits"][0]["percent"], &body["limits"][0]["severity"]), (&json!(100), &json!("critical")));
+    assert_eq!(up.oauth().usage_requests(), 2);
+    assert!(up.requests().is_empty(), "usage polls are not API traffic");
+}
+
+#[tokio::test]
+async fn the_oauth_routes_need_the_beta_and_a_live_seat_token() {
+    let up = MockUpstream::start().await;
+    let seat = seat(&up, "acct-a", "alice");
+    let login = seat.issue();
+    for route in ["usage", "profile"] {
+        let (status, body) = status_and_json(oauth_get(&up, route, &login.access_token, false).await).await;
+        assert_eq!((status, body["error"]["type"].as_str()), (401, Some("authentication_error")), "{route}");
+        let status = oauth_get(&up, route, "acct-a", true).await.status();
+        assert_eq!(status, 401, "{route}: an account credential is not a seat token");
+    }
+    seat.expire_access_tokens();
+    let (status, body) = status_and_json(oauth_get(&up, "usage", &login.access_token, true).await).await;
+    assert_eq!((status, body["error"]["message"].as_str()), (401, Some(EXPIRED)));
+    assert_eq!(up.oauth().usage_requests(), 3, "refused calls count too");
+}
+
+#[tokio::test]
+async fn usage_can_be_rate_limited_per_token() {
+    let up = MockUpstream::start().await;
+    let seat = seat(&up, "acct-a", "alice");
+    let (a, b) = (seat.issue(), seat.issue());
+    up.oauth().set_usage_limit(Some(2));
+    for _ in 0..2 {
+        assert_eq!(oauth_get(&up, "usage", &a.access_token, true).await.status(), 200);
+    }
+    let limited = oauth_get(&up, "usage", &a.access_token, true).await;
+    assert_eq!(limited.status(), 429);
+    let retry_after: u64 = header(&limited, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry_after));
+    assert_eq!(status_and_json(limited).await.1["error"]["type"], "rate_limit_error");
+    assert_eq!(oauth_get(&up, "usage", &b.access_token, true).await.status(), 200, "another token has its own budget");
+    up.oauth().set_usage_limit(None);
+    assert_eq!(oauth_get(&up, "usage", &a.access_token, true).await.status(), 200);
+}
+
+#[tokio::test]
+async fn the_profile_names_the_seat() {
+    let up = MockUpstream::start().await;
+    let seat = seat(&up, "acct-a", "bob");
+    let id = Identity::new("bob");
+    let r = oauth_get(&up, "profile", &seat.issue().access_token, true).await;
+    let (status, body) = status_and_json(r).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        (&body["account"]["uuid"], &body["account"]["email"]),
+        (&json!(id.account_uuid), &json!("bob@example.com"))
+    );
+    assert_eq!(
+        body["organization"],
+        json!({"uuid": id.organization_uuid, "name": "bob@example.com's Organization",
+               "organization_type": "claude_max", "rate_limit_tier": "default_claude_max_5x"})
+    );
 }
