@@ -34,6 +34,40 @@
 //! assert_eq!(upstream.served_by(), ["sk-ant-test-a", "sk-ant-test-b"]);
 //! # }
 //! ```
+//!
+//! # OAuth seats
+//!
+//! A Claude subscription login is a [`Seat`] of the mock's [`OAuth`] authority, bound to
+//! one scripted [`Account`]: every access token the seat is ever given answers as that
+//! account (and is recorded under its credential), so a test scripts the account once
+//! while the gateway refreshes underneath. The authority serves Anthropic's OAuth routes
+//! on the same address:
+//!
+//! - `POST /v1/oauth/token`: `refresh_token` grants (rotating, single-use refresh tokens)
+//!   and `authorization_code` grants (PKCE S256), as a form or as JSON; its behaviour is
+//!   set with [`OAuth::set_mode`].
+//! - `GET /api/oauth/usage`: the seat account's [`Quota`] as percents and limits.
+//! - `GET /api/oauth/profile`: the seat's [`Identity`].
+//!
+//! An expired access token gets Anthropic's 401 ([`EXPIRED`]) on the API routes.
+//!
+//! ```no_run
+//! # async fn example() {
+//! use std::time::Duration;
+//! use poolgate_mock_upstream::{Identity, MockUpstream, Step};
+//!
+//! let upstream = MockUpstream::start().await;
+//! let account = upstream.account("seat-a");
+//! let seat = upstream.oauth().seat(&account, Identity::new("alice"));
+//! seat.set_lifetime(Duration::from_secs(2));
+//! let tokens = seat.issue(); // written to the gateway's credentials file
+//! account.push(Step::Overloaded); // whichever token the gateway uses next
+//! // … the gateway serves requests past the expiry, refreshing on the way …
+//! assert!(upstream.oauth().refreshes() >= 1);
+//! assert!(upstream.served_by().iter().all(|c| c == "seat-a"));
+//! # let _ = tokens;
+//! # }
+//! ```
 #![deny(missing_docs)]
 
 mod chunks;
