@@ -34,10 +34,45 @@
 //! assert_eq!(upstream.served_by(), ["sk-ant-test-a", "sk-ant-test-b"]);
 //! # }
 //! ```
+//!
+//! # OAuth seats
+//!
+//! A Claude subscription login is a [`Seat`] of the mock's [`OAuth`] authority, bound to
+//! one scripted [`Account`]: every access token the seat is ever given answers as that
+//! account (and is recorded under its credential), so a test scripts the account once
+//! while the gateway refreshes underneath. The authority serves Anthropic's OAuth routes
+//! on the same address:
+//!
+//! - `POST /v1/oauth/token`: `refresh_token` grants (rotating, single-use refresh tokens)
+//!   and `authorization_code` grants (PKCE S256), as a form or as JSON; its behaviour is
+//!   set with [`OAuth::set_mode`].
+//! - `GET /api/oauth/usage`: the seat account's [`Quota`] as percents and limits.
+//! - `GET /api/oauth/profile`: the seat's [`Identity`].
+//!
+//! An expired access token gets Anthropic's 401 ([`EXPIRED`]) on the API routes.
+//!
+//! ```no_run
+//! # async fn example() {
+//! use std::time::Duration;
+//! use poolgate_mock_upstream::{Identity, MockUpstream, Step};
+//!
+//! let upstream = MockUpstream::start().await;
+//! let account = upstream.account("seat-a");
+//! let seat = upstream.oauth().seat(&account, Identity::new("alice"));
+//! seat.set_lifetime(Duration::from_secs(2));
+//! let tokens = seat.issue(); // written to the gateway's credentials file
+//! account.push(Step::Overloaded); // whichever token the gateway uses next
+//! // … the gateway serves requests past the expiry, refreshing on the way …
+//! assert!(upstream.oauth().refreshes() >= 1);
+//! assert!(upstream.served_by().iter().all(|c| c == "seat-a"));
+//! # let _ = tokens;
+//! # }
+//! ```
 #![deny(missing_docs)]
 
 mod chunks;
 mod conn;
+mod oauth;
 mod quota;
 mod reply;
 mod script;
@@ -50,6 +85,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+pub use oauth::{EXPIRED, Identity, OAUTH_BETA, OAuth, SCOPES, Seat, TokenMode, TokenRequest, Tokens, pkce_challenge};
 pub use poolgate_wire::ratelimit::{Quota, Window, now_s, rfc3339};
 pub use reply::{DEFAULT_TEXT, MODELS};
 pub use script::{Account, Step};
@@ -84,9 +120,15 @@ pub struct Recorded {
     pub method: String,
     /// The path with its query string, e.g. `/v1/messages?beta=true`.
     pub path: String,
-    /// The credential of the account that answered, or `""` if there was none or it was
-    /// unknown.
+    /// The credential of the account that answered: the API key or bearer token it is
+    /// registered under. For a seat's OAuth access token it is the credential of the
+    /// seat's [`Account`], whichever token was used, so [`MockUpstream::served_by`] stays
+    /// stable as tokens rotate (the token itself is in [`Recorded::bearer`]). `""` if
+    /// there was no credential, or it was unknown or an expired access token.
     pub credential: String,
+    /// The exact token of `authorization: Bearer`, when that is what authenticated the
+    /// request (`None` with an `x-api-key`, which takes precedence, or with neither).
+    pub bearer: Option<String>,
     /// Headers as received (lowercase names), in order; non-UTF-8 bytes are replaced.
     pub headers: Vec<(String, String)>,
     /// The request body.
@@ -157,7 +199,15 @@ impl MockUpstream {
         self.shared.account(credential)
     }
 
-    /// Every request received, in arrival order.
+    /// The OAuth authority: seats, their tokens, and the token, usage and profile routes.
+    pub fn oauth(&self) -> OAuth {
+        OAuth { inner: self.shared.oauth.clone() }
+    }
+
+    /// Every request received, in arrival order, except those to the OAuth routes
+    /// (`/v1/oauth/token`, `/api/oauth/usage`, `/api/oauth/profile`), which
+    /// [`OAuth::token_requests`] and [`OAuth::usage_requests`] account for, so a gateway's
+    /// background refreshes do not interleave with the traffic a test asserts on.
     pub fn requests(&self) -> Vec<Recorded> {
         self.shared.records().clone()
     }

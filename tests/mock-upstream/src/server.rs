@@ -4,6 +4,10 @@
 //! request (before any delay or failure, so tests can see which account was tried), pop
 //! the account's step and play it. Normal replies depend on the endpoint; failures look
 //! the same on every endpoint, as they do at Anthropic.
+//!
+//! The OAuth routes (`/v1/oauth/token`, `/api/oauth/*`) are answered by [`crate::oauth`]
+//! instead: they are not scripted, and they are recorded there, not here, so a gateway's
+//! background refreshes and usage polls do not disturb [`crate::MockUpstream::served_by`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,6 +29,7 @@ use poolgate_wire::{header, ids, message, request};
 
 use crate::chunks::Chunks;
 use crate::conn::ConnControl;
+use crate::oauth::{self, Access};
 use crate::quota;
 use crate::reply::{self, CHUNKING};
 use crate::script::{Account, Step, Taken};
@@ -41,6 +46,7 @@ const EVENT_STREAM: HeaderValue = HeaderValue::from_static(header::EVENT_STREAM)
 /// State shared by the server task and the [`crate::MockUpstream`] handle.
 pub(crate) struct Shared {
     pub config: Config,
+    pub oauth: Arc<oauth::Authority>,
     accounts: Mutex<HashMap<String, Account>>,
     records: Mutex<Vec<Recorded>>,
     ids: AtomicU64,
@@ -48,7 +54,13 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub fn new(config: Config) -> Shared {
-        Shared { config, accounts: Mutex::new(HashMap::new()), records: Mutex::new(Vec::new()), ids: AtomicU64::new(1) }
+        Shared {
+            config,
+            oauth: Arc::default(),
+            accounts: Mutex::new(HashMap::new()),
+            records: Mutex::new(Vec::new()),
+            ids: AtomicU64::new(1),
+        }
     }
 
     /// The account for `credential`, creating it.
@@ -70,6 +82,16 @@ impl Shared {
         self.accounts.lock().get(credential).cloned()
     }
 
+    /// Who `credential` is: a seat's OAuth access token first (so that `accept_any` does
+    /// not turn an expired one into a fresh account), then a registered account.
+    fn caller(&self, credential: &str) -> Caller {
+        match self.oauth.access(credential, oauth::now_ms()) {
+            Some(Access::Valid { account, org, .. }) => Caller::Account { account, org: Some(org) },
+            Some(Access::Expired) => Caller::Expired,
+            None => self.lookup(credential).map_or(Caller::Unknown, |account| Caller::Account { account, org: None }),
+        }
+    }
+
     pub fn records(&self) -> MutexGuard<'_, Vec<Recorded>> {
         self.records.lock()
     }
@@ -78,6 +100,21 @@ impl Shared {
     fn id(&self, prefix: &str) -> String {
         ids::numbered(prefix, "01mock", self.ids.fetch_add(1, Ordering::Relaxed))
     }
+
+    fn request_id(&self) -> HeaderValue {
+        HeaderValue::try_from(self.id("req_")).expect("ids are ASCII")
+    }
+}
+
+/// Who sent a request.
+enum Caller {
+    /// A registered account, or a seat's live access token (then with the seat's
+    /// organization id, which overrides the account's).
+    Account { account: Account, org: Option<HeaderValue> },
+    /// An access token the OAuth authority issued, past its expiry.
+    Expired,
+    /// No credential, or one nobody issued.
+    Unknown,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -97,6 +134,9 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/models", get(models))
         .route("/", head(probe))
         .route("/api/hello", head(probe))
+        .route("/v1/oauth/token", post(oauth_token))
+        .route("/api/oauth/usage", get(oauth_usage))
+        .route("/api/oauth/profile", get(oauth_profile))
         .fallback(not_found)
         .method_not_allowed_fallback(not_found)
         .with_state(shared)
@@ -118,11 +158,34 @@ async fn not_found(State(s): State<Arc<Shared>>, req: Request) -> Response {
     handle(s, Endpoint::NotFound, req).await
 }
 
+/// Token requests are small forms; anything near this is not one.
+const TOKEN_BODY_LIMIT: usize = 64 << 10;
+
+async fn oauth_token(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    let request_id = s.request_id();
+    let (parts, body) = req.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, TOKEN_BODY_LIMIT).await else {
+        return error(&request_id, ErrorType::RequestTooLarge, error::TOO_LARGE);
+    };
+    oauth::token(&s.oauth, &parts.headers, &body, &request_id).await
+}
+async fn oauth_usage(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    oauth::usage(&s.oauth, &headers, &s.request_id())
+}
+async fn oauth_profile(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    oauth::profile(&s.oauth, &headers, &s.request_id())
+}
+
 /// `x-api-key` first, then `authorization: Bearer`.
 fn credential(headers: &HeaderMap) -> Option<&str> {
-    if let Some(key) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
-        return Some(key);
+    match headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        Some(key) => Some(key),
+        None => bearer(headers),
     }
+}
+
+/// The token of `authorization: Bearer <token>`.
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     let auth = headers.get("authorization")?.to_str().ok()?;
     let (scheme, token) = auth.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
@@ -141,24 +204,13 @@ struct Ctx {
 
 async fn handle(shared: Arc<Shared>, endpoint: Endpoint, req: Request) -> Response {
     let (parts, body) = req.into_parts();
-    let request_id = HeaderValue::try_from(shared.id("req_")).expect("ids are ASCII");
+    let request_id = shared.request_id();
     let Ok(body) = axum::body::to_bytes(body, BODY_LIMIT).await else {
         return error(&request_id, ErrorType::RequestTooLarge, error::TOO_LARGE);
     };
-    let account = credential(&parts.headers).and_then(|c| shared.lookup(c));
+    let caller = credential(&parts.headers).map_or(Caller::Unknown, |c| shared.caller(c));
     if shared.config.record {
-        let recorded = Recorded {
-            method: parts.method.to_string(),
-            path: parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_owned(), |p| p.to_string()),
-            credential: account.as_ref().map_or_else(String::new, |a| a.credential().to_owned()),
-            headers: parts
-                .headers
-                .iter()
-                .map(|(n, v)| (n.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
-                .collect(),
-            body: body.clone(),
-        };
-        shared.records().push(recorded);
+        shared.records().push(record(&parts, &caller, &body));
     }
     match endpoint {
         // Probes are answered cheaply and without a credential: an auth error here makes
@@ -167,10 +219,15 @@ async fn handle(shared: Arc<Shared>, endpoint: Endpoint, req: Request) -> Respon
         Endpoint::NotFound => return error(&request_id, ErrorType::NotFound, "Not found"),
         _ => {}
     }
-    let Some(account) = account else {
-        return error(&request_id, ErrorType::Authentication, error::INVALID_API_KEY);
+    let (account, org) = match caller {
+        Caller::Account { account, org } => (account, org),
+        Caller::Expired => return error(&request_id, ErrorType::Authentication, oauth::EXPIRED),
+        Caller::Unknown => return error(&request_id, ErrorType::Authentication, error::INVALID_API_KEY),
     };
-    let taken = account.take();
+    let mut taken = account.take();
+    if let Some(org) = org {
+        taken.org = org;
+    }
     let step = taken.step.clone();
     let ctx = Ctx {
         control: parts.extensions.get::<Arc<ConnControl>>().cloned(),
@@ -185,6 +242,30 @@ async fn handle(shared: Arc<Shared>, endpoint: Endpoint, req: Request) -> Respon
         tokio::time::sleep(Duration::from_millis(ctx.shared.config.latency_ms)).await;
     }
     play(&ctx, step).await
+}
+
+/// The request as [`crate::MockUpstream::requests`] shows it.
+fn record(parts: &axum::http::request::Parts, caller: &Caller, body: &Bytes) -> Recorded {
+    let credential = match caller {
+        Caller::Account { account, .. } => account.credential().to_owned(),
+        Caller::Expired | Caller::Unknown => String::new(),
+    };
+    let bearer = match parts.headers.contains_key("x-api-key") {
+        true => None,
+        false => bearer(&parts.headers).map(str::to_owned),
+    };
+    Recorded {
+        method: parts.method.to_string(),
+        path: parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_owned(), |p| p.to_string()),
+        credential,
+        bearer,
+        headers: parts
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .collect(),
+        body: body.clone(),
+    }
 }
 
 /// Plays one step. Boxed because [`Step::Delay`] nests steps.

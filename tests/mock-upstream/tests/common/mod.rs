@@ -10,6 +10,12 @@ pub fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
+/// A client that gives up after `timeout`, for requests the mock is told to hang.
+pub fn client_with_timeout(timeout: std::time::Duration) -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder().no_proxy().timeout(timeout).build().unwrap()
+}
+
 /// A minimal valid Messages request body.
 pub fn message_body(stream: bool) -> Value {
     json!({
