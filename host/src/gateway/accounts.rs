@@ -275,6 +275,16 @@ impl AccountState {
         Change::Cooled(reason)
     }
 
+    /// Lifts a cooldown for a refused credential: the seat has a new token
+    /// (a refresh, or a new login), which that refusal says nothing about.
+    pub fn clear_auth_cooldown(&self) {
+        let mut l = self.learned.lock();
+        if l.cooldown.is_some_and(|c| c.reason == CooldownReason::Auth) {
+            l.cooldown = None;
+            l.streaks.auth = 0;
+        }
+    }
+
     /// Takes a quota reading that came from elsewhere than an answer (the
     /// usage endpoint): the same merge, no cooldown plan.
     pub fn take_reading(&self, r: &QuotaReading, now: u64) {

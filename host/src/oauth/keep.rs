@@ -34,14 +34,17 @@ pub async fn refresh_due(gw: &Gateway, before_ms: u64) {
     futures_util::future::join_all(runs).await;
 }
 
-/// Counts a refresh's result and forgets what was learned about an identity
-/// the seat no longer has.
+/// Counts a refresh's result, lifts a cooldown the old token earned, and
+/// forgets what was learned about an identity the seat no longer has.
 pub fn note(
     metrics: &crate::gateway::metrics::Metrics,
     id: &str,
     state: &crate::gateway::accounts::AccountState,
     r: &Result<Refreshed, SeatError>,
 ) {
+    if matches!(r, Ok(Refreshed::Renewed { .. } | Refreshed::Adopted)) {
+        state.clear_auth_cooldown();
+    }
     let result = match r {
         Ok(Refreshed::Renewed { identity_changed }) => {
             if *identity_changed {
