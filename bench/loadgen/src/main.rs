@@ -44,6 +44,11 @@ struct Args {
     /// on PATH), as a reference for what any proxy hop costs on this machine.
     #[arg(long)]
     haproxy: bool,
+    /// The chain to run, as comma-separated built-ins (`skip-exhausted,headroom`);
+    /// default: the gateway's default chain. Naming it lets two builds with
+    /// different defaults be compared like for like.
+    #[arg(long)]
+    chain: Option<String>,
 }
 
 struct Proc {
@@ -97,8 +102,11 @@ fn mock(bin: &Path, chunk_delay_ms: u64) -> Result<Proc> {
     start(cmd, "listening on ")
 }
 
-fn gateway(bin: &Path, upstream: &str, dir: &std::path::Path) -> Result<Proc> {
+fn gateway(bin: &Path, upstream: &str, dir: &std::path::Path, chain: Option<&str>) -> Result<Proc> {
     let mut config = String::from("[server]\ndecisions_kept = 200\n\n[gateway]\nqueue_max = 4096\n\n");
+    for stage in chain.into_iter().flat_map(|c| c.split(',')).map(str::trim).filter(|s| !s.is_empty()) {
+        config.push_str(&format!("[[policy.chain]]\nplugin = \"builtin:{stage}\"\n\n"));
+    }
     for i in 0..8 {
         config.push_str(&format!(
             "[[accounts]]\nid = \"acct-{i}\"\napi_key_env = \"LOADGEN_KEY_{i}\"\nbase_url = \"{upstream}\"\n\n"
@@ -278,7 +286,7 @@ async fn main() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("poolgate-loadgen-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let up = mock(&args.bin, 0)?;
-    let gw = gateway(&args.bin, &up.url, &dir)?;
+    let gw = gateway(&args.bin, &up.url, &dir, args.chain.as_deref())?;
     let gw_pid = gw.child.id();
     let client = client()?;
     let payload = body(args.sse);
@@ -348,7 +356,7 @@ async fn main() -> Result<()> {
     // Memory with many open streams: a second mock whose events trickle out.
     drop(gw);
     let slow = mock(&args.bin, 2_000)?;
-    let gw = gateway(&args.bin, &slow.url, &dir)?;
+    let gw = gateway(&args.bin, &slow.url, &dir, args.chain.as_deref())?;
     let rss_idle = status_kib(gw.child.id(), "VmRSS:")?;
     let (open, took) = open_streams(&gw.url, args.streams).await?;
     let rss = status_kib(gw.child.id(), "VmRSS:")?;

@@ -297,9 +297,10 @@ impl AccountState {
         self.learned.lock().last_reading_ms
     }
 
-    /// The organization the account's answers come from, once known.
-    pub fn organization_id(&self) -> Option<String> {
-        self.learned.lock().organization_id.clone()
+    /// Whether the account's answers come from organization `org` (no copy:
+    /// this runs for every account on every answer that names one).
+    pub fn is_organization(&self, org: &str) -> bool {
+        self.learned.lock().organization_id.as_deref() == Some(org)
     }
 
     /// Takes a quota reading another account of the same subscription (the

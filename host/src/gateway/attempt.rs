@@ -293,7 +293,7 @@ fn share_reading(generation: &Generation, account: &PoolAccount, reading: &Quota
         return;
     }
     for sibling in generation.accounts.iter().filter(|a| a.index != account.index) {
-        if sibling.state.organization_id().as_deref() == Some(org) {
+        if sibling.state.is_organization(org) {
             sibling.state.merge_shared(reading, now_ms());
         }
     }
