@@ -96,8 +96,15 @@ fn the_demo_with_traffic_shows_routing_decisions() {
     assert!(total >= 4, "{fable:?}\n{stdout}");
     assert!(gated || (fable["charlie"] <= 2 && fable["charlie"] * 2 < total), "{fable:?}");
 
+    // The OAuth seat's short-lived token was refreshed along the way, and no
+    // request failed for it.
+    let seat = stdout.lines().find(|l| l.starts_with("OAuth seat delta: ")).unwrap_or("");
+    let refreshed: u64 =
+        seat.split("refreshed it ").nth(1).and_then(|r| r.split(' ').next()?.parse().ok()).unwrap_or(0);
+    assert!(refreshed >= 1, "{seat}\n{stdout}");
     // Only the client key and admin token are printed, never an upstream key.
     assert!(!stdout.contains("sk-ant-sim-") && !stderr.contains("sk-ant-sim-"));
+    assert!(!stdout.contains("sk-ant-oat-sim-") && !stderr.contains("sk-ant-oat-sim-"), "an OAuth token was printed");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 

@@ -440,3 +440,37 @@ async fn idle_seats_are_polled_for_usage_and_overage_answers_rest_the_seat() {
     let metrics = Gateway::client().get(format!("{}/metrics", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
     assert!(metrics.text().await.unwrap().contains("poolgate_overage_answers_total{account=\"a\",result=\"avoid\"} 1"));
 }
+
+/// Killed (SIGKILL) in the middle of a refresh: the credentials file is whole
+/// and still holds the pair that was in use, so the restarted gateway
+/// refreshes with it and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_during_a_refresh_loses_nothing() {
+    let mock = MockUpstream::start().await;
+    let dir = tempdir::Dir::new("oauth-crash");
+    let a = seat(&mock, "acct-a", "a", Duration::from_secs(3600));
+    write_credentials(&dir.0.join("seats/a.json"), &a.issue());
+    let before = stored(&dir.0.join("seats/a.json"));
+    let cfg = config(&mock, &dir.0, &["a"], "check_interval_ms = 86400000");
+    let gw = start(&cfg, &dir.0);
+    // The next request meets a 401 and refreshes, slowly; kill it mid-way.
+    mock.oauth().set_mode(TokenMode::Slow(Duration::from_secs(3)));
+    a.expire_access_tokens();
+    let url = gw.url.clone();
+    let pending =
+        tokio::spawn(async move { support::send_message(&Gateway::client(), &url, "claude-sonnet-4-5").await });
+    support::eventually("the refresh is under way", Duration::from_secs(5), async || {
+        mock.oauth().token_requests().iter().any(|r| r.grant_type == "refresh_token")
+    })
+    .await;
+    let _ = Command::new("kill").arg("-9").arg(gw.pid().to_string()).status();
+    let _ = pending.await;
+    drop(gw);
+    assert_eq!(stored(&dir.0.join("seats/a.json")), before, "the file is whole and unchanged");
+    // Restarted, it refreshes with the pair it had and serves.
+    mock.oauth().set_mode(TokenMode::Normal);
+    let gw = start(&cfg, &dir.0);
+    let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
+    assert_eq!(r.status(), 200, "{}", gw.log());
+    assert_ne!(stored(&dir.0.join("seats/a.json"))["refresh_token"], before["refresh_token"], "rotated and stored");
+}

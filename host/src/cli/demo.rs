@@ -81,9 +81,9 @@ async fn demo(args: Args) -> Result<()> {
             e
         }
     })?;
-    // The gateway read the credentials while loading; the fake keys need not
-    // stay on disk.
-    drop(keys);
+    // The gateway read the API keys while loading; the OAuth seat's
+    // credentials file stays, since the gateway rewrites it at each refresh
+    // (the directory goes when the demo ends).
 
     let base = format!("http://{}", running.addr);
     let chain: Vec<String> =
@@ -156,11 +156,22 @@ async fn demo(args: Args) -> Result<()> {
     };
     running.stop();
     running.wait().await?;
+    let refreshes = sim.refreshes();
     sim.stop().await;
     write!(stdout, "{}", view.summary(counts.as_ref()))?;
+    writeln!(
+        stdout,
+        "OAuth seat {SEAT}: its token lives {}s; the gateway refreshed it {refreshes} times, rotating its refresh \
+         token each time",
+        crate::sim::TOKEN_LIFETIME_S
+    )?;
     stdout.flush()?;
+    drop(keys);
     Ok(())
 }
+
+/// The simulated account the demo logs in as an OAuth subscription seat.
+const SEAT: &str = "delta";
 
 /// The demo's configuration, built as a user would write it.
 fn config(args: &Args, sim: &SimUpstream, keys: &KeyDir, client_key: &str, admin_token: &str) -> Result<Config> {
@@ -188,15 +199,42 @@ fn config(args: &Args, sim: &SimUpstream, keys: &KeyDir, client_key: &str, admin
             config: None,
         })
         .collect();
+    // The seat refreshes at the simulator's token endpoint, well ahead of its
+    // short (compressed-clock) expiry.
+    config.oauth.token_url = format!("{}/v1/oauth/token", sim.url());
+    config.oauth.refresh_before_ms = 3_000;
+    config.oauth.check_interval_ms = 1_000;
+    config.oauth.usage_poll_ms = 0;
     for account in sim.accounts() {
-        config.accounts.push(AccountConfig {
+        let mut entry = AccountConfig {
             id: account.name.clone(),
-            token_file: Some(keys.write(&account.name, account.key.expose())?),
             base_url: Some(sim.url()),
             max_in_flight: Some(MAX_IN_FLIGHT),
             enabled: true,
             ..AccountConfig::default()
-        });
+        };
+        if account.name == SEAT {
+            let t = sim.seat(SEAT)?;
+            let stored = crate::oauth::StoredCredential {
+                access_token: t.access_token.expose().to_string(),
+                refresh_token: t.refresh_token.expose().to_string(),
+                expires_at_ms: t.expires_at_ms,
+                scopes: vec!["user:inference".into()],
+                identity: Default::default(),
+                obtained_at_ms: now_ms(),
+            };
+            let path = keys.0.join(format!("{SEAT}.json"));
+            stored.write(&path)?;
+            entry.kind = crate::config::AccountKind::Oauth;
+            entry.credentials = Some(path);
+        } else {
+            entry.token_file = Some(keys.write(&account.name, account.key.expose())?);
+            // The simulator bills these keys like subscription seats (unified
+            // 5h/7d windows), so they are not pay-as-you-go overflow beside
+            // the OAuth seat.
+            entry.overflow = Some(false);
+        }
+        config.accounts.push(entry);
     }
     Ok(config)
 }

@@ -73,7 +73,8 @@ enum Command {
     ///
     /// The simulated upstream holds four accounts whose 5h and 7d windows fill
     /// as they serve and reset on a compressed clock (a "5h" window lasts 60 s):
-    /// one starts cooling, one has its Fable bucket near its limit. The demo
+    /// one starts cooling, one has its Fable bucket near its limit, and one is an
+    /// OAuth subscription seat whose 6 s token the gateway keeps refreshing. The demo
     /// prints the ANTHROPIC_BASE_URL and key to point Claude Code or an SDK at;
     /// with --traffic it drives its own sessions and shows a live table of
     /// accounts, headroom, in-flight requests and the gateway's decisions.

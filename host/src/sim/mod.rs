@@ -31,6 +31,10 @@
 //! # }
 //! ```
 
+mod oauth;
+
+/// How long a simulated OAuth seat's access token lives, s.
+pub const TOKEN_LIFETIME_S: u64 = oauth::TOKEN_LIFETIME.as_secs();
 pub mod quota;
 pub mod reply;
 pub mod scenario;
@@ -100,7 +104,30 @@ pub struct SimUpstream {
     task: JoinHandle<()>,
 }
 
+/// The tokens of a simulated OAuth seat, as a login would hand them over.
+pub struct SeatTokens {
+    /// The bearer token requests carry.
+    pub access_token: Secret,
+    /// The single-use refresh token.
+    pub refresh_token: Secret,
+    /// When the access token expires, ms since the epoch.
+    pub expires_at_ms: u64,
+}
+
 impl SimUpstream {
+    /// Logs account `name` in as an OAuth seat: its tokens live
+    /// [`oauth::TOKEN_LIFETIME`] and refresh at `<url>/v1/oauth/token`.
+    pub fn seat(&self, name: &str) -> Result<SeatTokens> {
+        let account = self.shared.accounts.iter().find(|a| a.name == name).context("no such simulated account")?;
+        let (access, refresh, expires_at_ms) = oauth::issue(&self.shared.tokens, account)?;
+        Ok(SeatTokens { access_token: Secret::new(access)?, refresh_token: Secret::new(refresh)?, expires_at_ms })
+    }
+
+    /// Refresh grants the simulated token endpoint has answered.
+    pub fn refreshes(&self) -> u64 {
+        self.shared.tokens.refreshes.load(Ordering::Relaxed)
+    }
+
     /// Binds an ephemeral loopback port and serves `scenario`. Every account
     /// gets a fresh random key; its windows start as the scenario says, from now.
     pub async fn start(scenario: Scenario) -> Result<SimUpstream> {

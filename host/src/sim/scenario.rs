@@ -247,7 +247,7 @@ impl Scenario {
             )
             .account(
                 AccountSpec::new("delta", 160_000, 2_400_000)
-                    .note("ordinary, smaller budget")
+                    .note("an OAuth subscription seat, smaller budget: its token lives 6s, the gateway refreshes it")
                     .five_hour(0.3, s(55))
                     .seven_day_used(0.55),
             )

@@ -65,17 +65,32 @@ pub(crate) struct Shared {
     by_key: HashMap<String, Arc<Account>>,
     next_id: AtomicU64,
     seed: u64,
+    /// OAuth seats' tokens (see [`super::oauth`]).
+    pub tokens: super::oauth::Tokens,
 }
 
 impl Shared {
     pub fn new(scenario: Scenario, accounts: Vec<Arc<Account>>, seed: u64) -> Shared {
         let by_key = accounts.iter().map(|a| (a.key.expose().to_string(), a.clone())).collect();
-        Shared { scenario, accounts, by_key, next_id: AtomicU64::new(1), seed }
+        Shared { scenario, accounts, by_key, next_id: AtomicU64::new(1), seed, tokens: Default::default() }
     }
 
-    /// The account whose key the request presents.
+    /// The account whose key (or live OAuth token) the request presents.
     fn authenticate(&self, headers: &HeaderMap) -> Option<Arc<Account>> {
-        self.by_key.get(auth::presented(headers)?).cloned()
+        let presented = auth::presented(headers)?;
+        if let Some(a) = self.by_key.get(presented) {
+            return Some(a.clone());
+        }
+        match super::oauth::bearer(&self.tokens, presented) {
+            super::oauth::Bearer::Live(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Whether the request presents one of our OAuth tokens past its expiry.
+    fn expired(&self, headers: &HeaderMap) -> bool {
+        auth::presented(headers)
+            .is_some_and(|t| matches!(super::oauth::bearer(&self.tokens, t), super::oauth::Bearer::Expired))
     }
 
     /// A fresh number, and a pseudo-random value derived from it: replies and
@@ -93,6 +108,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
+        .route("/v1/oauth/token", post(super::oauth::token))
         .fallback(not_found)
         .with_state(shared)
 }
@@ -158,6 +174,10 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) 
     let (n, random) = s.next();
     let rid = request_id(n);
     let Some(account) = s.authenticate(&headers) else {
+        if s.expired(&headers) {
+            let expired = "OAuth token has expired. Please obtain a new token or refresh your existing token.";
+            return error(ErrorType::Authentication, expired, &rid);
+        }
         return unauthorized(&rid);
     };
     let body = match read_body(body, &rid).await {
