@@ -28,6 +28,8 @@
 mod error;
 mod messages;
 mod request;
+mod response;
 
 pub use error::{OpenAiError, anthropic_error_to_openai, from_anthropic};
 pub use request::{DEFAULT_MAX_TOKENS, Translated, chat_to_messages};
+pub use response::{messages_to_chat, models_to_openai};
