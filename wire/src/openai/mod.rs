@@ -29,7 +29,12 @@ mod error;
 mod messages;
 mod request;
 mod response;
+mod stream;
 
 pub use error::{OpenAiError, anthropic_error_to_openai, from_anthropic};
 pub use request::{DEFAULT_MAX_TOKENS, Translated, chat_to_messages};
 pub use response::{messages_to_chat, models_to_openai};
+pub use stream::{ChatStream, DONE};
+
+#[cfg(test)]
+mod roundtrip_tests;
