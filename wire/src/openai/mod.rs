@@ -6,8 +6,11 @@
 //! request, calls [`chat_to_messages`], sends the Anthropic request through its
 //! usual path, and turns the answer back: [`messages_to_chat`] for a JSON
 //! answer, a [`ChatStream`] fed with the upstream's events for a stream, and
-//! [`anthropic_error_to_openai`] for an error. What is translated and what is
-//! refused (and why) is tabled in `docs/openai.md`.
+//! [`anthropic_error_to_openai`] for an error. The other way, for a fallback
+//! to an OpenAI backend: [`messages_to_chat_request`],
+//! [`chat_to_messages_answer`], [`MessagesStream`], [`openai_error_to_anthropic`].
+//! What is translated and what is refused (and why) is tabled in
+//! `docs/openai.md`.
 //!
 //! ```
 //! use poolgate_wire::openai::chat_to_messages;
@@ -29,11 +32,15 @@ mod error;
 mod messages;
 mod request;
 mod response;
+mod reverse;
+mod reverse_stream;
 mod stream;
 
 pub use error::{OpenAiError, anthropic_error_to_openai, from_anthropic};
 pub use request::{DEFAULT_MAX_TOKENS, Translated, chat_to_messages};
 pub use response::{messages_to_chat, models_to_openai};
+pub use reverse::{chat_to_messages_answer, messages_to_chat_request, openai_error_to_anthropic};
+pub use reverse_stream::MessagesStream;
 pub use stream::{ChatStream, DONE};
 
 #[cfg(test)]
