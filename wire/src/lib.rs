@@ -22,6 +22,7 @@
 //!   headers.
 //! - [`header`]: the names and content types both fakes send.
 //! - [`ids`]: ids in Anthropic's shapes and a stable hash for per-name ones.
+//! - [`openai`]: OpenAI's Chat Completions API translated to and from this one.
 //!
 //! What stays with each fake is its behaviour: the simulator's ledger, clock,
 //! prose and forced tool calls; the mock's scripts, canned text and connection
@@ -50,6 +51,7 @@ pub mod header;
 pub mod ids;
 pub mod message;
 pub mod models;
+pub mod openai;
 pub mod ratelimit;
 pub mod request;
 pub mod sse;
