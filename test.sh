@@ -42,6 +42,14 @@ if [ "$have" != "$want" ]; then
 fi
 echo "anthropic $want"
 
+step "OpenAI Python SDK"
+want=2.14.0
+have=$(python3 -m pip show openai 2>/dev/null | sed -n 's/^Version: //p' || true)
+if [ "$have" != "$want" ]; then
+    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "openai==$want"
+fi
+echo "openai $want"
+
 step "format"
 cargo fmt --all --check
 

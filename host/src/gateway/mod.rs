@@ -18,6 +18,7 @@ pub mod admission;
 pub mod attempt;
 pub mod auth;
 pub mod change;
+pub mod chat;
 pub mod cooldown;
 pub mod decisions;
 pub mod errors;

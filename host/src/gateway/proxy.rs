@@ -48,6 +48,8 @@ pub enum Api {
     CountTokens,
     /// `GET /v1/models…`.
     Models,
+    /// `POST /v1/chat/completions`, translated to Messages (see `chat`).
+    ChatCompletions,
 }
 
 impl Api {
@@ -56,6 +58,7 @@ impl Api {
             Api::Messages => wit::ApiShape::Messages,
             Api::CountTokens => wit::ApiShape::CountTokens,
             Api::Models => wit::ApiShape::Models,
+            Api::ChatCompletions => wit::ApiShape::ChatCompletions,
         }
     }
 
@@ -64,6 +67,7 @@ impl Api {
             Api::Messages => "messages",
             Api::CountTokens => "count_tokens",
             Api::Models => "models",
+            Api::ChatCompletions => "chat_completions",
         }
     }
 }

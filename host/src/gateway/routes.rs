@@ -60,6 +60,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(models))
         .route("/", get(probe).head(probe))
@@ -105,7 +106,16 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
     };
     drop(generation);
     let id = early.id;
-    forward(gw, api, Incoming { id, method, uri, headers, body, client }).await
+    if api != Api::ChatCompletions {
+        return forward(gw, api, Incoming { id, method, uri, headers, body, client }).await;
+    }
+    let mut headers = headers;
+    let (body, uri, facts) = match super::chat::translate_request(&body, &mut headers) {
+        Ok(t) => t,
+        Err(refused) => return early.refuse(&gw, "invalid_chat_request", *refused),
+    };
+    let answer = forward(gw, api, Incoming { id, method, uri, headers, body, client }).await;
+    super::chat::translate_response(answer, facts).await
 }
 
 /// The 415 for a POST whose body is not declared `application/json` (any
@@ -150,6 +160,23 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<byte
 
 async fn messages(State(s): State<AppState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
     api(s, Api::Messages, method, uri, headers, body).await
+}
+
+async fn chat_completions(
+    State(s): State<AppState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let answer = api(s, Api::ChatCompletions, method, uri, headers, body).await;
+    // Refusals before the translation (client key, content type, size) are
+    // written in Anthropic's shape like every route's; this route answers
+    // every error in OpenAI's. (A translated answer already is.)
+    if answer.status().is_success() || answer.extensions().get::<super::chat::Translated>().is_some() {
+        return answer;
+    }
+    super::chat::translate_response(answer, super::chat::ChatFacts::default()).await
 }
 
 async fn count_tokens(State(s): State<AppState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {

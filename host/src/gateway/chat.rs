@@ -1,0 +1,133 @@
+//! `POST /v1/chat/completions`: OpenAI-shaped clients over the same pool.
+//!
+//! The request is translated to a Messages request (`poolgate_wire::openai`,
+//! plain data → data) and goes through the one request path — ranking with
+//! `api = chat-completions`, admission, failover, cooldowns and quota
+//! learning exactly as for `/v1/messages`. Only the two ends differ: the body
+//! going in, and the answer coming out, which is translated back as it
+//! arrives — a JSON answer whole, a stream event by event (no buffering), and
+//! every error, the gateway's own included, in OpenAI's shape.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use poolgate_wire::openai::{self, ChatStream, OpenAiError};
+
+/// Marks a response already in OpenAI's shape.
+#[derive(Clone, Copy)]
+pub struct Translated;
+
+/// What the answer's translation needs to know about the request.
+#[derive(Default)]
+pub struct ChatFacts {
+    /// The model as the client named it (the answer names it back).
+    pub model: String,
+    /// Whether the client asked for a stream.
+    pub stream: bool,
+    /// Whether the stream ends with a usage chunk.
+    pub include_usage: bool,
+}
+
+/// An error in OpenAI's shape.
+pub fn error_response(e: &OpenAiError) -> Response {
+    let mut r = json_response(StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST), &e.to_body());
+    r.extensions_mut().insert(Translated);
+    r
+}
+
+fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
+    let mut r = Response::new(Body::from(body.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// Translates the client's body and headers into a Messages request: the
+/// body, the upstream path, and the facts the answer's translation needs. The
+/// headers lose `accept-encoding` (a compressed stream could not be
+/// translated event by event) and gain `anthropic-version` if absent.
+pub fn translate_request(body: &Bytes, headers: &mut HeaderMap) -> Result<(Bytes, Uri, ChatFacts), Box<Response>> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+        Box::new(error_response(&OpenAiError::invalid(format!("the body is not valid JSON: {e}"), None)))
+    })?;
+    // No alias table yet: `claude-*` models pass, anything else is refused by name.
+    let translated = openai::chat_to_messages(&value, &|_| None).map_err(|e| Box::new(error_response(&e)))?;
+    headers.remove(header::ACCEPT_ENCODING);
+    headers.remove(header::CONTENT_LENGTH);
+    if !headers.contains_key("anthropic-version") {
+        headers.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
+    }
+    let facts = ChatFacts {
+        model: translated.model.clone(),
+        stream: translated.stream,
+        include_usage: translated.include_usage,
+    };
+    let body = Bytes::from(translated.body.to_string());
+    Ok((body, Uri::from_static("/v1/messages"), facts))
+}
+
+fn now_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Translates the Messages answer `r` back: the same status and `x-poolgate-*`
+/// headers, the body in OpenAI's shape.
+pub async fn translate_response(r: Response, facts: ChatFacts) -> Response {
+    let (mut parts, body) = r.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if parts.status.is_success() && sse {
+        let mut stream = ChatStream::new(&facts.model, now_s(), facts.include_usage);
+        let mut upstream = body.into_data_stream();
+        let translated = async_stream_lines(move |tx| async move {
+            while let Some(chunk) = upstream.next().await {
+                let Ok(chunk) = chunk else { break };
+                for line in stream.feed(&chunk) {
+                    if tx.send(line).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            for line in stream.finish() {
+                let _ = tx.send(line).await;
+            }
+        });
+        parts.extensions.insert(Translated);
+        return Response::from_parts(parts, translated);
+    }
+    let bytes = axum::body::to_bytes(body, 64 << 20).await.unwrap_or_default();
+    let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    let (status, out) = if parts.status.is_success() {
+        (parts.status.as_u16(), openai::messages_to_chat(&value, &facts.model, now_s()))
+    } else {
+        openai::anthropic_error_to_openai(parts.status.as_u16(), &value)
+    };
+    parts.status = StatusCode::from_u16(status).unwrap_or(parts.status);
+    parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    parts.extensions.insert(Translated);
+    Response::from_parts(parts, Body::from(out.to_string()))
+}
+
+/// A body whose lines a producer task sends as they come, each sent at once.
+fn async_stream_lines<F, Fut>(produce: F) -> Body
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<String>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel::<String>(16);
+    tokio::spawn(produce(tx));
+    let lines = tokio_stream_from(rx).map(|l| Ok::<Bytes, std::io::Error>(Bytes::from(l)));
+    Body::from_stream(lines)
+}
+
+fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<String>) -> impl futures_util::Stream<Item = String> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
