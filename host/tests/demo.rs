@@ -62,10 +62,10 @@ fn the_demo_with_traffic_shows_routing_decisions() {
     // Decisions, each with the chain's reason.
     let decisions: Vec<&str> = stdout.lines().filter(|l| l.contains(" decision ")).collect();
     assert!(decisions.len() >= 10, "few decisions:\n{stdout}");
-    assert!(
-        decisions.iter().all(|d| d.contains("reason=headroom") || d.contains("reason=session_affinity")),
-        "{stdout}"
-    );
+    // (A debug build on two busy cores can run a stage past its deadline: that
+    // request is still served, and its decision says routing_policy_error.)
+    let reasons = ["reason=headroom", "reason=session_affinity", "reason=routing_policy_error"];
+    assert!(decisions.iter().all(|d| reasons.iter().any(|r| d.contains(r))), "{stdout}");
     // The default chain keeps sessions on the account that served them: later
     // turns say so, and most sessions never moved.
     assert!(decisions.iter().any(|d| d.contains("reason=session_affinity")), "{stdout}");

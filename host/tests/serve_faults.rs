@@ -715,11 +715,14 @@ async fn one_huge_host_call_is_refused_at_its_limit_and_never_stalls_a_worker() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lowering_the_limit_of_a_full_scope_never_stalls_a_worker() {
     let options = "fault = \"state-evict\", entries = 150000, per_call = 4000";
-    let (_gw, _mock, _run, d) = through_serve("state evict", options, 100).await;
+    // A 250 ms deadline (1 s busy bound): filling 4,000 entries a call takes a
+    // debug build tens of ms, and several hundred on two cores that also run
+    // the rest of the suite — that is the plugin's own work, not the stall this
+    // test is about (/healthz is what measures that).
+    let (_gw, _mock, _run, d) = through_serve("state evict", options, 250).await;
     let records = hostile_records(&d);
     assert!(records.iter().any(|(reason, _, _)| reason == "evicted"), "the scope never filled: {:?}", &records[..3]);
-    // Filling 4,000 entries a call takes a debug build tens of ms, so calls may
-    // find both instances busy; none fails.
+    // Calls may find both instances busy; none fails.
     let errs = rank_errors(&d);
     assert!(errs.iter().all(|(c, _)| c == "busy"), "{errs:?}");
 }
