@@ -155,3 +155,37 @@ async fn the_openai_python_sdk_works_through_the_gateway() {
         assert!(stdout.contains(&format!("\"check\": \"{check}\"")), "missing {check}:\n{stdout}");
     }
 }
+
+/// `[models] aliases` maps the names OpenAI clients send; a name that is
+/// neither `claude-*` nor an alias is refused by name. An OpenAI client's
+/// `GET /v1/models` (no `anthropic-version`) is answered in OpenAI's shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aliases_map_model_names_and_openai_clients_get_openais_model_list() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a");
+    let cfg =
+        config(&mock.base_url(), &[("a", "KEY_A")], "[models]\naliases = { \"gpt-4o\" = \"claude-sonnet-4-5\" }\n");
+    let gw = Gateway::start(&cfg, &[("KEY_A", "key-a"), ("PG_ADMIN", "chat-admin")]);
+    let r = chat(&gw, &json!({ "model": "gpt-4o", "messages": [{ "role": "user", "content": "hi" }] })).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["model"], "gpt-4o", "the answer names the model the client asked for");
+    assert_eq!(mock.requests().pop().unwrap().json()["model"], "claude-sonnet-4-5");
+    let r = chat(&gw, &json!({ "model": "gpt-5-unknown", "messages": [{ "role": "user", "content": "hi" }] })).await;
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("gpt-5-unknown"));
+    let page: Value =
+        Gateway::client().get(format!("{}/v1/models", gw.url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(page["object"], "list", "{page}");
+    assert_eq!(page["data"][0]["object"], "model", "{page}");
+    let anthropic: Value = Gateway::client()
+        .get(format!("{}/v1/models", gw.url))
+        .header("anthropic-version", "2023-06-01")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(anthropic.get("has_more").is_some(), "Anthropic clients keep Anthropic's page: {anthropic}");
+}

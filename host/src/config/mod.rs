@@ -44,12 +44,25 @@ pub struct Config {
     /// OAuth endpoints and refresh timing of subscription seats.
     #[serde(default)]
     pub oauth: OAuthConfig,
+    /// Model names OpenAI-shaped clients may use.
+    #[serde(default)]
+    pub models: ModelsConfig,
     /// The accounts of the pool.
     #[serde(default)]
     pub accounts: Vec<AccountConfig>,
     /// What the file refers to, resolved when it was loaded (secrets read once).
     #[serde(skip)]
     pub resolved: Option<std::sync::Arc<Resolved>>,
+}
+
+/// `[models]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelsConfig {
+    /// Names a Chat Completions client may send → the model it gets
+    /// (`"gpt-4o" = "claude-sonnet-4-5"`); `claude-*` names pass as they are.
+    #[serde(default)]
+    pub aliases: std::collections::BTreeMap<String, String>,
 }
 
 /// `[policy]`.

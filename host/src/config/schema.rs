@@ -160,12 +160,16 @@ pub const OAUTH: &[Field] = &[
     f("overage", Kind::OneOf(&["allow", "warn", "avoid"])),
 ];
 
+/// `[models]`.
+pub const MODELS: &[Field] = &[f("aliases", Kind::AnyTable)];
+
 /// The whole file.
 pub const ROOT: &[Field] = &[
     f("server", Kind::Table(SERVER)),
     f("gateway", Kind::Table(GATEWAY)),
     f("cooldowns", Kind::Table(COOLDOWNS)),
     f("oauth", Kind::Table(OAUTH)),
+    f("models", Kind::Table(MODELS)),
     f("policy", Kind::Table(POLICY)),
     f("accounts", Kind::Tables(ACCOUNT, &["id"])),
 ];
@@ -188,6 +192,7 @@ mod tests {
             key_env: Some("e".into()),
         });
         config.policy.cache_dir = Some("/tmp".into());
+        config.models.aliases.insert("gpt-4o".into(), "claude-sonnet-4-5".into());
         config.policy.instances = Some(1);
         config.policy.chain.push(crate::config::StageConfig {
             plugin: "p".into(),

@@ -50,12 +50,18 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
 /// body, the upstream path, and the facts the answer's translation needs. The
 /// headers lose `accept-encoding` (a compressed stream could not be
 /// translated event by event) and gain `anthropic-version` if absent.
-pub fn translate_request(body: &Bytes, headers: &mut HeaderMap) -> Result<(Bytes, Uri, ChatFacts), Box<Response>> {
+pub fn translate_request(
+    body: &Bytes,
+    headers: &mut HeaderMap,
+    aliases: &std::collections::BTreeMap<String, String>,
+) -> Result<(Bytes, Uri, ChatFacts), Box<Response>> {
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
         Box::new(error_response(&OpenAiError::invalid(format!("the body is not valid JSON: {e}"), None)))
     })?;
-    // No alias table yet: `claude-*` models pass, anything else is refused by name.
-    let translated = openai::chat_to_messages(&value, &|_| None).map_err(|e| Box::new(error_response(&e)))?;
+    // `claude-*` models pass; other names through `[models] aliases`, else a
+    // 400 naming the model.
+    let alias = |name: &str| aliases.get(name).cloned();
+    let translated = openai::chat_to_messages(&value, &alias).map_err(|e| Box::new(error_response(&e)))?;
     headers.remove(header::ACCEPT_ENCODING);
     headers.remove(header::CONTENT_LENGTH);
     if !headers.contains_key("anthropic-version") {
@@ -72,6 +78,27 @@ pub fn translate_request(body: &Bytes, headers: &mut HeaderMap) -> Result<(Bytes
 
 fn now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Whether a `GET /v1/models` comes from an OpenAI-shaped client: one that
+/// sends no `anthropic-version` (every Anthropic SDK and Claude Code does).
+pub fn wants_openai_models(headers: &HeaderMap) -> bool {
+    !headers.contains_key("anthropic-version")
+}
+
+/// The models page of `r` in OpenAI's shape (its errors too).
+pub async fn models_response(r: Response) -> Response {
+    let (mut parts, body) = r.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let bytes = axum::body::to_bytes(body, 16 << 20).await.unwrap_or_default();
+    let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    let (status, out) = if parts.status.is_success() {
+        (parts.status.as_u16(), openai::models_to_openai(&value))
+    } else {
+        openai::anthropic_error_to_openai(parts.status.as_u16(), &value)
+    };
+    parts.status = StatusCode::from_u16(status).unwrap_or(parts.status);
+    Response::from_parts(parts, Body::from(out.to_string()))
 }
 
 /// Translates the Messages answer `r` back: the same status and `x-poolgate-*`

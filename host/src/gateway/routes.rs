@@ -110,7 +110,8 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
         return forward(gw, api, Incoming { id, method, uri, headers, body, client }).await;
     }
     let mut headers = headers;
-    let (body, uri, facts) = match super::chat::translate_request(&body, &mut headers) {
+    let aliases = gw.generation().config.models.aliases.clone();
+    let (body, uri, facts) = match super::chat::translate_request(&body, &mut headers, &aliases) {
         Ok(t) => t,
         Err(refused) => return early.refuse(&gw, "invalid_chat_request", *refused),
     };
@@ -184,7 +185,16 @@ async fn count_tokens(State(s): State<AppState>, method: Method, uri: Uri, heade
 }
 
 async fn models(State(s): State<AppState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
-    api(s, Api::Models, method, uri, headers, body).await
+    if !super::chat::wants_openai_models(&headers) {
+        return api(s, Api::Models, method, uri, headers, body).await;
+    }
+    // An OpenAI client's model list: asked of the pool as Anthropic's, answered
+    // in OpenAI's shape.
+    let mut headers = headers;
+    headers.insert("anthropic-version", http::HeaderValue::from_static("2023-06-01"));
+    headers.remove(http::header::ACCEPT_ENCODING);
+    let answer = api(s, Api::Models, method, uri, headers, body).await;
+    super::chat::models_response(answer).await
 }
 
 /// Claude Code's reachability probes: answered at once, never with an auth error
