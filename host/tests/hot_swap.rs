@@ -315,3 +315,26 @@ async fn sighup_and_the_admin_endpoint_reload_and_state_survives() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A config file caught empty (a write in progress, or a mistake) is refused
+/// on reload: the running configuration — accounts, admin token — stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_config_file_is_refused_and_the_running_one_stays() {
+    let mock = MockUpstream::start().await;
+    for i in 0..4 {
+        mock.account(&format!("key-{i}"));
+    }
+    let dir = tempdir::Dir::new("empty-reload");
+    let path = dir.0.join("poolgate.toml");
+    std::fs::write(&path, config(&mock.base_url(), &[("builtin:headroom", None)])).unwrap();
+    let env = [("KEY_0", "key-0"), ("KEY_1", "key-1"), ("KEY_2", "key-2"), ("KEY_3", "key-3"), ("PG_ADMIN", ADMIN)];
+    let gw = Gateway::start_file(&path, &env, dir);
+    std::fs::write(&path, "").unwrap();
+    let r = Gateway::client().post(format!("{}/admin/reload", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
+    assert!(!r.status().is_success(), "an empty file was applied");
+    assert!(r.text().await.unwrap().contains("is empty"));
+    let st = status(&gw.url).await;
+    assert_eq!(st["accounts"].as_array().map(Vec::len), Some(4), "the running configuration stays: {st}");
+    let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
+    assert_eq!(r.status(), 200);
+}

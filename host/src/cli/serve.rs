@@ -68,6 +68,14 @@ pub async fn serve(config: Config, path: Option<PathBuf>) -> Result<()> {
                             return Err(message);
                         }
                     };
+                    // An empty file is a write in progress (a truncate before
+                    // the new text), or a mistake: never a configuration that
+                    // should drop every account and the admin token.
+                    if text.trim().is_empty() {
+                        let message = format!("config {file} is empty; the running configuration stays");
+                        gw.refuse_reload(trigger, &message);
+                        return Err(message);
+                    }
                     if let Some(want) = request.expect_sha256
                         && <[u8; 32]>::from(Sha256::digest(text.as_bytes())) != want
                     {

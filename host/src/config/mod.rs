@@ -5,6 +5,7 @@
 
 mod accounts;
 mod cooldowns;
+mod fallback;
 pub mod headers;
 mod oauth;
 pub mod schema;
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 pub use accounts::{ANTHROPIC_API, AccountConfig, AccountKind};
 pub use cooldowns::CooldownConfig;
+pub use fallback::FallbackConfig;
 pub use oauth::{CLAUDE_CODE_CLIENT_ID, OAuthConfig, Overage};
 pub use secrets::{Credential, Resolved, ResolvedAccount, Secret, base_prefix, digest};
 pub use server::{ClientKey, GatewayConfig, LogFormat, ServerConfig};
@@ -50,6 +52,9 @@ pub struct Config {
     /// The accounts of the pool.
     #[serde(default)]
     pub accounts: Vec<AccountConfig>,
+    /// Backends for a populated pool that cannot serve, in order.
+    #[serde(default)]
+    pub fallback: Vec<FallbackConfig>,
     /// What the file refers to, resolved when it was loaded (secrets read once).
     #[serde(skip)]
     pub resolved: Option<std::sync::Arc<Resolved>>,

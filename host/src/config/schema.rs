@@ -160,6 +160,15 @@ pub const OAUTH: &[Field] = &[
     f("overage", Kind::OneOf(&["allow", "warn", "avoid"])),
 ];
 
+/// `[[fallback]]`.
+pub const FALLBACK: &[Field] = &[
+    f("name", Kind::Str),
+    f("base_url", Kind::Str),
+    f("api_key_env", Kind::Str),
+    f("model", Kind::Str),
+    f("cooldown_ms", Kind::Int(0, MS_DAY)),
+];
+
 /// `[models]`.
 pub const MODELS: &[Field] = &[f("aliases", Kind::AnyTable)];
 
@@ -172,6 +181,7 @@ pub const ROOT: &[Field] = &[
     f("models", Kind::Table(MODELS)),
     f("policy", Kind::Table(POLICY)),
     f("accounts", Kind::Tables(ACCOUNT, &["id"])),
+    f("fallback", Kind::Tables(FALLBACK, &["name", "base_url", "model"])),
 ];
 
 #[cfg(test)]
@@ -193,6 +203,13 @@ mod tests {
         });
         config.policy.cache_dir = Some("/tmp".into());
         config.models.aliases.insert("gpt-4o".into(), "claude-sonnet-4-5".into());
+        config.fallback.push(crate::config::FallbackConfig {
+            name: "f".into(),
+            base_url: "http://x".into(),
+            api_key_env: Some("K".into()),
+            model: "m".into(),
+            cooldown_ms: 1,
+        });
         config.policy.instances = Some(1);
         config.policy.chain.push(crate::config::StageConfig {
             plugin: "p".into(),

@@ -53,6 +53,8 @@ pub enum Ending {
     QueueTimeout,
     /// No account could take it: a local 503.
     NoAccount,
+    /// The pool could not serve; a `[[fallback]]` backend did.
+    Fallback,
 }
 
 impl Ending {
@@ -70,6 +72,7 @@ impl Ending {
             Ending::QueueFull => "queue_full",
             Ending::QueueTimeout => "queue_timeout",
             Ending::NoAccount => "no_account",
+            Ending::Fallback => "fallback",
         }
     }
 }
@@ -129,6 +132,9 @@ pub struct RequestRecord {
     /// The account that served (or failed last).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub account: Option<String>,
+    /// The fallback backend that served instead of the pool (`<name>/<model>`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
     /// The reason that put it first.
     pub reason: String,
     /// The status the client got.

@@ -53,6 +53,8 @@ pub struct Generation {
     pub admin: AdminToken,
     /// When it was loaded.
     pub loaded_ms: u64,
+    /// `[[fallback]]` backends, for a populated pool that cannot serve.
+    pub fallbacks: super::fallback::Fallbacks,
 }
 
 /// Where an account's requests go: with its static credential, or through
@@ -135,8 +137,18 @@ impl Generation {
         let seats = accounts.iter().any(|a| a.config.kind == crate::config::AccountKind::Oauth);
         let accounts =
             accounts.into_iter().map(|a| PoolAccount { overflow: a.config.is_overflow(seats), ..a }).collect();
-        let generation =
-            Generation { number, config, chain, accounts, disabled, client_keys, admin, loaded_ms: now_ms() };
+        let fallbacks = super::fallback::Fallbacks::new(&config.fallback)?;
+        let generation = Generation {
+            number,
+            config,
+            chain,
+            accounts,
+            disabled,
+            client_keys,
+            admin,
+            loaded_ms: now_ms(),
+            fallbacks,
+        };
         generation.smoke_rank().await?;
         Ok(generation)
     }
@@ -160,7 +172,11 @@ impl Generation {
             decided_by: None,
         };
         let decision = self.chain.rank(req.clone(), self.candidates(None, now, &[])).await;
-        if let Some(e) = decision.policy_errors.first() {
+        // A stage its breaker bypasses is one a reload kept as it was (a new
+        // stage's breaker starts closed): the breaker already judged it, and
+        // refusing the reload for it would refuse every reload while it rests.
+        let failed = decision.policy_errors.iter().find(|e| e.cause != crate::policy::Cause::Bypassed);
+        if let Some(e) = failed {
             bail!("policy.chain: stage `{}` failed its smoke test ({}): {}", e.stage, e.cause.as_str(), e.message);
         }
         let head = decision.order.indices().first().copied().unwrap_or(0);

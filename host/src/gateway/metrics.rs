@@ -135,6 +135,11 @@ struct Account {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Backend {
+    backend: Text,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AccountResult {
     account: Text,
     result: Text,
@@ -153,6 +158,7 @@ pub struct Metrics {
     stream_cuts: Family<Account, Counter>,
     oauth_refreshes: Family<AccountResult, Counter>,
     overage: Family<AccountResult, Counter>,
+    fallback: Family<Backend, Counter>,
     unserved: Family<Cause, Counter>,
     refused: Family<Reason, Counter>,
     reloads: Family<ReloadResult, Counter>,
@@ -174,6 +180,7 @@ impl Default for Metrics {
             stream_cuts: Family::default(),
             oauth_refreshes: Family::default(),
             overage: Family::default(),
+            fallback: Family::default(),
             unserved: Family::default(),
             refused: Family::default(),
             reloads: Family::default(),
@@ -232,6 +239,11 @@ impl Default for Metrics {
             m.unserved.clone(),
         );
         r.register("poolgate_refused", "Requests refused before any account was asked, by reason", m.refused.clone());
+        r.register(
+            "poolgate_fallback",
+            "Requests the pool could not serve that a fallback backend answered, by backend/model",
+            m.fallback.clone(),
+        );
         r.register("poolgate_reloads", "Configuration reloads by result", m.reloads.clone());
         r.register("poolgate_chain_duration_seconds", "Time to run the policy chain once", m.chain_duration.clone());
         r.register(
@@ -285,6 +297,11 @@ impl Metrics {
     /// A refresh of `account`'s OAuth seat ended with `result`.
     pub fn oauth_refresh(&self, account: &str, result: &str) {
         self.oauth_refreshes.get_or_create(&AccountResult { account: account.into(), result: result.into() }).inc();
+    }
+
+    /// A fallback backend (`<name>/<model>`) answered for the pool.
+    pub fn fallback(&self, backend: &str) {
+        self.fallback.get_or_create(&Backend { backend: backend.into() }).inc();
     }
 
     /// An answer of `account` was billed as extra usage; the guard did `result`.

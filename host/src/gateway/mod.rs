@@ -22,6 +22,7 @@ pub mod chat;
 pub mod cooldown;
 pub mod decisions;
 pub mod errors;
+pub mod fallback;
 pub mod finish;
 pub mod generation;
 pub mod metrics;

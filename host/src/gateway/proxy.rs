@@ -106,7 +106,7 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
             Next::FailOver(failure) => x.last = Some((failure, request)),
         }
     }
-    x.out_of_accounts()
+    x.out_of_accounts().await
 }
 
 /// One rank of the chain for one attempt.
@@ -174,6 +174,7 @@ impl Exchange {
             client: incoming.client.clone(),
             attempts: Vec::new(),
             account: None,
+            fallback: None,
             reason: String::new(),
             status: 0,
             outcome: Ending::Pending,
@@ -319,11 +320,24 @@ impl Exchange {
 
     /// Phase *answer*, when no account is left to try: the cause that stood
     /// in the way, as the status a client can act on ([`unserved`]).
-    fn out_of_accounts(mut self) -> Response {
+    async fn out_of_accounts(mut self) -> Response {
         let (blocked, usable) = unserved::survey(&self.generation, self.family, &self.record.attempts, now_ms());
         let attempted = self.record.attempts.iter().any(|a| a.account.is_some());
         let verdict = unserved::verdict(&blocked, usable, attempted, now_ms());
         let ending = verdict.ending();
+        // A populated pool that cannot serve: the fallback backends, if any
+        // (never for an empty pool, which a fallback would only hide).
+        let substitutable = matches!(self.api, Api::Messages | Api::ChatCompletions);
+        if substitutable && !self.generation.accounts.is_empty() && !self.generation.fallbacks.is_empty() {
+            let timeout = Duration::from_millis(self.generation.config.gateway.response_timeout_ms);
+            if let Some((answer, marker)) = self.generation.fallbacks.serve(&self.incoming.body, timeout).await {
+                self.gw.metrics.fallback(&marker);
+                self.record.blocked = blocked;
+                self.record.fallback = Some(marker);
+                let observe = self.observe_last();
+                return self.into_finish(None, false, observe).now(answer, Ending::Fallback);
+            }
+        }
         self.gw.metrics.unserved(ending.as_str());
         if ending == Ending::Parked {
             self.gw.metrics.parked();
