@@ -58,6 +58,26 @@ async fn backend() -> (String, Arc<AtomicUsize>, Arc<parking_lot::Mutex<Vec<Valu
     (url, asked, seen)
 }
 
+/// A backend that answers every request 500, counting them.
+async fn failing_backend() -> (String, Arc<AtomicUsize>) {
+    let asked = Arc::new(AtomicUsize::new(0));
+    let a = asked.clone();
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(move || {
+            let a = a.clone();
+            async move {
+                a.fetch_add(1, Ordering::SeqCst);
+                (http::StatusCode::INTERNAL_SERVER_ERROR, "down").into_response()
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, asked)
+}
+
 fn config(mock: &MockUpstream, backend: &str, accounts: bool) -> String {
     let mut s = String::from("[server]\nadmin_token_env = \"PG_ADMIN\"\n\n");
     if accounts {
@@ -139,4 +159,42 @@ async fn an_empty_pool_still_answers_503_and_never_falls_back() {
     assert_eq!(r.status(), 503);
     assert!(r.headers().get("x-poolgate-fallback").is_none());
     assert_eq!(asked.load(Ordering::SeqCst), 0);
+}
+
+/// A backend that fails rests while the next one is tried; and once the
+/// pool's account recovers from its cooldown, requests go back to the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_backend_rests_and_the_pool_takes_over_again_once_it_recovers() {
+    let mock = MockUpstream::start().await;
+    let (url, asked, _) = backend().await;
+    let (down, down_asked) = failing_backend().await;
+    let cfg = format!(
+        "[server]\nadmin_token_env = \"PG_ADMIN\"\n\n[cooldowns]\ntransient_ms = 1000\n\n\
+         [[accounts]]\nid = \"a\"\napi_key_env = \"KEY_A\"\nbase_url = \"{}\"\n\n\
+         [[fallback]]\nname = \"down\"\nbase_url = \"{down}\"\nmodel = \"m1\"\ncooldown_ms = 60000\n\n\
+         [[fallback]]\nname = \"backup\"\nbase_url = \"{url}\"\napi_key_env = \"FB_KEY\"\nmodel = \"gpt-backup\"\n",
+        mock.base_url()
+    );
+    let gw = Gateway::start(&cfg, &env());
+    let a = mock.account("key-a");
+    // A bare 429: a short (1 s) transient cooldown on the pool's only account.
+    a.push(Step::RateLimited { unified: false, retry_after: None });
+    let r = post_messages(&gw, &message("claude-sonnet-4-5", false)).await;
+    assert_eq!(r.headers()["x-poolgate-fallback"], "backup/gpt-backup", "the first backend is down: the next one");
+    let r = post_messages(&gw, &message("claude-sonnet-4-5", false)).await;
+    assert_eq!(r.headers()["x-poolgate-fallback"], "backup/gpt-backup");
+    assert_eq!(asked.load(Ordering::SeqCst), 2);
+    assert_eq!(down_asked.load(Ordering::SeqCst), 1, "the failed backend rests instead of being asked again");
+    // The account's cooldown ends: the pool serves again, the fallback rests.
+    support::eventually("the pool serves again", std::time::Duration::from_secs(10), async || {
+        let r = post_messages(&gw, &message("claude-sonnet-4-5", false)).await;
+        r.status() == 200 && r.headers().get("x-poolgate-fallback").is_none()
+    })
+    .await;
+    assert_eq!(r_account(&gw).await, "a");
+}
+
+async fn r_account(gw: &Gateway) -> String {
+    let r = post_messages(gw, &message("claude-sonnet-4-5", false)).await;
+    r.headers().get("x-poolgate-account").and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
 }
