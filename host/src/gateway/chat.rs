@@ -143,8 +143,9 @@ pub async fn translate_response(r: Response, facts: ChatFacts) -> Response {
     Response::from_parts(parts, Body::from(out.to_string()))
 }
 
-/// A body whose lines a producer task sends as they come, each sent at once.
-fn async_stream_lines<F, Fut>(produce: F) -> Body
+/// A body whose lines a producer task sends as they come, each sent at once
+/// (the fallback's translated streams use it too).
+pub(crate) fn async_stream_lines<F, Fut>(produce: F) -> Body
 where
     F: FnOnce(tokio::sync::mpsc::Sender<String>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,

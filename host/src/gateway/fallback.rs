@@ -138,8 +138,7 @@ impl Backend {
         if sse {
             let mut stream = MessagesStream::new(client_model);
             let mut body = response.into_body().into_data_stream();
-            let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(16);
-            tokio::spawn(async move {
+            let translated = super::chat::async_stream_lines(move |tx| async move {
                 while let Some(Ok(chunk)) = body.next().await {
                     for line in stream.feed(&chunk) {
                         if tx.send(line).await.is_err() {
@@ -151,9 +150,7 @@ impl Backend {
                     let _ = tx.send(line).await;
                 }
             });
-            let lines = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
-                .map(|l| Ok::<Bytes, std::io::Error>(Bytes::from(l)));
-            let mut r = Response::new(Body::from_stream(lines));
+            let mut r = Response::new(translated);
             r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
             return Ok(r);
         }
