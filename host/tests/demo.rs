@@ -90,14 +90,16 @@ fn the_demo_with_traffic_shows_routing_decisions() {
     assert!(served.values().filter(|n| **n > 0).count() >= 2, "{served:?}");
     assert_eq!(served["alpha"], 0, "alpha is cooling for the first 20 s");
 
-    // Fable stays off charlie, whose 7d_oi bucket is at 93%: at most the requests
-    // ranked before the gateway first saw that bucket land there (one per Fable
-    // session), unless the bucket ran out and gated Fable there.
+    // Fable mostly stays off charlie, whose 7d_oi bucket is at 93%: new Fable
+    // sessions start elsewhere once the gateway has seen that bucket; a session
+    // that started on charlie before stays there (affinity: 93% is under the
+    // 97% soft limit, so its cache stays warm) unless the bucket runs out and
+    // gates Fable there.
     let fable = counts(&stdout, "fable served by account: ");
     let total: u64 = fable.values().sum();
     let gated = stdout.contains("charlie (fable gated");
     assert!(total >= 4, "{fable:?}\n{stdout}");
-    assert!(gated || (fable["charlie"] <= 2 && fable["charlie"] * 2 < total), "{fable:?}");
+    assert!(gated || fable["charlie"] * 2 < total, "{fable:?}");
 
     // The OAuth seat's short-lived token was refreshed along the way, and no
     // request failed for it.
