@@ -34,21 +34,19 @@ cargo nextest --version | head -1
 step "plugin toolchains"
 bash .ci/setup
 
-step "Anthropic Python SDK"
-want=2.14.0
-have=$(python3 -m pip show anthropic 2>/dev/null | sed -n 's/^Version: //p' || true)
-if [ "$have" != "$want" ]; then
-    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "anthropic==$want"
-fi
-echo "anthropic $want"
+# A pinned PyPI package, installed only when another version (or none) is there.
+pip_pinned() {
+    local have
+    have=$(python3 -m pip show "$1" 2>/dev/null | sed -n 's/^Version: //p' || true)
+    if [ "$have" != "$2" ]; then
+        python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "$1==$2"
+    fi
+    echo "$1 $2"
+}
 
-step "OpenAI Python SDK"
-want=2.14.0
-have=$(python3 -m pip show openai 2>/dev/null | sed -n 's/^Version: //p' || true)
-if [ "$have" != "$want" ]; then
-    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "openai==$want"
-fi
-echo "openai $want"
+step "Anthropic and OpenAI Python SDKs"
+pip_pinned anthropic 2.14.0
+pip_pinned openai 2.14.0
 
 step "format"
 cargo fmt --all --check

@@ -357,29 +357,7 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<super::
             None
         }
     };
-    let mut names: HashMap<String, usize> = HashMap::new();
-    for (i, st) in config.policy.chain.iter().enumerate() {
-        // A stage's name travels in a response header (`x-poolgate-policy-error:
-        // <stage>:<cause>`), log fields and metric labels, and tells stages apart
-        // in decisions and `/status`.
-        let (name, key) = match &st.name {
-            Some(n) => (n.as_str(), format!("policy.chain[{i}].name")),
-            None => (st.plugin.as_str(), format!("policy.chain[{i}].plugin")),
-        };
-        let named = if st.name.is_some() { "" } else { " (a stage without `name` is named by its plugin; set `name`)" };
-        if let Err(why) = check_stage_name(name) {
-            add(key, format!("{why}{named}"));
-        } else if let Some(first) = names.insert(name.to_string(), i) {
-            add(
-                key,
-                format!(
-                    "duplicate stage name `{name}` (also policy.chain[{first}]): stages are told apart by name in \
-                     decisions, /status and metrics{}",
-                    if st.name.is_some() { "" } else { "; give each a `name`" }
-                ),
-            );
-        }
-    }
+    stage_names(&config.policy.chain, &mut add);
     let builtins = crate::policy::builtin_names();
     for (i, st) in config.policy.chain.iter().enumerate() {
         let here = format!("policy.chain[{i}].plugin");
@@ -418,6 +396,33 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<super::
         _ => {
             items.sort_by_key(|p| p.line);
             Err(Problems { file: file.to_string(), items })
+        }
+    }
+}
+
+/// Problems with the stages' names: each must be a valid name
+/// ([`check_stage_name`]) and distinct, since a stage's name travels in a
+/// response header (`x-poolgate-policy-error: <stage>:<cause>`), log fields and
+/// metric labels, and tells stages apart in decisions and `/status`.
+fn stage_names(chain: &[super::StageConfig], add: &mut impl FnMut(String, String)) {
+    let mut names: HashMap<String, usize> = HashMap::new();
+    for (i, st) in chain.iter().enumerate() {
+        let (name, key) = match &st.name {
+            Some(n) => (n.as_str(), format!("policy.chain[{i}].name")),
+            None => (st.plugin.as_str(), format!("policy.chain[{i}].plugin")),
+        };
+        let named = if st.name.is_some() { "" } else { " (a stage without `name` is named by its plugin; set `name`)" };
+        if let Err(why) = check_stage_name(name) {
+            add(key, format!("{why}{named}"));
+        } else if let Some(first) = names.insert(name.to_string(), i) {
+            add(
+                key,
+                format!(
+                    "duplicate stage name `{name}` (also policy.chain[{first}]): stages are told apart by name in \
+                     decisions, /status and metrics{}",
+                    if st.name.is_some() { "" } else { "; give each a `name`" }
+                ),
+            );
         }
     }
 }

@@ -110,11 +110,14 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
         return forward(gw, api, Incoming { id, method, uri, headers, body, client }).await;
     }
     let mut headers = headers;
-    let aliases = gw.generation().config.models.aliases.clone();
-    let (body, uri, facts) = match super::chat::translate_request(&body, &mut headers, &aliases) {
-        Ok(t) => t,
-        Err(refused) => return early.refuse(&gw, "invalid_chat_request", *refused),
-    };
+    // Borrowed from the generation in force: no per-request copy of the table.
+    let generation = gw.generation();
+    let (body, uri, facts) =
+        match super::chat::translate_request(&body, &mut headers, &generation.config.models.aliases) {
+            Ok(t) => t,
+            Err(refused) => return early.refuse(&gw, "invalid_chat_request", *refused),
+        };
+    drop(generation);
     let answer = forward(gw, api, Incoming { id, method, uri, headers, body, client }).await;
     super::chat::translate_response(answer, facts).await
 }
