@@ -7,6 +7,7 @@
 #   plugin toolchains             .ci/setup: componentize-py and ziglang (PyPI),
 #                                 componentize-js and jco (npm), node if missing
 #   the Anthropic Python SDK      PyPI: the end-to-end tests drive the gateway with it
+#   redis-server, redis-cli       Debian's packages: the replica tests share state through it
 #
 # Every service a test needs it starts itself, on a free loopback port. Extra
 # arguments go to `cargo nextest run` (e.g. ./test.sh -E 'binary(failover)').
@@ -47,6 +48,18 @@ pip_pinned() {
 step "Anthropic and OpenAI Python SDKs"
 pip_pinned anthropic 2.14.0
 pip_pinned openai 2.14.0
+
+step "redis-server (Debian)"
+# The replica tests start their own servers on free loopback ports.
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+    sudo_=""
+    [ "$(id -u)" -ne 0 ] && sudo_="sudo"
+    $sudo_ apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends redis-server redis-tools
+    # The package starts a system service on 6379; the tests need none.
+    $sudo_ systemctl disable --now redis-server >/dev/null 2>&1 || $sudo_ service redis-server stop >/dev/null 2>&1 || true
+fi
+redis-server --version
 
 step "format"
 cargo fmt --all --check

@@ -20,6 +20,7 @@ pub mod gateway;
 pub mod oauth;
 pub mod policy;
 pub mod random;
+pub mod shared;
 pub mod sim;
 
 /// The components built from `plugins/*` and `tests/guests/*` by `build.rs`.

@@ -49,6 +49,21 @@ struct Args {
     /// different defaults be compared like for like.
     #[arg(long)]
     chain: Option<String>,
+    /// Share state through this Redis server (`[state] backend = "redis"`),
+    /// to measure what the shared backend costs against the embedded one.
+    #[arg(long)]
+    redis: Option<String>,
+    /// `max_in_flight` of every account (with `--redis`, each request then
+    /// takes a lease in Redis too).
+    #[arg(long)]
+    max_in_flight: Option<u32>,
+}
+
+/// What the gateway's config varies by.
+struct Setup<'a> {
+    chain: Option<&'a str>,
+    redis: Option<&'a str>,
+    max_in_flight: Option<u32>,
 }
 
 struct Proc {
@@ -102,14 +117,19 @@ fn mock(bin: &Path, chunk_delay_ms: u64) -> Result<Proc> {
     start(cmd, "listening on ")
 }
 
-fn gateway(bin: &Path, upstream: &str, dir: &std::path::Path, chain: Option<&str>) -> Result<Proc> {
+fn gateway(bin: &Path, upstream: &str, dir: &std::path::Path, setup: &Setup<'_>) -> Result<Proc> {
     let mut config = String::from("[server]\ndecisions_kept = 200\n\n[gateway]\nqueue_max = 4096\n\n");
-    for stage in chain.into_iter().flat_map(|c| c.split(',')).map(str::trim).filter(|s| !s.is_empty()) {
+    if let Some(url) = setup.redis {
+        let prefix = format!("loadgen-{}:", std::process::id());
+        config.push_str(&format!("[state]\nbackend = \"redis\"\nurl = \"{url}\"\nkey_prefix = \"{prefix}\"\n\n"));
+    }
+    for stage in setup.chain.into_iter().flat_map(|c| c.split(',')).map(str::trim).filter(|s| !s.is_empty()) {
         config.push_str(&format!("[[policy.chain]]\nplugin = \"builtin:{stage}\"\n\n"));
     }
+    let limit = setup.max_in_flight.map(|n| format!("max_in_flight = {n}\n")).unwrap_or_default();
     for i in 0..8 {
         config.push_str(&format!(
-            "[[accounts]]\nid = \"acct-{i}\"\napi_key_env = \"LOADGEN_KEY_{i}\"\nbase_url = \"{upstream}\"\n\n"
+            "[[accounts]]\nid = \"acct-{i}\"\napi_key_env = \"LOADGEN_KEY_{i}\"\nbase_url = \"{upstream}\"\n{limit}\n"
         ));
     }
     let path = dir.join("poolgate.toml");
@@ -286,14 +306,17 @@ async fn main() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("poolgate-loadgen-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let up = mock(&args.bin, 0)?;
-    let gw = gateway(&args.bin, &up.url, &dir, args.chain.as_deref())?;
+    let setup = Setup { chain: args.chain.as_deref(), redis: args.redis.as_deref(), max_in_flight: args.max_in_flight };
+    let gw = gateway(&args.bin, &up.url, &dir, &setup)?;
     let gw_pid = gw.child.id();
     let client = client()?;
     let payload = body(args.sse);
     println!(
-        "poolgate overhead: {} bodies, default chain over 8 accounts, mock at {}",
+        "poolgate overhead: {} bodies, default chain over 8 accounts, mock at {}, state {}{}",
         if args.sse { "SSE" } else { "JSON" },
-        up.url
+        up.url,
+        if args.redis.is_some() { "shared through Redis" } else { "embedded" },
+        args.max_in_flight.map(|n| format!(", max_in_flight {n}")).unwrap_or_default(),
     );
 
     // Concurrency 1, interleaved in blocks so drift on a shared machine hits both paths.
@@ -356,7 +379,7 @@ async fn main() -> Result<()> {
     // Memory with many open streams: a second mock whose events trickle out.
     drop(gw);
     let slow = mock(&args.bin, 2_000)?;
-    let gw = gateway(&args.bin, &slow.url, &dir, args.chain.as_deref())?;
+    let gw = gateway(&args.bin, &slow.url, &dir, &setup)?;
     let rss_idle = status_kib(gw.child.id(), "VmRSS:")?;
     let (open, took) = open_streams(&gw.url, args.streams).await?;
     let rss = status_kib(gw.child.id(), "VmRSS:")?;

@@ -11,6 +11,7 @@ mod oauth;
 pub mod schema;
 mod secrets;
 mod server;
+mod state;
 pub mod validate;
 
 use std::path::{Path, PathBuf};
@@ -24,6 +25,7 @@ pub use fallback::FallbackConfig;
 pub use oauth::{CLAUDE_CODE_CLIENT_ID, OAuthConfig, Overage};
 pub use secrets::{Credential, Resolved, ResolvedAccount, Secret, base_prefix, digest};
 pub use server::{ClientKey, GatewayConfig, LogFormat, ServerConfig};
+pub use state::{Backend as StateBackendKind, StateConfig, prefix_problem, redact as redact_url};
 
 use crate::policy::{self, BreakerConfig, Limits, PluginRef, PluginSpec, StageSpec};
 
@@ -49,6 +51,9 @@ pub struct Config {
     /// Model names OpenAI-shaped clients may use.
     #[serde(default)]
     pub models: ModelsConfig,
+    /// Where learned state is kept: this process, or Redis shared by replicas.
+    #[serde(default)]
+    pub state: StateConfig,
     /// The accounts of the pool.
     #[serde(default)]
     pub accounts: Vec<AccountConfig>,

@@ -160,6 +160,21 @@ pub const OAUTH: &[Field] = &[
     f("overage", Kind::OneOf(&["allow", "warn", "avoid"])),
 ];
 
+/// `[state]`.
+pub const SHARED_STATE: &[Field] = &[
+    f("backend", Kind::OneOf(&["memory", "redis"])),
+    f("url", Kind::Str),
+    f("key_prefix", Kind::Str),
+    f("replica", Kind::Str),
+    f("flush_ms", Kind::Int(5, 10_000)),
+    f("poll_ms", Kind::Int(100, 600_000)),
+    f("timeout_ms", Kind::Int(10, 60_000)),
+    f("lease_wait_ms", Kind::Int(1, 5_000)),
+    f("lease_ttl_ms", Kind::Int(1_000, 3_600_000)),
+    f("refresh_lock_ms", Kind::Int(1_000, 600_000)),
+    f("share_credentials", Kind::Bool),
+];
+
 /// `[[fallback]]`.
 pub const FALLBACK: &[Field] = &[
     f("name", Kind::Str),
@@ -179,6 +194,7 @@ pub const ROOT: &[Field] = &[
     f("cooldowns", Kind::Table(COOLDOWNS)),
     f("oauth", Kind::Table(OAUTH)),
     f("models", Kind::Table(MODELS)),
+    f("state", Kind::Table(SHARED_STATE)),
     f("policy", Kind::Table(POLICY)),
     f("accounts", Kind::Tables(ACCOUNT, &["id"])),
     f("fallback", Kind::Tables(FALLBACK, &["name", "base_url", "model"])),
@@ -211,6 +227,8 @@ mod tests {
             cooldown_ms: 1,
         });
         config.policy.instances = Some(1);
+        config.state.url = Some("redis://127.0.0.1:1".into());
+        config.state.replica = Some("r".into());
         config.policy.chain.push(crate::config::StageConfig {
             plugin: "p".into(),
             name: Some("n".into()),

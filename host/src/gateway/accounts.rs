@@ -32,22 +32,70 @@ pub struct AccountState {
     /// An OAuth seat's token and refresh state, kept across reloads like
     /// everything else learned about the account.
     seat: Mutex<Option<Arc<Seat>>>,
+    /// Counts this replica's own changes to what is learned, so that a
+    /// shared backend writes an account only when it changed.
+    version: AtomicU64,
+    /// Who the account's credential belongs to (see [`AccountState::identity`]).
+    binding: Mutex<Option<String>>,
 }
 
+/// What is learned about an account. Every fact a replica may share carries
+/// when it was learned, so that replicas merge by observed time
+/// (`crate::shared::facts`).
 #[derive(Debug, Default)]
-struct Learned {
-    windows: BTreeMap<String, WindowReading>,
-    status: Status,
-    reset_ms: Option<u64>,
-    representative_claim: Option<String>,
-    overage_status: Option<Status>,
-    overage_disabled_reason: Option<String>,
-    organization_id: Option<String>,
-    last_reading_ms: Option<u64>,
-    cooldown: Option<Cooldown>,
-    model_gates: Vec<ModelGate>,
-    streaks: Streaks,
-    last_status: Option<u16>,
+pub(crate) struct Learned {
+    pub(crate) windows: BTreeMap<String, WindowReading>,
+    pub(crate) status: Status,
+    pub(crate) reset_ms: Option<u64>,
+    pub(crate) representative_claim: Option<String>,
+    pub(crate) overage_status: Option<Status>,
+    pub(crate) overage_disabled_reason: Option<String>,
+    pub(crate) organization_id: Option<String>,
+    pub(crate) last_reading_ms: Option<u64>,
+    pub(crate) cooldown: Option<Cooldown>,
+    /// When the cooldown in force was set.
+    pub(crate) cooldown_set_ms: u64,
+    /// The last 2xx: cooldowns a success lifts that were set before it are over.
+    pub(crate) cleared_ms: u64,
+    /// The last new token of a seat: auth cooldowns set before it are over.
+    pub(crate) auth_cleared_ms: u64,
+    pub(crate) model_gates: Vec<ModelGate>,
+    /// When each family's gate was set, and when a success last cleared it.
+    pub(crate) gates_set_ms: BTreeMap<String, u64>,
+    pub(crate) gates_cleared_ms: BTreeMap<String, u64>,
+    /// This replica's own failure streaks, and when they last changed.
+    pub(crate) streaks: Streaks,
+    pub(crate) streaks_ms: u64,
+    /// Other replicas' own streaks, by replica, with when they changed.
+    pub(crate) remote_streaks: BTreeMap<String, (Streaks, u64)>,
+    pub(crate) last_status: Option<u16>,
+}
+
+/// How long another replica's failure streak counts toward this one's, when
+/// no success has been seen since.
+const REMOTE_STREAK_MS: u64 = 10 * 60 * 1000;
+
+impl Learned {
+    /// The streaks a cooldown decision counts: this replica's, plus every
+    /// other replica's that changed after the last success anyone saw (one
+    /// account failing on three replicas is one failing account).
+    fn effective_streaks(&self, now: u64) -> Streaks {
+        let mut s = self.streaks;
+        for (r, at) in self.remote_streaks.values() {
+            if *at > self.cleared_ms && now.saturating_sub(*at) < REMOTE_STREAK_MS {
+                s.auth = s.auth.saturating_add(r.auth);
+                s.overloaded = s.overloaded.saturating_add(r.overloaded);
+                s.upstream_error = s.upstream_error.saturating_add(r.upstream_error);
+                s.stream_cuts = s.stream_cuts.saturating_add(r.stream_cuts);
+            }
+        }
+        s
+    }
+
+    fn set_cooldown(&mut self, c: Cooldown, now: u64) {
+        self.cooldown = Some(c);
+        self.cooldown_set_ms = now;
+    }
 }
 
 /// What recording an answer changed, for metrics and logs.
@@ -73,7 +121,39 @@ impl AccountState {
             attempts: AtomicU64::new(0),
             successes: AtomicU64::new(0),
             seat: Mutex::new(None),
+            version: AtomicU64::new(0),
+            binding: Mutex::new(None),
         }
+    }
+
+    /// Sets who the credential belongs to, as configured: an API key's
+    /// fingerprint, a seat's organization from its credentials file.
+    pub fn bind(&self, binding: Option<String>) {
+        *self.binding.lock() = binding;
+    }
+
+    /// Who the account's answers belong to: the configured binding, else the
+    /// organization its answers named. Shared readings are exchanged only
+    /// between replicas that agree on it; `None` shares nothing.
+    pub fn identity(&self) -> Option<String> {
+        if let Some(b) = self.binding.lock().clone() {
+            return Some(b);
+        }
+        self.learned.lock().organization_id.as_ref().map(|o| format!("org:{o}"))
+    }
+
+    /// This replica's changes so far (see [`AccountState::learned`]).
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    fn changed(&self) {
+        self.version.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// What is learned, for the shared backend to export or merge into.
+    pub(crate) fn learned(&self) -> parking_lot::MutexGuard<'_, Learned> {
+        self.learned.lock()
     }
 
     /// The account's OAuth seat for credentials file `path`: the one it has if
@@ -103,6 +183,7 @@ impl AccountState {
     /// seat now belongs to another identity, whose readings are not these.
     pub fn forget_learned(&self) {
         *self.learned.lock() = Learned::default();
+        self.changed();
     }
 
     /// Requests in flight now.
@@ -198,8 +279,10 @@ impl AccountState {
         cfg: &CooldownConfig,
         now: u64,
     ) -> Change {
+        self.changed();
         let mut l = self.learned.lock();
         let auth_cooling = l.cooldown.is_some_and(|c| c.reason == CooldownReason::Auth && c.until_ms > now);
+        l.streaks_ms = now;
         match answer {
             Answer::Status(s) => {
                 l.last_status = Some(s);
@@ -208,6 +291,10 @@ impl AccountState {
                     // Whether this answer streams whole is known at its end
                     // (`stream_ended`); its status alone clears the rest.
                     l.streaks = Streaks { stream_cuts: l.streaks.stream_cuts, ..Streaks::default() };
+                    l.cleared_ms = now;
+                    if let Some(f) = family {
+                        l.gates_cleared_ms.insert(f.to_string(), now);
+                    }
                 }
                 match s {
                     401 | 403 if !auth_cooling => l.streaks.auth += 1,
@@ -221,7 +308,7 @@ impl AccountState {
                 l.streaks.upstream_error += 1;
             }
         }
-        let plan = cooldown::plan(answer, reading, family, l.streaks, cfg, now);
+        let plan = cooldown::plan(answer, reading, family, l.effective_streaks(now), cfg, now);
         let account_wide = reading.rejected_bucket.is_none() && !matches!(plan, Plan::GateModel { .. });
         Self::merge(&mut l, reading, now, account_wide);
         // A burst of 401s while already cooling does not escalate (dario: burst-safe).
@@ -235,7 +322,7 @@ impl AccountState {
                 if l.cooldown.is_some_and(|c| c.until_ms > until_ms) {
                     return Change::None;
                 }
-                l.cooldown = Some(Cooldown { until_ms, reason });
+                l.set_cooldown(Cooldown { until_ms, reason }, now);
                 Change::Cooled(reason)
             }
             Plan::GateModel { family, until_ms } => {
@@ -271,7 +358,8 @@ impl AccountState {
         if l.cooldown.is_some_and(|c| c.until_ms >= until_ms) {
             return Change::None;
         }
-        l.cooldown = Some(Cooldown { until_ms, reason });
+        l.set_cooldown(Cooldown { until_ms, reason }, super::now_ms());
+        self.changed();
         Change::Cooled(reason)
     }
 
@@ -279,10 +367,13 @@ impl AccountState {
     /// (a refresh, or a new login), which that refusal says nothing about.
     pub fn clear_auth_cooldown(&self) {
         let mut l = self.learned.lock();
+        l.auth_cleared_ms = super::now_ms();
         if l.cooldown.is_some_and(|c| c.reason == CooldownReason::Auth) {
             l.cooldown = None;
             l.streaks.auth = 0;
         }
+        drop(l);
+        self.changed();
     }
 
     /// Takes a quota reading that came from elsewhere than an answer (the
@@ -290,6 +381,8 @@ impl AccountState {
     pub fn take_reading(&self, r: &QuotaReading, now: u64) {
         let mut l = self.learned.lock();
         Self::merge(&mut l, r, now, r.rejected_bucket.is_none());
+        drop(l);
+        self.changed();
     }
 
     /// When the newest quota reading was taken.
@@ -309,12 +402,15 @@ impl AccountState {
     pub fn merge_shared(&self, r: &QuotaReading, now: u64) {
         let mut l = self.learned.lock();
         Self::merge(&mut l, r, now, r.rejected_bucket.is_none());
+        drop(l);
+        self.changed();
     }
 
     /// Gates `family` until `until_ms`, replacing its earlier gate.
     fn gate(l: &mut Learned, family: &str, until_ms: u64, now: u64) {
         l.model_gates.retain(|g| g.family != family && g.until_ms > now);
         l.model_gates.push(ModelGate { family: family.to_string(), until_ms });
+        l.gates_set_ms.insert(family.to_string(), now);
     }
 
     /// Records how an answer that reached the client ended: whole, or cut
@@ -323,13 +419,20 @@ impl AccountState {
     pub fn stream_ended(&self, whole: bool, cfg: &CooldownConfig, now: u64) -> Change {
         let mut l = self.learned.lock();
         if whole {
-            l.streaks.stream_cuts = 0;
+            if l.streaks.stream_cuts != 0 {
+                l.streaks.stream_cuts = 0;
+                l.streaks_ms = now;
+                drop(l);
+                self.changed();
+            }
             return Change::None;
         }
         l.streaks.stream_cuts = l.streaks.stream_cuts.saturating_add(1);
-        match cooldown::after_cut(l.streaks, cfg, now) {
+        l.streaks_ms = now;
+        self.changed();
+        match cooldown::after_cut(l.effective_streaks(now), cfg, now) {
             Plan::Cool { until_ms, reason } if l.cooldown.is_none_or(|c| c.until_ms <= until_ms) => {
-                l.cooldown = Some(Cooldown { until_ms, reason });
+                l.set_cooldown(Cooldown { until_ms, reason }, now);
                 Change::Cooled(reason)
             }
             _ => Change::None,
@@ -362,7 +465,7 @@ impl AccountState {
             organization_id: l.organization_id.clone(),
             reading_age_ms: l.last_reading_ms.map(|t| now.saturating_sub(t)),
             windows: l.windows.values().cloned().collect(),
-            streaks: l.streaks,
+            streaks: l.effective_streaks(now),
             last_status: l.last_status,
             same_subscription_as: Vec::new(),
             oauth: self.seat().map(|s| s.status(now)),

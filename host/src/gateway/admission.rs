@@ -18,11 +18,18 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use super::accounts::AccountState;
+use crate::shared::{LeaseAnswer, RemoteLease, StateBackend};
 
 /// An in-flight slot on one account; released when dropped.
 pub struct Lease {
     account: Arc<AccountState>,
     queue: Arc<Admission>,
+    /// The slot in the count shared by replicas, when there is one.
+    remote: Option<RemoteLease>,
+    /// Given back without waking a waiter: a slot held only while Redis was
+    /// asked (waiters for a limit shared by replicas look again every
+    /// [`REMOTE_RETRY`] anyway).
+    quiet: bool,
 }
 
 impl Lease {
@@ -35,7 +42,12 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.account.give_back();
-        self.queue.wake_one();
+        if let Some(r) = self.remote.take() {
+            self.queue.backend.release(r);
+        }
+        if !self.quiet {
+            self.queue.wake_one();
+        }
     }
 }
 
@@ -60,11 +72,17 @@ struct Waiter {
 }
 
 /// The admission queue (one per gateway).
-#[derive(Default)]
 pub struct Admission {
     waiters: Mutex<VecDeque<Waiter>>,
     next_id: AtomicU64,
+    /// Where in-flight limits are counted across replicas (the embedded
+    /// backend does not: this replica's count is the count).
+    backend: Arc<dyn StateBackend>,
 }
+
+/// How often a waiter looks again when the slots it waits for are held by
+/// other replicas (whose releases wake no one here).
+const REMOTE_RETRY: Duration = Duration::from_millis(20);
 
 /// A candidate for admission: the account and its limit.
 pub type Slot<'a> = (&'a Arc<AccountState>, Option<u32>);
@@ -72,7 +90,12 @@ pub type Slot<'a> = (&'a Arc<AccountState>, Option<u32>);
 impl Admission {
     /// A new, empty queue.
     pub fn new() -> Arc<Self> {
-        Arc::new(Admission::default())
+        Self::with_backend(Arc::new(crate::shared::Embedded))
+    }
+
+    /// A new, empty queue counting in-flight limits through `backend`.
+    pub fn with_backend(backend: Arc<dyn StateBackend>) -> Arc<Self> {
+        Arc::new(Admission { waiters: Mutex::new(VecDeque::new()), next_id: AtomicU64::new(0), backend })
     }
 
     /// Requests waiting now.
@@ -80,11 +103,40 @@ impl Admission {
         self.waiters.lock().len()
     }
 
-    fn try_take(self: &Arc<Self>, slots: &[Slot<'_>]) -> Option<Lease> {
-        slots
-            .iter()
-            .find(|(a, max)| a.try_take(*max))
-            .map(|(a, _)| Lease { account: Arc::clone(a), queue: Arc::clone(self) })
+    /// The first account of `slots` with room: on this replica, and across
+    /// replicas for a limited account when the backend counts them (within
+    /// `[state] lease_wait_ms`; past it, or with the backend away, this
+    /// replica's count decides). Also whether a slot of a limit shared by
+    /// replicas was full (the caller must look again: its release may
+    /// happen on another replica).
+    async fn try_take(self: &Arc<Self>, slots: &[Slot<'_>]) -> (Option<Lease>, bool) {
+        let mut remote_full = false;
+        for (a, max) in slots {
+            if !a.try_take(*max) {
+                // A slot of a limit shared by replicas frees without a
+                // wake-up here when it is another replica's.
+                remote_full |= max.is_some() && self.backend.shares_leases();
+                continue;
+            }
+            // From here the local slot is a lease: if the request goes away
+            // while Redis is asked (the future is dropped), it is given back.
+            let mut lease = Lease { account: Arc::clone(a), queue: Arc::clone(self), remote: None, quiet: false };
+            if let Some(max) = max
+                && self.backend.shares_leases()
+            {
+                match self.backend.lease(&a.id, *max).await {
+                    LeaseAnswer::Granted(r) => lease.remote = Some(r),
+                    LeaseAnswer::Full => {
+                        remote_full = true;
+                        lease.quiet = true;
+                        continue;
+                    }
+                    LeaseAnswer::Unavailable => {}
+                }
+            }
+            return (Some(lease), remote_full);
+        }
+        (None, remote_full)
     }
 
     /// Wakes the oldest live waiter.
@@ -108,7 +160,7 @@ impl Admission {
     ) -> Result<Lease, Refused> {
         // Newcomers go behind anyone already waiting.
         if self.depth() == 0
-            && let Some(lease) = self.try_take(slots)
+            && let (Some(lease), _) = self.try_take(slots).await
         {
             return Ok(lease);
         }
@@ -126,13 +178,17 @@ impl Admission {
                 if front { q.push_front(w) } else { q.push_back(w) }
             }
             // A slot may have been freed between the failed attempt and queueing.
-            if let Some(lease) = self.try_take(slots) {
+            let (lease, remote_full) = self.try_take(slots).await;
+            if let Some(lease) = lease {
                 self.waiters.lock().retain(|w| w.id != id);
                 return Ok(lease);
             }
-            match tokio::time::timeout_at(deadline, rx).await {
+            // A slot another replica holds frees without waking anyone here.
+            let wait_until =
+                if remote_full { deadline.min(tokio::time::Instant::now() + REMOTE_RETRY) } else { deadline };
+            match tokio::time::timeout_at(wait_until, rx).await {
                 Ok(Ok(())) => {
-                    if let Some(lease) = self.try_take(slots) {
+                    if let (Some(lease), _) = self.try_take(slots).await {
                         return Ok(lease);
                     }
                     // Not for us: pass the wake-up on and keep our place.
@@ -140,6 +196,11 @@ impl Admission {
                     front = true;
                 }
                 Ok(Err(_)) => front = true,
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    // Time to look again: leave the line, keep the place.
+                    self.waiters.lock().retain(|w| w.id != id);
+                    front = true;
+                }
                 Err(_) => {
                     self.waiters.lock().retain(|w| w.id != id);
                     return Err(Refused::Timeout);
@@ -152,6 +213,49 @@ impl Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shared backend that answers every lease with `answer` (`None`: never).
+    struct Leases(Option<bool>);
+
+    #[async_trait::async_trait]
+    impl StateBackend for Leases {
+        fn status(&self) -> crate::shared::BackendStatus {
+            crate::shared::BackendStatus::default()
+        }
+        fn start(self: Arc<Self>, _gateway: std::sync::Weak<crate::gateway::Gateway>) {}
+        fn shares_leases(&self) -> bool {
+            true
+        }
+        async fn lease(&self, account: &str, _max: u32) -> LeaseAnswer {
+            match self.0 {
+                None => std::future::pending().await,
+                Some(true) => LeaseAnswer::Granted(RemoteLease { account: account.into(), member: "m".into() }),
+                Some(false) => LeaseAnswer::Full,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_that_goes_away_while_redis_is_asked_gives_its_slot_back() {
+        let q = Admission::with_backend(Arc::new(Leases(None)));
+        let a = Arc::new(AccountState::new("a"));
+        let slots = [(&a, Some(1))];
+        let asking = q.acquire(&slots, 10, Duration::from_secs(1));
+        assert!(tokio::time::timeout(Duration::from_millis(20), asking).await.is_err());
+        assert_eq!(a.in_flight(), 0, "the local slot taken while asking is back");
+    }
+
+    #[tokio::test]
+    async fn an_account_full_on_other_replicas_is_passed_over_and_its_slot_given_back() {
+        let q = Admission::with_backend(Arc::new(Leases(Some(false))));
+        let (a, b) = (Arc::new(AccountState::new("a")), Arc::new(AccountState::new("b")));
+        let lease = q.acquire(&[(&a, Some(1)), (&b, None)], 10, Duration::from_secs(1)).await.unwrap();
+        assert_eq!((lease.account().id.as_str(), a.in_flight()), ("b", 0));
+        drop(lease);
+        let r = q.acquire(&[(&a, Some(1))], 10, Duration::from_millis(60)).await;
+        assert_eq!(r.unwrap_err(), Refused::Timeout, "waited, looking again, until the deadline");
+        assert_eq!((a.in_flight(), q.depth()), (0, 0));
+    }
 
     #[tokio::test]
     async fn takes_the_first_account_with_room() {

@@ -35,7 +35,8 @@ pub enum Answer {
 }
 
 /// The account's recent failure streaks (consecutive counts).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Streaks {
     /// Consecutive 401/403 answers.
     pub auth: u32,

@@ -79,6 +79,19 @@ fn target(
     }
 }
 
+/// Who a credential belongs to, for sharing what is learned about it with
+/// replicas that hold the same one: an API key by its fingerprint (a prefix
+/// of its SHA-256, never the key), a seat by the organization its login
+/// named (unknown until then: see `AccountState::identity`).
+fn binding(credential: &Credential) -> Option<String> {
+    match credential {
+        Credential::Static(secret) => {
+            Some(format!("key:{}", &hex::encode(crate::config::digest(secret.expose()))[..16]))
+        }
+        Credential::Seat { stored, .. } => stored.identity.organization.as_ref().map(|o| format!("org:{o}")),
+    }
+}
+
 impl Generation {
     /// Loads `config`. Every problem with credentials is reported at once; the
     /// chain is compiled, instantiated, configured and smoke-ranked — except
@@ -110,6 +123,7 @@ impl Generation {
                 disabled.push((account.config.clone(), state));
                 continue;
             };
+            state.bind(binding(credential));
             match target(&account.base, &account.config, credential, &state, &config.oauth, &forward) {
                 Ok(target) => enabled.push((account.config.clone(), target, state)),
                 Err(e) => problems.push(format!("accounts[{i}] (`{}`): {e:#}", account.config.id)),

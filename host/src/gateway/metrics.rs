@@ -125,6 +125,11 @@ struct Reason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Op {
+    op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadResult {
     result: &'static str,
 }
@@ -164,6 +169,9 @@ pub struct Metrics {
     reloads: Family<ReloadResult, Counter>,
     chain_duration: Histogram,
     upstream_latency: Family<Account, Histogram, fn() -> Histogram>,
+    state_errors: Family<Op, Counter>,
+    state_ignored: Family<Reason, Counter>,
+    state_lag: Histogram,
 }
 
 impl Default for Metrics {
@@ -186,6 +194,9 @@ impl Default for Metrics {
             reloads: Family::default(),
             chain_duration: latency_histogram(),
             upstream_latency: Family::new_with_constructor(latency_histogram),
+            state_errors: Family::default(),
+            state_ignored: Family::default(),
+            state_lag: latency_histogram(),
         };
         // Counters are registered without their `_total`, which the
         // OpenMetrics encoding appends; help texts without their final period,
@@ -250,6 +261,21 @@ impl Default for Metrics {
             "poolgate_upstream_latency_seconds",
             "Time from sending upstream to its response headers, by account",
             m.upstream_latency.clone(),
+        );
+        r.register(
+            "poolgate_state_backend_errors",
+            "Shared state backend operations that failed, timed out or answered garbage, by operation",
+            m.state_errors.clone(),
+        );
+        r.register(
+            "poolgate_state_records_ignored",
+            "Shared records not merged, by reason (other_identity, garbage)",
+            m.state_ignored.clone(),
+        );
+        r.register(
+            "poolgate_state_sync_lag_seconds",
+            "How far behind its writer a shared record was when this replica applied it",
+            m.state_lag.clone(),
         );
         m
     }
@@ -322,6 +348,21 @@ impl Metrics {
     /// A request was refused before reaching an account.
     pub fn refused(&self, reason: &'static str) {
         self.refused.get_or_create(&Reason { reason }).inc();
+    }
+
+    /// A shared state backend operation failed.
+    pub fn state_error(&self, op: &'static str) {
+        self.state_errors.get_or_create(&Op { op }).inc();
+    }
+
+    /// A shared record was not merged.
+    pub fn state_ignored(&self, reason: &'static str) {
+        self.state_ignored.get_or_create(&Reason { reason }).inc();
+    }
+
+    /// A shared record was applied `seconds` after it was written.
+    pub fn state_lag(&self, seconds: f64) {
+        self.state_lag.observe(seconds);
     }
 
     /// A reload finished.

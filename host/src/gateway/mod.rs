@@ -75,6 +75,14 @@ pub struct ReloadStatus {
     pub consecutive_failures: u32,
 }
 
+/// What a gateway is assembled from besides its configuration.
+struct Parts {
+    plugin_state: Arc<dyn StateStore>,
+    http: Arc<dyn upstream::Transport>,
+    metrics: Arc<metrics::Metrics>,
+    shared: Arc<dyn crate::shared::StateBackend>,
+}
+
 /// How long a reload may take beyond the compile budget (instantiating and
 /// configuring every stage, each bounded by its own configure deadline).
 pub const RELOAD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -104,13 +112,28 @@ pub struct Gateway {
     reloading: tokio::sync::Mutex<()>,
     /// When the gateway started.
     pub started_ms: u64,
+    /// Where learned state is shared with other replicas (the embedded
+    /// backend shares nothing): `crate::shared`.
+    pub shared: Arc<dyn crate::shared::StateBackend>,
 }
 
 impl Gateway {
     /// Builds the gateway and its first generation from `config`.
     pub async fn new(config: Config, engine: Arc<PolicyEngine>) -> Result<Arc<Gateway>> {
-        let state = Arc::new(MemoryState::with_limits(config.state_limits()));
-        Self::with_state(config, engine, state).await
+        let metrics = Arc::new(metrics::Metrics::default());
+        let local = Arc::new(MemoryState::with_limits(config.state_limits()));
+        if !config.state.shared() {
+            return Self::with_state(config, engine, local).await;
+        }
+        // Replicas: the same in-process store, whose writes are also shared.
+        let outbox = Arc::new(crate::shared::plugin::Outbox::default());
+        let plugin = Arc::new(crate::shared::plugin::SharedPluginState::new(local, outbox.clone()));
+        let backend = crate::shared::redis::Redis::new(&config.state, plugin.clone(), outbox, metrics.clone())?;
+        install_crypto();
+        let connect = Duration::from_millis(config.gateway.connect_timeout_ms);
+        let http = Arc::new(upstream::Upstream::new(connect)?);
+        let parts = Parts { plugin_state: plugin, http, metrics, shared: Arc::new(backend) };
+        Self::assemble(config, engine, parts).await
     }
 
     /// As [`Gateway::new`], with a given plugin state store.
@@ -132,17 +155,24 @@ impl Gateway {
         plugin_state: Arc<dyn StateStore>,
         http: Arc<dyn upstream::Transport>,
     ) -> Result<Arc<Gateway>> {
-        let states = Mutex::new(HashMap::new());
         let metrics = Arc::new(metrics::Metrics::default());
+        let parts = Parts { plugin_state, http, metrics, shared: Arc::new(crate::shared::Embedded) };
+        Self::assemble(config, engine, parts).await
+    }
+
+    async fn assemble(config: Config, engine: Arc<PolicyEngine>, parts: Parts) -> Result<Arc<Gateway>> {
+        let Parts { plugin_state, http, metrics, shared } = parts;
+        let states = Mutex::new(HashMap::new());
         engine.set_compile_limits(config.compile_limits());
         let first = Generation::build(1, config, &engine, &plugin_state, &states, &metrics, None).await?;
+        plugin_state.retain_scopes(&first.chain.scopes());
         let decisions = decisions::DecisionLog::new(first.config.server.decisions_kept);
-        Ok(Arc::new(Gateway {
+        let gateway = Arc::new(Gateway {
             current: ArcSwap::from_pointee(first),
             states,
             plugin_state,
             engine,
-            admission: admission::Admission::new(),
+            admission: admission::Admission::with_backend(shared.clone()),
             metrics,
             decisions,
             http,
@@ -150,7 +180,37 @@ impl Gateway {
             last_reload: Mutex::new(None),
             reloading: tokio::sync::Mutex::new(()),
             started_ms: now_ms(),
-        }))
+            shared: shared.clone(),
+        });
+        gateway.share_seats(&gateway.generation());
+        shared.start(Arc::downgrade(&gateway));
+        Ok(gateway)
+    }
+
+    /// Lets the seats of `generation` share their refreshes with other
+    /// replicas, when the backend shares.
+    fn share_seats(&self, generation: &Generation) {
+        let Some(share) = self.shared.clone().credentials() else { return };
+        for a in &generation.accounts {
+            if let Some(seat) = a.target.oauth_seat() {
+                seat.share_with(share.clone());
+            }
+        }
+    }
+
+    /// The learned state of account `id`, if this replica has one.
+    pub fn account_state(&self, id: &str) -> Option<Arc<accounts::AccountState>> {
+        self.states.lock().get(id).cloned()
+    }
+
+    /// The ids of every account with learned state.
+    pub fn account_ids(&self) -> Vec<String> {
+        self.states.lock().keys().cloned().collect()
+    }
+
+    /// Every account's learned state.
+    pub fn account_states(&self) -> Vec<Arc<accounts::AccountState>> {
+        self.states.lock().values().cloned().collect()
     }
 
     /// The generation in force (requests hold on to the one they started with).
@@ -217,6 +277,7 @@ impl Gateway {
                 let restart_only = [
                     ("server.listen", was.server.listen != now.server.listen),
                     ("gateway.connect_timeout_ms", was.gateway.connect_timeout_ms != now.gateway.connect_timeout_ms),
+                    ("state", was.state != now.state),
                 ];
                 for (key, changed) in restart_only {
                     if changed {
@@ -227,6 +288,7 @@ impl Gateway {
                 self.decisions.resize(generation.config.server.decisions_kept);
                 self.plugin_state.set_limits(generation.config.state_limits());
                 self.plugin_state.retain_scopes(&generation.chain.scopes());
+                self.share_seats(&generation);
                 self.current.store(Arc::new(generation));
                 self.metrics.reload(true);
                 *self.last_reload.lock() = Some(ReloadStatus {

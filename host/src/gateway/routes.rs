@@ -318,6 +318,7 @@ async fn status(State(s): State<AppState>, headers: HeaderMap) -> Response {
         "chain": g.chain.status(now),
         "builtins_ready": gw.engine.builtins_ready(),
         "queue_depth": gw.admission.depth(),
+        "state_backend": gw.shared.status(),
         "accounts": accounts,
     }))
 }
@@ -386,6 +387,11 @@ async fn metrics(State(s): State<AppState>) -> Response {
             vec![(Vec::new(), gw.admission.depth() as f64)],
         ),
         ("poolgate_config_generation", "The configuration generation in force.", vec![(Vec::new(), g.number as f64)]),
+        (
+            "poolgate_state_backend_up",
+            "1 while this replica is in step with the shared state backend (always 1 for memory).",
+            vec![(Vec::new(), if gw.shared.status().connected { 1.0 } else { 0.0 })],
+        ),
     ]);
     ([(http::header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response()
 }

@@ -47,6 +47,9 @@ impl Running {
         let grace = Duration::from_millis(config.server.shutdown_grace_ms);
         let warm = engine.clone();
         let gateway = Gateway::new(config, engine).await?;
+        // Replicas: in step with the others (or given up on it) before the
+        // seats are healed and the first request is taken.
+        gateway.shared.settle().await;
         // Seats whose token expired while the gateway was down are refreshed
         // before it serves, then kept fresh in the background.
         crate::oauth::keep::heal(&gateway).await;

@@ -11,11 +11,13 @@
 
 pub mod keep;
 pub mod seat;
+pub mod share;
 pub mod store;
 pub mod token;
 pub mod usage;
 
 pub use crate::config::OAuthConfig;
 pub use seat::{Refreshed, Seat, SeatError, SeatStatus, Why};
+pub use share::{CredentialShare, SharedLock};
 pub use store::{Identity, StoredCredential};
 pub use token::{TokenClient, TokenError};

@@ -20,6 +20,7 @@ use http::HeaderValue;
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use super::share::{CredentialShare, SharedLock};
 use super::store::{Identity, StoredCredential};
 use super::token::{TokenClient, TokenError};
 
@@ -118,7 +119,22 @@ pub struct Seat {
     health: Mutex<Health>,
     /// When the usage endpoint was last asked about this seat.
     usage_polled_ms: std::sync::atomic::AtomicU64,
+    /// How replicas share this seat's refreshes, when they do.
+    share: std::sync::OnceLock<Arc<dyn CredentialShare>>,
 }
+
+/// Where a replica stands before refreshing a shared seat.
+enum Turn {
+    /// Another replica's new pair was adopted: nothing to refresh.
+    Adopted,
+    /// This replica holds the lock (its token), and refreshes from this pair.
+    Mine(String, StoredCredential),
+    /// The backend did not answer, or the holder never shared a pair.
+    Alone,
+}
+
+/// How often a replica waiting for another's refresh looks for its pair.
+const SHARED_WAIT_MS: u64 = 100;
 
 impl std::fmt::Debug for Seat {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -152,7 +168,14 @@ impl Seat {
             flight: tokio::sync::Mutex::new(()),
             health: Mutex::new(Health::default()),
             usage_polled_ms: std::sync::atomic::AtomicU64::new(0),
+            share: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Shares this seat's refreshes with other replicas through `share`
+    /// (once; the backend is fixed for the life of the process).
+    pub fn share_with(&self, share: Arc<dyn CredentialShare>) {
+        let _ = self.share.set(share);
     }
 
     /// The credentials file.
@@ -238,6 +261,13 @@ impl Seat {
             return Ok(Refreshed::Adopted);
         }
         if self.needs_login() {
+            // Another replica's login or refresh brings the seat back too.
+            if let (Some(share), Some(s)) = (self.share.get(), &stored)
+                && let Some(c) = share.load(&self.id).await.filter(|c| is_newer(c, s))
+            {
+                self.adopt_shared(&c);
+                return Ok(Refreshed::Adopted);
+            }
             return Err(SeatError::NeedsLogin);
         }
         if why == Why::Expiring && !self.due(now(), before_ms) {
@@ -247,10 +277,26 @@ impl Seat {
         if backoff > now() {
             return Err(SeatError::BackingOff(backoff));
         }
-        let Some(previous) = stored else {
+        let Some(mut previous) = stored else {
             return Err(self.failed(format!("cannot read {}", self.path.display()), now(), max_backoff_ms));
         };
-        match self.client.refresh(&previous, now()).await {
+        let share = self.share.get().cloned();
+        let mut held = None;
+        if let Some(share) = &share {
+            match self.shared_turn(share.as_ref(), &previous, &now, before_ms).await {
+                Turn::Adopted => return Ok(Refreshed::Adopted),
+                Turn::Mine(token, newest) => (held, previous) = (Some(token), newest),
+                Turn::Alone => {}
+            }
+        }
+        let result = self.client.refresh(&previous, now()).await;
+        if let (Some(share), Some(token)) = (&share, &held) {
+            if let Ok(grant) = &result {
+                share.store(&self.id, &grant.credential).await;
+            }
+            share.unlock(&self.id, token).await;
+        }
+        match result {
             Ok(grant) => self.renew(grant.credential, now()),
             Err(TokenError::InvalidGrant(m)) => {
                 let mut h = self.health.lock();
@@ -261,6 +307,63 @@ impl Seat {
             }
             Err(e) => Err(self.failed(e.to_string(), now(), max_backoff_ms)),
         }
+    }
+
+    /// Takes this replica's turn at refreshing a seat other replicas share:
+    /// the lock, or the pair the replica holding it shares (waiting for it
+    /// up to the lock's lease).
+    async fn shared_turn(
+        &self,
+        share: &dyn CredentialShare,
+        ours: &StoredCredential,
+        now: &impl Fn() -> u64,
+        before_ms: u64,
+    ) -> Turn {
+        let deadline = now().saturating_add(share.lock_ms());
+        loop {
+            let lock = share.lock(&self.id).await;
+            // The other replica's pair, through the backend or through a
+            // credentials file the replicas share.
+            let newer = match share.load(&self.id).await {
+                Some(c) if is_newer(&c, ours) => Some(c),
+                _ => StoredCredential::read(&self.path).ok().filter(|c| is_newer(c, ours)),
+            };
+            match lock {
+                SharedLock::Unavailable => return Turn::Alone,
+                SharedLock::Acquired(token) => {
+                    let Some(c) = newer else { return Turn::Mine(token, ours.clone()) };
+                    // Another replica refreshed since this one last looked:
+                    // adopt its pair, or refresh from it if it is due too.
+                    if c.expires_at_ms > now().saturating_add(before_ms) {
+                        share.unlock(&self.id, &token).await;
+                        self.adopt_shared(&c);
+                        return Turn::Adopted;
+                    }
+                    return Turn::Mine(token, c);
+                }
+                SharedLock::Held => {
+                    if let Some(c) = newer {
+                        self.adopt_shared(&c);
+                        return Turn::Adopted;
+                    }
+                    if now() >= deadline {
+                        tracing::warn!(account = %self.id, "the replica holding this seat's refresh lock shared no new pair; refreshing here");
+                        return Turn::Alone;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(SHARED_WAIT_MS)).await;
+                }
+            }
+        }
+    }
+
+    /// Adopts a pair another replica obtained, and keeps it on disk like one
+    /// of this replica's own.
+    fn adopt_shared(&self, c: &StoredCredential) {
+        if let Err(e) = c.write(&self.path) {
+            tracing::error!(account = %self.id, error = %format!("{e:#}"), "could not store the OAuth credentials another replica obtained");
+        }
+        self.adopt(c);
+        tracing::info!(account = %self.id, "adopted the OAuth credentials another replica obtained");
     }
 
     /// Stores the new pair, then uses it.
@@ -306,4 +409,15 @@ impl Seat {
         tracing::warn!(account = %self.id, error = %message, retry_in_ms = pause, "OAuth refresh failed");
         SeatError::Failed(message)
     }
+}
+
+/// Whether `c` (shared by another replica) replaces `ours`: a different pair
+/// that lives longer, for an identity that does not contradict ours (a pair
+/// imported without one learns it at its first refresh).
+fn is_newer(c: &StoredCredential, ours: &StoredCredential) -> bool {
+    let agree = |a: &Option<String>, b: &Option<String>| a.is_none() || b.is_none() || a == b;
+    c.access_token != ours.access_token
+        && c.expires_at_ms > ours.expires_at_ms
+        && agree(&c.identity.organization, &ours.identity.organization)
+        && agree(&c.identity.account, &ours.identity.account)
 }

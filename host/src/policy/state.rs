@@ -91,6 +91,9 @@ struct Entry {
     value: String,
     expires_at: Option<u64>,
     seq: u64,
+    /// When it was written (the writer's `now`): what a write from another
+    /// replica is compared with.
+    written: u64,
 }
 
 fn cost(key: &str, value: &str) -> usize {
@@ -187,22 +190,67 @@ impl MemoryState {
     pub fn dropped_writes(&self) -> u64 {
         self.inner.lock().dropped_writes
     }
-}
 
-impl StateStore for MemoryState {
-    fn get(&self, scope: &str, key: &str, now_ms: u64) -> Option<String> {
-        let mut inner = self.inner.lock();
-        let inner = &mut *inner;
-        let s = inner.scopes.get_mut(scope)?;
-        let e = s.entries.get(key)?;
-        if e.expires_at.is_some_and(|t| now_ms >= t) {
-            inner.total -= s.remove(key);
-            return None;
+    /// Takes a write another replica made: applied unless this store holds
+    /// the key from a later write, or it has expired. Whether it was applied.
+    pub fn merge_write(
+        &self,
+        scope: &str,
+        key: &str,
+        value: &str,
+        expires_at: Option<u64>,
+        written: u64,
+        now: u64,
+    ) -> bool {
+        if expires_at.is_some_and(|t| t <= now) {
+            return false;
         }
-        Some(e.value.clone())
+        self.insert(scope, key, value, expires_at, written, true)
     }
 
-    fn set(&self, scope: &str, key: &str, value: &str, ttl_ms: Option<u64>, now_ms: u64) {
+    /// Takes a delete another replica made at `written`: applied unless the
+    /// key was written here later.
+    pub fn merge_delete(&self, scope: &str, key: &str, written: u64) -> bool {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let Some(s) = inner.scopes.get_mut(scope) else { return false };
+        if s.entries.get(key).is_none_or(|e| e.written > written) {
+            return false;
+        }
+        inner.total -= s.remove(key);
+        true
+    }
+
+    /// Every live entry of `scope` at `now`: key, value, expiry, write time
+    /// (what a replica writes back to a shared backend that was away).
+    pub fn entries(&self, scope: &str, now: u64) -> Vec<(String, String, Option<u64>, u64)> {
+        let inner = self.inner.lock();
+        let Some(s) = inner.scopes.get(scope) else { return Vec::new() };
+        s.entries
+            .iter()
+            .filter(|(_, e)| e.expires_at.is_none_or(|t| t > now))
+            .map(|(k, e)| (k.clone(), e.value.clone(), e.expires_at, e.written))
+            .collect()
+    }
+
+    /// The scopes held now.
+    pub fn scope_names(&self) -> Vec<String> {
+        self.inner.lock().scopes.keys().cloned().collect()
+    }
+
+    /// Writes `key` to expire at `expires_at` (absolute), as written at
+    /// `written`; with `only_if_newer`, not over an entry written later (a
+    /// write from another replica that arrives after a newer local one).
+    /// Whether it was written.
+    fn insert(
+        &self,
+        scope: &str,
+        key: &str,
+        value: &str,
+        expires_at: Option<u64>,
+        written: u64,
+        only_if_newer: bool,
+    ) -> bool {
         if key.len() > MAX_KEY_BYTES || value.len() > MAX_VALUE_BYTES {
             // Counted, and logged at powers of two: a plugin writing oversized
             // entries in a loop must not flood the log.
@@ -217,7 +265,7 @@ impl StateStore for MemoryState {
                     "plugin state write too large (key ≤ 1 KiB, value ≤ 64 KiB); dropped"
                 );
             }
-            return;
+            return false;
         }
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
@@ -226,6 +274,9 @@ impl StateStore for MemoryState {
             Some(s) => s,
             None => inner.scopes.entry(scope.to_string()).or_default(),
         };
+        if only_if_newer && s.entries.get(key).is_some_and(|e| e.written > written) {
+            return false;
+        }
         inner.total -= s.remove(key);
         let need = cost(key, value);
         // Make room in this scope: its entry limit (an excess left by a lowered
@@ -245,17 +296,33 @@ impl StateStore for MemoryState {
             if inner.dropped_writes.is_power_of_two() {
                 tracing::warn!(scope, dropped = inner.dropped_writes, "plugin state is full; write dropped");
             }
-            return;
+            return false;
         }
         let seq = s.next_seq;
         s.next_seq += 1;
         s.order.insert(seq, key.to_string());
-        s.entries.insert(
-            key.to_string(),
-            Entry { value: value.to_string(), expires_at: ttl_ms.map(|t| now_ms.saturating_add(t)), seq },
-        );
+        s.entries.insert(key.to_string(), Entry { value: value.to_string(), expires_at, seq, written });
         s.bytes += need;
         inner.total += need;
+        true
+    }
+}
+
+impl StateStore for MemoryState {
+    fn get(&self, scope: &str, key: &str, now_ms: u64) -> Option<String> {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let s = inner.scopes.get_mut(scope)?;
+        let e = s.entries.get(key)?;
+        if e.expires_at.is_some_and(|t| now_ms >= t) {
+            inner.total -= s.remove(key);
+            return None;
+        }
+        Some(e.value.clone())
+    }
+
+    fn set(&self, scope: &str, key: &str, value: &str, ttl_ms: Option<u64>, now_ms: u64) {
+        self.insert(scope, key, value, ttl_ms.map(|t| now_ms.saturating_add(t)), now_ms, false);
     }
 
     fn delete(&self, scope: &str, key: &str) {

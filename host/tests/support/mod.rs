@@ -3,6 +3,7 @@
 #![allow(dead_code, reason = "each test binary uses the helpers it needs")]
 
 pub mod hostile_components;
+pub mod redis;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

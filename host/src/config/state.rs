@@ -1,0 +1,137 @@
+//! `[state]`: where what the gateway learns is kept — in this process (the
+//! default, nothing shared), or in Redis, shared by every replica that names
+//! the same server and key prefix. What is shared and how fresh it is:
+//! `crate::shared`.
+
+use serde::{Deserialize, Serialize};
+
+/// Which state backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// In this process only: a single gateway.
+    #[default]
+    Memory,
+    /// Shared through a Redis server by every replica with the same prefix.
+    Redis,
+}
+
+/// `[state]`. Durations in ms.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StateConfig {
+    /// `memory` or `redis`.
+    pub backend: Backend,
+    /// The Redis server: `redis://[user:password@]host:port[/db]`, or
+    /// `rediss://…` for TLS. Never logged with its password.
+    pub url: Option<String>,
+    /// Prefix of every key and channel this pool uses: replicas of one pool
+    /// share it; two pools on one Redis use two.
+    pub key_prefix: String,
+    /// This replica's name in Redis (default: host name, process id and a
+    /// random suffix, so a restart is a new replica).
+    pub replica: Option<String>,
+    /// How often what this replica learned is written to Redis.
+    pub flush_ms: u64,
+    /// How often every shared record is re-read, in case a change
+    /// notification was missed.
+    pub poll_ms: u64,
+    /// Longest wait for one Redis command off the request path.
+    pub timeout_ms: u64,
+    /// Longest a request waits for a shared in-flight lease before it is
+    /// admitted on this replica's count alone.
+    pub lease_wait_ms: u64,
+    /// How long an in-flight lease lives without renewal (a replica that
+    /// dies gives its slots back after this).
+    pub lease_ttl_ms: u64,
+    /// How long one replica may hold a seat's refresh lock.
+    pub refresh_lock_ms: u64,
+    /// Whether OAuth seats' rotated credentials are shared through Redis (so
+    /// replicas on different machines adopt one refresh); off, replicas
+    /// share a refresh only through a shared credentials file.
+    pub share_credentials: bool,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        StateConfig {
+            backend: Backend::Memory,
+            url: None,
+            key_prefix: "poolgate:".into(),
+            replica: None,
+            flush_ms: 50,
+            poll_ms: 1_000,
+            timeout_ms: 500,
+            lease_wait_ms: 50,
+            lease_ttl_ms: 15_000,
+            refresh_lock_ms: 20_000,
+            share_credentials: true,
+        }
+    }
+}
+
+impl StateConfig {
+    /// Whether replicas share state.
+    pub fn shared(&self) -> bool {
+        self.backend == Backend::Redis
+    }
+
+    /// The URL with its password replaced, for logs and `/status`.
+    pub fn redacted_url(&self) -> String {
+        redact(self.url.as_deref().unwrap_or(""))
+    }
+}
+
+/// `url` with the password (and a user-only secret) of its authority hidden.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+    let shown = match authority.rsplit_once('@') {
+        Some((user, host)) => {
+            let user = user.split_once(':').map_or("***", |(u, _)| u);
+            let user = if user.is_empty() { "" } else { user };
+            format!("{user}:***@{host}")
+        }
+        None => authority.to_string(),
+    };
+    if path.is_empty() && !rest.contains('/') {
+        format!("{scheme}://{shown}")
+    } else {
+        format!("{scheme}://{shown}/{path}")
+    }
+}
+
+/// Why `prefix` cannot be a key prefix: characters a `SCAN` pattern reads as
+/// wildcards, or spaces and controls that make keys unreadable.
+pub fn prefix_problem(prefix: &str) -> Option<String> {
+    if prefix.is_empty() {
+        return Some("must not be empty: two pools on one Redis would mix their state".into());
+    }
+    if prefix.len() > 100 {
+        return Some("is longer than 100 bytes".into());
+    }
+    let bad = prefix.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, ':' | '_' | '-' | '.' | '/')));
+    bad.map(|c| format!("holds {c:?}; use letters, digits and `:_-./`"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(redact("redis://:hunter2@10.0.0.1:6379/0"), "redis://:***@10.0.0.1:6379/0");
+        assert_eq!(redact("rediss://app:hunter2@cache:6380"), "rediss://app:***@cache:6380");
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert!(!redact("redis://hunter2@h:1").contains("hunter2"));
+    }
+
+    #[test]
+    fn prefixes_that_would_match_other_keys_are_refused() {
+        assert!(prefix_problem("poolgate:").is_none());
+        assert!(prefix_problem("team-a/pool.1:").is_none());
+        assert!(prefix_problem("").is_some());
+        assert!(prefix_problem("a*").is_some());
+        assert!(prefix_problem("a b").is_some());
+    }
+}
