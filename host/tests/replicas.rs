@@ -108,6 +108,18 @@ async fn send(gw: &Gateway) -> reqwest::Response {
 /// measured staleness).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_account_exhausted_on_one_replica_is_skipped_by_the_other_without_a_probe() {
+    exhausted_on_a_skipped_by_b(Step::RateLimited { unified: true, retry_after: None }, "y").await;
+}
+
+/// The commoner way an account runs out: the answer that spends it is a 200
+/// whose headers say the 5h window is used up. A serves it from x and rests
+/// x; B skips x too (a 2xx must not lift the cooldown it set).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_a_200_spent_on_one_replica_is_skipped_by_the_other() {
+    exhausted_on_a_skipped_by_b(Step::Ok, "x").await;
+}
+
+async fn exhausted_on_a_skipped_by_b(spending: Step, served_on_a: &str) {
     let redis = RedisServer::start();
     let mock = MockUpstream::start().await;
     let x = mock.account("key-x");
@@ -119,9 +131,9 @@ async fn an_account_exhausted_on_one_replica_is_skipped_by_the_other_without_a_p
     in_step(&[&a, &b]).await;
 
     x.set_quota(Quota::unified_at(1.0, 0.4, now_s()));
-    x.set_default(Step::RateLimited { unified: true, retry_after: None });
+    x.set_default(spending);
     let r = send(&a).await;
-    assert_eq!((r.status().as_u16(), served_by(&r)), (200, "y".to_string()), "A fails over from the spent x");
+    assert_eq!((r.status().as_u16(), served_by(&r)), (200, served_on_a.to_string()));
     let learned = Instant::now();
     assert_eq!(x.count(), 1);
     support::eventually("B knows x is cooling", Duration::from_secs(1), async || {
@@ -132,6 +144,19 @@ async fn an_account_exhausted_on_one_replica_is_skipped_by_the_other_without_a_p
     for _ in 0..3 {
         let r = send(&b).await;
         assert_eq!((r.status().as_u16(), served_by(&r)), (200, "y".to_string()));
+    }
+    // Past a poll on both, so every record was read again.
+    for gw in [&a, &b] {
+        let merged = |st: &Value| st["state_backend"]["records_merged"].as_u64().unwrap_or(0);
+        let before = merged(&status(gw).await);
+        support::eventually("a poll merged the records again", Duration::from_secs(3), async || {
+            merged(&status(gw).await) > before
+        })
+        .await;
+    }
+    for gw in [&a, &b] {
+        let r = send(gw).await;
+        assert_eq!((r.status().as_u16(), served_by(&r)), (200, "y".to_string()), "x stays resting on both");
     }
     assert_eq!(x.count(), 1, "B never probed the account A saw exhausted");
     let st = status(&b).await;
@@ -195,7 +220,7 @@ async fn max_in_flight_holds_across_replicas() {
     let cfg = config(
         &mock.base_url(),
         &[("x", "KEY_X", "max_in_flight = 1"), ("y", "KEY_Y", "")],
-        &state(&redis, "inflight"),
+        &format!("{}lease_ttl_ms = 1000\n", state(&redis, "inflight")),
     );
     let a = Gateway::start(&cfg, &env());
     let b = Gateway::start(&cfg, &env());
@@ -223,6 +248,61 @@ async fn max_in_flight_holds_across_replicas() {
         served_by(&send(&b).await) == "x"
     })
     .await;
+
+    // A replica that dies holding the slot gives it back when its lease
+    // lapses (lease_ttl_ms = 1000 here).
+    x.push(Step::Delay { ms: 30_000, then: Box::new(Step::Ok) });
+    let url = a.url.clone();
+    let _hung = tokio::spawn(async move { support::send_message(&Gateway::client(), &url, "claude-sonnet-4-5").await });
+    support::eventually("A's request holds x", Duration::from_secs(5), async || {
+        account(&status(&a).await, "x")["in_flight"] == 1
+    })
+    .await;
+    assert_eq!(served_by(&send(&b).await), "y");
+    let pid = a.pid().to_string();
+    std::process::Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+    let died = Instant::now();
+    support::eventually("B gets x once the dead replica's lease lapsed", Duration::from_secs(5), async || {
+        served_by(&send(&b).await) == "x"
+    })
+    .await;
+    assert!(died.elapsed() >= Duration::from_millis(500), "the slot came back before the lease could lapse");
+}
+
+/// A Redis that asks for a password: the replica connects with the one in
+/// `url`, and neither its log nor `/status` ever shows it; with a wrong one
+/// the replica serves on its own and says why, still without the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_password_never_shows_and_a_wrong_one_fails_open() {
+    let redis = RedisServer::start_with(Some("hunter2-redis-secret"));
+    let mock = MockUpstream::start().await;
+    mock.account("key-x").set_quota(Quota::unified_at(0.1, 0.1, now_s()));
+    let shared = |password: &str| {
+        format!(
+            "[state]\nbackend = \"redis\"\nurl = \"redis://:{password}@127.0.0.1:{}\"\nkey_prefix = \"pw:\"\n",
+            redis.port
+        )
+    };
+    let good =
+        Gateway::start(&config(&mock.base_url(), &[("x", "KEY_X", "")], &shared("hunter2-redis-secret")), &env());
+    let bad = Gateway::start(&config(&mock.base_url(), &[("x", "KEY_X", "")], &shared("wrong-secret-77")), &env());
+    in_step(&[&good]).await;
+    support::eventually("the wrong password is reported", Duration::from_secs(5), async || {
+        status(&bad).await["state_backend"]["errors"].as_u64() >= Some(1)
+    })
+    .await;
+    assert_eq!(send(&bad).await.status(), 200, "a replica Redis refuses still serves");
+    assert_eq!(send(&good).await.status(), 200);
+    for (gw, secret) in [(&good, "hunter2-redis-secret"), (&bad, "wrong-secret-77")] {
+        let st = status(gw).await;
+        assert_eq!(st["state_backend"]["url"], format!("redis://:***@127.0.0.1:{}", redis.port));
+        assert!(
+            !st.to_string().contains(secret) && !gw.log().contains(secret),
+            "the password leaked:\n{st}\n{}",
+            gw.log()
+        );
+    }
+    assert_eq!(status(&bad).await["state_backend"]["connected"], false);
 }
 
 fn write_credentials(path: &std::path::Path, tokens: &Tokens) {

@@ -64,7 +64,7 @@ impl Default for StateConfig {
             timeout_ms: 500,
             lease_wait_ms: 50,
             lease_ttl_ms: 15_000,
-            refresh_lock_ms: 20_000,
+            refresh_lock_ms: 60_000,
             share_credentials: true,
         }
     }
@@ -82,23 +82,24 @@ impl StateConfig {
     }
 }
 
-/// `url` with the password (and a user-only secret) of its authority hidden.
+/// `url` with its password hidden: the user info before the last `@` (a
+/// password may hold `/`, `?` or `#` unencoded), and any query, which
+/// redis-rs reads a `pass`/`password` from on socket URLs.
 pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
-    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
-    let shown = match authority.rsplit_once('@') {
+    let Some((scheme, rest)) = url.split_once("://") else { return "***".into() };
+    let (rest, query) = match rest.rsplit_once('@') {
         Some((user, host)) => {
             let user = user.split_once(':').map_or("***", |(u, _)| u);
-            let user = if user.is_empty() { "" } else { user };
-            format!("{user}:***@{host}")
+            let host = host.split_once('?').map_or(host, |(h, _)| h);
+            let had_query = rest.rsplit_once('@').is_some_and(|(_, h)| h.contains('?'));
+            (format!("{user}:***@{host}"), had_query)
         }
-        None => authority.to_string(),
+        None => match rest.split_once('?') {
+            Some((r, _)) => (r.to_string(), true),
+            None => (rest.to_string(), false),
+        },
     };
-    if path.is_empty() && !rest.contains('/') {
-        format!("{scheme}://{shown}")
-    } else {
-        format!("{scheme}://{shown}/{path}")
-    }
+    if query { format!("{scheme}://{rest}?***") } else { format!("{scheme}://{rest}") }
 }
 
 /// Why `prefix` cannot be a key prefix: characters a `SCAN` pattern reads as
@@ -124,6 +125,9 @@ mod tests {
         assert_eq!(redact("rediss://app:hunter2@cache:6380"), "rediss://app:***@cache:6380");
         assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
         assert!(!redact("redis://hunter2@h:1").contains("hunter2"));
+        assert_eq!(redact("redis://:pa/ss?w#rd@h:1/2"), "redis://:***@h:1/2");
+        assert_eq!(redact("unix:///run/redis.sock?pass=hunter2"), "unix:///run/redis.sock?***");
+        assert_eq!(redact("not a url hunter2"), "***");
     }
 
     #[test]

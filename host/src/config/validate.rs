@@ -375,6 +375,18 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<super::
         }
     }
     shared_state(&config.state, &mut add);
+    // A refresh may take the token endpoint's timeout twice (answer, then
+    // body): a lock that lapsed meanwhile would let a second replica spend
+    // the same refresh token.
+    if config.state.shared() && config.state.refresh_lock_ms <= 2 * config.oauth.timeout_ms {
+        add(
+            "state.refresh_lock_ms".into(),
+            format!(
+                "{} is not above twice oauth.timeout_ms ({}): the lock could lapse during a refresh",
+                config.state.refresh_lock_ms, config.oauth.timeout_ms
+            ),
+        );
+    }
     let st = &config.policy.state;
     if st.max_total_mb < st.max_scope_mb {
         add(
@@ -502,6 +514,20 @@ mod tests {
             }),
             Err(p) => p.items.iter().map(|i| format!("{}@{:?}: {}", i.path, i.line, i.message)).collect(),
         }
+    }
+
+    #[test]
+    fn a_shared_state_backend_needs_a_redis_url_and_a_plain_prefix() {
+        let p = problems("[state]\nbackend = \"redis\"\n");
+        assert!(p.iter().any(|l| l.starts_with("state.url@Some(1)") && l.contains("needs the server")), "{p:?}");
+        let p = problems("[state]\nbackend = \"redis\"\nurl = \"http://:pw-secret@h:1\"\nkey_prefix = \"a*\"\n");
+        assert!(p.iter().any(|l| l.starts_with("state.url") && l.contains("not a Redis URL")), "{p:?}");
+        assert!(p.iter().any(|l| l.starts_with("state.key_prefix@Some(4)")), "{p:?}");
+        assert!(!p.iter().any(|l| l.contains("pw-secret")), "the password is never repeated: {p:?}");
+        let p = problems("[state]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n");
+        assert!(p.is_empty(), "{p:?}");
+        let p = problems("[state]\nbackend = \"memcached\"\n");
+        assert!(p.iter().any(|l| l.starts_with("state.backend") && l.contains("memory, redis")), "{p:?}");
     }
 
     #[test]

@@ -73,7 +73,7 @@ pub(crate) struct Learned {
 
 /// How long another replica's failure streak counts toward this one's, when
 /// no success has been seen since.
-const REMOTE_STREAK_MS: u64 = 10 * 60 * 1000;
+pub(crate) const REMOTE_STREAK_MS: u64 = 10 * 60 * 1000;
 
 impl Learned {
     /// The streaks a cooldown decision counts: this replica's, plus every
@@ -126,8 +126,8 @@ impl AccountState {
         }
     }
 
-    /// Sets who the credential belongs to, as configured: an API key's
-    /// fingerprint, a seat's organization from its credentials file.
+    /// Sets who a static credential belongs to: an API key's fingerprint
+    /// (`None` for a seat, whose identity follows its tokens).
     pub fn bind(&self, binding: Option<String>) {
         *self.binding.lock() = binding;
     }
@@ -138,6 +138,11 @@ impl AccountState {
     pub fn identity(&self) -> Option<String> {
         if let Some(b) = self.binding.lock().clone() {
             return Some(b);
+        }
+        // A seat's identity is the one its tokens belong to now (a new login
+        // may be another organization's), else what its answers named.
+        if let Some(org) = self.seat().and_then(|s| s.organization()) {
+            return Some(format!("org:{org}"));
         }
         self.learned.lock().organization_id.as_ref().map(|o| format!("org:{o}"))
     }
@@ -182,8 +187,9 @@ impl AccountState {
     /// Forgets what was learned about the account's quota and cooldowns: its
     /// seat now belongs to another identity, whose readings are not these.
     pub fn forget_learned(&self) {
-        *self.learned.lock() = Learned::default();
+        let mut l = self.learned.lock();
         self.changed();
+        *l = Learned::default();
     }
 
     /// Requests in flight now.
@@ -279,10 +285,11 @@ impl AccountState {
         cfg: &CooldownConfig,
         now: u64,
     ) -> Change {
-        self.changed();
         let mut l = self.learned.lock();
+        // Under the lock: a flush that reads this version exports what follows.
+        self.changed();
         let auth_cooling = l.cooldown.is_some_and(|c| c.reason == CooldownReason::Auth && c.until_ms > now);
-        l.streaks_ms = now;
+        let streaks_before = l.streaks;
         match answer {
             Answer::Status(s) => {
                 l.last_status = Some(s);
@@ -291,10 +298,6 @@ impl AccountState {
                     // Whether this answer streams whole is known at its end
                     // (`stream_ended`); its status alone clears the rest.
                     l.streaks = Streaks { stream_cuts: l.streaks.stream_cuts, ..Streaks::default() };
-                    l.cleared_ms = now;
-                    if let Some(f) = family {
-                        l.gates_cleared_ms.insert(f.to_string(), now);
-                    }
                 }
                 match s {
                     401 | 403 if !auth_cooling => l.streaks.auth += 1,
@@ -307,6 +310,9 @@ impl AccountState {
                 l.last_status = None;
                 l.streaks.upstream_error += 1;
             }
+        }
+        if l.streaks != streaks_before {
+            l.streaks_ms = now;
         }
         let plan = cooldown::plan(answer, reading, family, l.effective_streaks(now), cfg, now);
         let account_wide = reading.rejected_bucket.is_none() && !matches!(plan, Plan::GateModel { .. });
@@ -330,6 +336,12 @@ impl AccountState {
                 Change::Gated(family)
             }
             Plan::Clear { gates } => {
+                // What other replicas set before this success is lifted too
+                // (`shared::facts`): stamped before any gate this answer sets.
+                l.cleared_ms = now;
+                if let Some(f) = family {
+                    l.gates_cleared_ms.insert(f.to_string(), now);
+                }
                 let had = l.cooldown.is_some_and(|c| c.until_ms > now && cooldown::lifted_by_success(c.reason));
                 if had {
                     l.cooldown = None;
@@ -358,8 +370,8 @@ impl AccountState {
         if l.cooldown.is_some_and(|c| c.until_ms >= until_ms) {
             return Change::None;
         }
-        l.set_cooldown(Cooldown { until_ms, reason }, super::now_ms());
         self.changed();
+        l.set_cooldown(Cooldown { until_ms, reason }, super::now_ms());
         Change::Cooled(reason)
     }
 
@@ -367,22 +379,20 @@ impl AccountState {
     /// (a refresh, or a new login), which that refusal says nothing about.
     pub fn clear_auth_cooldown(&self) {
         let mut l = self.learned.lock();
+        self.changed();
         l.auth_cleared_ms = super::now_ms();
         if l.cooldown.is_some_and(|c| c.reason == CooldownReason::Auth) {
             l.cooldown = None;
             l.streaks.auth = 0;
         }
-        drop(l);
-        self.changed();
     }
 
     /// Takes a quota reading that came from elsewhere than an answer (the
     /// usage endpoint): the same merge, no cooldown plan.
     pub fn take_reading(&self, r: &QuotaReading, now: u64) {
         let mut l = self.learned.lock();
-        Self::merge(&mut l, r, now, r.rejected_bucket.is_none());
-        drop(l);
         self.changed();
+        Self::merge(&mut l, r, now, r.rejected_bucket.is_none());
     }
 
     /// When the newest quota reading was taken.
@@ -401,9 +411,8 @@ impl AccountState {
     /// `sharesWindowWith`). Cooldowns and streaks stay each account's own.
     pub fn merge_shared(&self, r: &QuotaReading, now: u64) {
         let mut l = self.learned.lock();
-        Self::merge(&mut l, r, now, r.rejected_bucket.is_none());
-        drop(l);
         self.changed();
+        Self::merge(&mut l, r, now, r.rejected_bucket.is_none());
     }
 
     /// Gates `family` until `until_ms`, replacing its earlier gate.
@@ -420,16 +429,15 @@ impl AccountState {
         let mut l = self.learned.lock();
         if whole {
             if l.streaks.stream_cuts != 0 {
+                self.changed();
                 l.streaks.stream_cuts = 0;
                 l.streaks_ms = now;
-                drop(l);
-                self.changed();
             }
             return Change::None;
         }
+        self.changed();
         l.streaks.stream_cuts = l.streaks.stream_cuts.saturating_add(1);
         l.streaks_ms = now;
-        self.changed();
         match cooldown::after_cut(l.effective_streaks(now), cfg, now) {
             Plan::Cool { until_ms, reason } if l.cooldown.is_none_or(|c| c.until_ms <= until_ms) => {
                 l.set_cooldown(Cooldown { until_ms, reason }, now);

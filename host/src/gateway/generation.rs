@@ -81,14 +81,15 @@ fn target(
 
 /// Who a credential belongs to, for sharing what is learned about it with
 /// replicas that hold the same one: an API key by its fingerprint (a prefix
-/// of its SHA-256, never the key), a seat by the organization its login
-/// named (unknown until then: see `AccountState::identity`).
+/// of its SHA-256, never the key); a seat by the organization its tokens
+/// belong to now (`AccountState::identity`).
 fn binding(credential: &Credential) -> Option<String> {
     match credential {
         Credential::Static(secret) => {
             Some(format!("key:{}", &hex::encode(crate::config::digest(secret.expose()))[..16]))
         }
-        Credential::Seat { stored, .. } => stored.identity.organization.as_ref().map(|o| format!("org:{o}")),
+        // A seat's identity follows its tokens (`AccountState::identity`).
+        Credential::Seat { .. } => None,
     }
 }
 

@@ -198,6 +198,11 @@ impl Seat {
         self.current.load().expires_at_ms
     }
 
+    /// The organization the tokens in use belong to, when known.
+    pub fn organization(&self) -> Option<String> {
+        self.current.load().identity.organization.clone()
+    }
+
     /// Whether the seat needs a new login.
     pub fn needs_login(&self) -> bool {
         self.health.lock().needs_login
@@ -290,22 +295,45 @@ impl Seat {
             }
         }
         let result = self.client.refresh(&previous, now()).await;
-        if let (Some(share), Some(token)) = (&share, &held) {
-            if let Ok(grant) = &result {
-                share.store(&self.id, &grant.credential).await;
-            }
-            share.unlock(&self.id, token).await;
-        }
         match result {
-            Ok(grant) => self.renew(grant.credential, now()),
-            Err(TokenError::InvalidGrant(m)) => {
+            Ok(grant) => {
+                // On disk and in use first (no await between the answer and
+                // the file: a request that goes away cannot lose the pair),
+                // then shared. A pair that could not be shared keeps the lock
+                // until its lease lapses, so no replica refreshes from the
+                // spent token meanwhile.
+                let renewed = self.renew(grant.credential.clone(), now());
+                if let (Some(share), Some(token)) = (&share, &held) {
+                    if share.store(&self.id, &grant.credential).await {
+                        share.unlock(&self.id, token).await;
+                    } else {
+                        tracing::warn!(account = %self.id, "could not share the new OAuth pair; other replicas adopt it once the lock lapses, from a shared credentials file if there is one");
+                    }
+                }
+                renewed
+            }
+            Err(e) if held.is_some() => {
+                // Let the lock go: another replica may hold a pair that works.
+                if let (Some(share), Some(token)) = (&share, &held) {
+                    share.unlock(&self.id, token).await;
+                }
+                self.refresh_failed(e, now(), max_backoff_ms)
+            }
+            Err(e) => self.refresh_failed(e, now(), max_backoff_ms),
+        }
+    }
+
+    /// Records why a refresh failed.
+    fn refresh_failed(&self, e: TokenError, now_ms: u64, max_backoff_ms: u64) -> Result<Refreshed, SeatError> {
+        match e {
+            TokenError::InvalidGrant(m) => {
                 let mut h = self.health.lock();
                 h.needs_login = true;
                 h.last_error = Some(format!("refresh token refused (invalid_grant): {m}"));
                 tracing::error!(account = %self.id, "OAuth refresh token refused: the account needs `poolgate login {}`", self.id);
                 Err(SeatError::NeedsLogin)
             }
-            Err(e) => Err(self.failed(e.to_string(), now(), max_backoff_ms)),
+            e => Err(self.failed(e.to_string(), now_ms, max_backoff_ms)),
         }
     }
 

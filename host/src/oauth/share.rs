@@ -36,8 +36,8 @@ pub trait CredentialShare: Send + Sync {
     async fn unlock(&self, account: &str, token: &str);
     /// The newest pair another replica shared for `account`.
     async fn load(&self, account: &str) -> Option<StoredCredential>;
-    /// Shares a new pair.
-    async fn store(&self, account: &str, credential: &StoredCredential);
+    /// Shares a new pair; whether it was stored.
+    async fn store(&self, account: &str, credential: &StoredCredential) -> bool;
     /// How long a lock lives unless let go, ms.
     fn lock_ms(&self) -> u64;
 }

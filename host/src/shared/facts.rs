@@ -29,7 +29,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::account::{Cooldown, CooldownReason, ModelGate, Status, WindowReading};
-use crate::gateway::accounts::Learned;
+use crate::gateway::accounts::{Learned, REMOTE_STREAK_MS as STREAK_MS};
 use crate::gateway::cooldown::{Streaks, lifted_by_success};
 
 /// The record format; a reader ignores records of another version.
@@ -201,10 +201,12 @@ pub fn implausible(f: &AccountFacts, now: u64) -> Option<&'static str> {
 
 /// Whether cooldown `c`, set at `set_ms`, is still in force at `now` after
 /// the clears `cleared_ms` (a success) and `auth_cleared_ms` (a new token).
+/// A clear lifts what was set before it, not what was set in the same
+/// millisecond (an answer that clears and then sets, in that order).
 fn alive(c: Stamped, cleared_ms: u64, auth_cleared_ms: u64, now: u64) -> bool {
     c.until_ms > now
-        && !(lifted_by_success(c.reason) && c.set_ms <= cleared_ms)
-        && !(c.reason == CooldownReason::Auth && c.set_ms <= auth_cleared_ms)
+        && !(lifted_by_success(c.reason) && c.set_ms < cleared_ms)
+        && !(c.reason == CooldownReason::Auth && c.set_ms < auth_cleared_ms)
 }
 
 /// Merges `f`, written by `replica`, into `l` — the view of an account whose
@@ -218,31 +220,43 @@ pub(crate) fn absorb(l: &mut Learned, f: &AccountFacts, replica: &str, identity:
     }
     let mut changed = false;
     for w in &f.windows {
-        let Some(at) = w.observed_at_ms else { continue };
+        // A writer's clock a little ahead must not freeze this replica's own
+        // readings until it catches up: its times count as at most now.
+        let Some(at) = w.observed_at_ms.map(|t| t.min(now)) else { continue };
         let newer = l.windows.get(&w.name).is_none_or(|mine| mine.observed_at_ms.is_none_or(|t| t < at));
         if newer {
-            l.windows.insert(w.name.clone(), w.clone());
+            l.windows.insert(w.name.clone(), WindowReading { observed_at_ms: Some(at), ..w.clone() });
             changed = true;
         }
     }
     if let Some(top) = &f.top
-        && l.last_reading_ms.is_none_or(|t| t < top.at_ms)
+        && l.last_reading_ms.is_none_or(|t| t < top.at_ms.min(now))
     {
         l.status = top.status;
         l.reset_ms = top.reset_ms;
         l.representative_claim = top.claim.clone();
         l.overage_status = top.overage_status;
         l.overage_disabled_reason = top.overage_reason.clone();
-        l.last_reading_ms = Some(top.at_ms);
+        l.last_reading_ms = Some(top.at_ms.min(now));
         changed = true;
     }
     changed |= join_cooldowns(l, f, now);
     changed |= join_gates(l, f, now);
+    absorb_streaks(l, f, replica, now);
+    Absorbed::Merged(changed)
+}
+
+/// Another replica's own streaks, and a success it saw ending this one's.
+fn absorb_streaks(l: &mut Learned, f: &AccountFacts, replica: &str, now: u64) {
     let streak = l.remote_streaks.get(replica).map(|(_, at)| *at);
     if streak.is_none_or(|at| at < f.streaks_ms) {
         l.remote_streaks.insert(replica.to_string(), (f.streaks, f.streaks_ms));
     }
-    Absorbed::Merged(changed)
+    if f.cleared_ms > l.streaks_ms {
+        l.streaks = Streaks { stream_cuts: l.streaks.stream_cuts, ..Streaks::default() };
+    }
+    // Replicas that stopped writing (restarted under a new name, gone).
+    l.remote_streaks.retain(|_, (_, at)| now.saturating_sub(*at) < STREAK_MS);
 }
 
 fn join_cooldowns(l: &mut Learned, f: &AccountFacts, now: u64) -> bool {
@@ -271,7 +285,7 @@ fn join_gates(l: &mut Learned, f: &AccountFacts, now: u64) -> bool {
     for g in &f.gates {
         let cleared = l.gates_cleared_ms.get(&g.family).copied().unwrap_or(0);
         let mine = l.model_gates.iter().find(|m| m.family == g.family).map(|m| m.until_ms);
-        if g.until_ms > now && g.set_ms > cleared && mine.is_none_or(|u| u < g.until_ms) {
+        if g.until_ms > now && g.set_ms >= cleared && mine.is_none_or(|u| u < g.until_ms) {
             l.model_gates.retain(|m| m.family != g.family);
             l.model_gates.push(ModelGate { family: g.family.clone(), until_ms: g.until_ms });
             l.gates_set_ms.insert(g.family.clone(), g.set_ms);
@@ -283,7 +297,7 @@ fn join_gates(l: &mut Learned, f: &AccountFacts, now: u64) -> bool {
     let n = l.model_gates.len();
     l.model_gates.retain(|m| {
         let set = set.get(&m.family).copied().unwrap_or(0);
-        cleared.get(&m.family).is_none_or(|c| set > *c)
+        cleared.get(&m.family).is_none_or(|c| set >= *c)
     });
     changed | (n != l.model_gates.len())
 }

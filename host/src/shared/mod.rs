@@ -20,7 +20,8 @@
 //!
 //! Nothing on a request's path or inside a plugin call waits for Redis,
 //! except an in-flight lease of an account with `max_in_flight`, which waits
-//! at most `[state] lease_wait_ms`. Each replica keeps its own full view (the
+//! at most `[state] lease_wait_ms`, and a request whose seat answered 401
+//! while another replica refreshes it, which waits for that refresh. Each replica keeps its own full view (the
 //! same structures a single gateway uses) and a background task keeps it in
 //! step: changes are written every `flush_ms` and announced on a channel;
 //! every replica applies the announcements as they arrive and re-reads every

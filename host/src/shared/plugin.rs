@@ -28,14 +28,21 @@ pub struct PluginWrite {
     pub written: u64,
 }
 
-/// The most writes queued while the backend is away; past it the oldest go,
-/// and the whole store is written back when it returns.
+/// The most writes queued while the backend is away, and the most bytes
+/// they may hold; past either the oldest go, and the whole store is written
+/// back when it returns.
 pub const OUTBOX_MAX: usize = 50_000;
+/// See [`OUTBOX_MAX`].
+pub const OUTBOX_BYTES: usize = 64 << 20;
+
+fn size(w: &PluginWrite) -> usize {
+    w.scope.len() + w.key.len() + w.value.as_ref().map_or(0, String::len) + 64
+}
 
 /// Writes waiting for the backend.
 #[derive(Default)]
 pub struct Outbox {
-    queue: Mutex<VecDeque<PluginWrite>>,
+    queue: Mutex<(VecDeque<PluginWrite>, usize)>,
     overflowed: std::sync::atomic::AtomicBool,
     /// Wakes the writer.
     pub notify: Notify,
@@ -44,29 +51,37 @@ pub struct Outbox {
 impl Outbox {
     /// Queues `w` (O(1), under a short lock: this runs inside plugin calls).
     pub fn push(&self, w: PluginWrite) {
-        let mut q = self.queue.lock();
-        if q.len() >= OUTBOX_MAX {
-            q.pop_front();
+        let mut guard = self.queue.lock();
+        let (q, bytes) = &mut *guard;
+        *bytes += size(&w);
+        q.push_back(w);
+        while q.len() > OUTBOX_MAX || *bytes > OUTBOX_BYTES {
+            let Some(old) = q.pop_front() else { break };
+            *bytes -= size(&old);
             self.overflowed.store(true, std::sync::atomic::Ordering::Release);
         }
-        q.push_back(w);
     }
 
     /// Takes up to `n` queued writes.
     pub fn take(&self, n: usize) -> Vec<PluginWrite> {
-        let mut q = self.queue.lock();
+        let mut guard = self.queue.lock();
+        let (q, bytes) = &mut *guard;
         let n = n.min(q.len());
-        q.drain(..n).collect()
+        let taken: Vec<PluginWrite> = q.drain(..n).collect();
+        *bytes -= taken.iter().map(size).sum::<usize>();
+        taken
     }
 
     /// Puts writes that could not be sent back at the front, in order.
     pub fn put_back(&self, writes: Vec<PluginWrite>) {
-        let mut q = self.queue.lock();
+        let mut guard = self.queue.lock();
+        let (q, bytes) = &mut *guard;
         for w in writes.into_iter().rev() {
-            if q.len() >= OUTBOX_MAX {
+            if q.len() >= OUTBOX_MAX || *bytes + size(&w) > OUTBOX_BYTES {
                 self.overflowed.store(true, std::sync::atomic::Ordering::Release);
                 break;
             }
+            *bytes += size(&w);
             q.push_front(w);
         }
     }
@@ -79,7 +94,7 @@ impl Outbox {
 
     /// Writes queued now.
     pub fn len(&self) -> usize {
-        self.queue.lock().len()
+        self.queue.lock().0.len()
     }
 
     /// Whether nothing is queued.

@@ -51,6 +51,16 @@ const FACTS_TTL_MS: u64 = 8 * 24 * 3600 * 1000;
 const PLUGIN_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
 /// Plugin writes sent per flush at most (the rest go with the next).
 const WRITES_PER_FLUSH: usize = 2_000;
+/// How long leases are not asked for after one took longer than
+/// `lease_wait_ms` (requests are admitted on this replica's count meanwhile).
+const LEASE_PAUSE_MS: u64 = 1_000;
+/// A record no replica has rewritten for this long belongs to a replica that
+/// is gone (each rewrites all of its records every [`REWRITE_MS`]).
+const RECORD_STALE_MS: u64 = 24 * 3600 * 1000;
+/// How recently a replica must have written to count in `replicas_seen`.
+const SEEN_MS: u64 = 10 * 60 * 1000;
+/// How often a replica rewrites every record it holds, changed or not.
+const REWRITE_MS: u64 = 3600 * 1000;
 /// The first and the longest pause before reconnecting.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -96,12 +106,13 @@ end
 return 0
 "#;
 
-/// Extends the leases this replica holds. KEYS[1] lease set; ARGV: TTL, members…
+/// Extends the leases this replica holds — and puts them back if Redis lost
+/// them (a restart). KEYS[1] lease set; ARGV: TTL, members…
 const RENEW: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for i = 2, #ARGV do
-  redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[i])
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
 end
 redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[1]))
 return 1
@@ -164,11 +175,28 @@ pub struct Redis {
     /// Leases to give back at the next flush.
     releases: Mutex<Vec<RemoteLease>>,
     next_member: AtomicU64,
+    /// Until when leases are not asked for (see [`LEASE_PAUSE_MS`]).
+    lease_skip_until: AtomicU64,
     /// Per account, the version last written.
     flushed: Mutex<HashMap<String, u64>>,
-    /// Replicas whose records were seen.
-    seen: Mutex<HashSet<String>>,
+    /// Replicas whose records were seen, with when.
+    seen: Mutex<HashMap<String, u64>>,
     scripts: Scripts,
+}
+
+/// A lease asked for and not yet handed to its request; given back on drop.
+struct Pending<'a> {
+    backend: &'a Redis,
+    lease: Option<RemoteLease>,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some(l) = self.lease.take() {
+            self.backend.releases.lock().push(l);
+            self.backend.outbox.notify.notify_one();
+        }
+    }
 }
 
 /// The scripts run one at a time (plugin writes go in pipelines, as `EVAL`).
@@ -212,8 +240,9 @@ impl Redis {
             held: Mutex::new(HashMap::new()),
             releases: Mutex::new(Vec::new()),
             next_member: AtomicU64::new(0),
+            lease_skip_until: AtomicU64::new(0),
             flushed: Mutex::new(HashMap::new()),
-            seen: Mutex::new(HashSet::new()),
+            seen: Mutex::new(HashMap::new()),
             scripts: Scripts {
                 lease: redis::Script::new(LEASE),
                 renew: redis::Script::new(RENEW),
@@ -325,7 +354,8 @@ impl Redis {
         let mut flush = tokio::time::interval(Duration::from_millis(self.cfg.flush_ms));
         let mut poll = tokio::time::interval(Duration::from_millis(self.cfg.poll_ms));
         let mut renew = tokio::time::interval(Duration::from_millis((self.cfg.lease_ttl_ms / 3).max(100)));
-        for t in [&mut flush, &mut poll, &mut renew] {
+        let mut rewrite = tokio::time::interval(Duration::from_millis(REWRITE_MS));
+        for t in [&mut flush, &mut poll, &mut renew, &mut rewrite] {
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             t.tick().await;
         }
@@ -342,6 +372,8 @@ impl Redis {
                 _ = self.outbox.notify.notified() => self.flush(gw).await?,
                 _ = poll.tick() => self.pull_facts(gw).await?,
                 _ = renew.tick() => self.renew().await?,
+                // Every record again, changed or not: what marks this replica alive.
+                _ = rewrite.tick() => self.flushed.lock().clear(),
             }
         }
     }
@@ -387,7 +419,11 @@ impl Redis {
 
     /// Merges replica `r`'s record `f` of account `id`; whether it was taken.
     fn absorb(&self, gw: &Gateway, r: &str, id: &str, f: &AccountFacts, now: u64) -> bool {
-        self.seen.lock().insert(r.to_string());
+        {
+            let mut seen = self.seen.lock();
+            seen.insert(r.to_string(), now);
+            seen.retain(|_, at| now.saturating_sub(*at) < SEEN_MS);
+        }
         let Some(state) = gw.account_state(id) else { return false };
         let identity = state.identity();
         let absorbed = facts::absorb(&mut state.learned(), f, r, identity.as_deref(), now);
@@ -426,18 +462,29 @@ impl Redis {
             .await
             .ok_or_else(|| anyhow!("reading records failed"))?;
         let now = now_ms();
+        let mut gone = redis::pipe();
+        let mut any_gone = false;
         for (id, record) in ids.iter().zip(records) {
             for (r, json) in record {
                 if r == self.replica {
                     continue;
                 }
                 match serde_json::from_str::<AccountFacts>(&json) {
+                    // A replica that has not rewritten its record for a day is
+                    // gone; what it knew lives on in the others' records.
+                    Ok(f) if now.saturating_sub(f.written_ms) > RECORD_STALE_MS => {
+                        gone.hdel(self.key(&format!("facts:{id}")), &r).ignore();
+                        any_gone = true;
+                    }
                     Ok(f) => {
                         self.absorb(&g, &r, id, &f, now);
                     }
                     Err(_) => self.garbage("a record that does not parse"),
                 }
             }
+        }
+        if any_gone {
+            self.run("write", async |c| gone.query_async::<()>(c).await).await;
         }
         Ok(())
     }
@@ -617,7 +664,7 @@ impl StateBackend for Redis {
             last_error: h.last_error.clone(),
             errors: h.errors,
             connects: h.connects,
-            replicas_seen: self.seen.lock().len(),
+            replicas_seen: self.seen.lock().values().filter(|at| now_ms().saturating_sub(**at) < SEEN_MS).count(),
             other_identity: h.other_identity,
             records_merged: h.records_merged,
             plugin_writes_applied: h.plugin_writes_applied,
@@ -661,27 +708,43 @@ impl StateBackend for Redis {
     }
 
     async fn lease(&self, account: &str, max: u32) -> LeaseAnswer {
-        if !self.connected.load(Ordering::Acquire) {
+        if !self.connected.load(Ordering::Acquire) || self.lease_skip_until.load(Ordering::Acquire) > now_ms() {
             return LeaseAnswer::Unavailable;
         }
         let member = format!("{}:{}", self.replica, self.next_member.fetch_add(1, Ordering::Relaxed));
+        // Whatever happens from here — an answer past the budget, or the
+        // request going away mid-wait — a grant Redis may have made is taken
+        // back at the next flush, unless it is handed to the request.
+        let mut pending = Pending { backend: self, lease: Some(RemoteLease { account: account.into(), member }) };
+        let member = &pending.lease.as_ref().map_or("", |l| l.member.as_str()).to_string();
         let key = self.key(&format!("lease:{account}"));
         let ttl = self.cfg.lease_ttl_ms;
         let ask = self.run("lease", async |c| {
-            self.scripts.lease.key(&key).arg(&member).arg(max).arg(ttl).invoke_async::<i64>(c).await
+            self.scripts.lease.key(&key).arg(member).arg(max).arg(ttl).invoke_async::<i64>(c).await
         });
         let Ok(answer) = tokio::time::timeout(Duration::from_millis(self.cfg.lease_wait_ms), ask).await else {
-            // Past the request's budget: admitted on this replica's count,
-            // and the lease, if Redis grants it late, lapses unrenewed.
+            // Past the request's budget: admitted on this replica's count.
+            // Redis that slow is asked again only after a pause, so a slow
+            // but connected server costs requests one wait, not one each.
             self.metrics.state_error("lease");
+            self.lease_skip_until.store(now_ms() + LEASE_PAUSE_MS, Ordering::Release);
+            self.fail(
+                "lease",
+                &format!("no answer within lease_wait_ms; leases paused for {LEASE_PAUSE_MS} ms"),
+                false,
+            );
             return LeaseAnswer::Unavailable;
         };
         match answer {
             Some(1) => {
-                self.held.lock().entry(account.to_string()).or_default().insert(member.clone());
-                LeaseAnswer::Granted(RemoteLease { account: account.to_string(), member })
+                let lease = pending.lease.take().expect("the pending lease");
+                self.held.lock().entry(account.to_string()).or_default().insert(lease.member.clone());
+                LeaseAnswer::Granted(lease)
             }
-            Some(_) => LeaseAnswer::Full,
+            Some(_) => {
+                pending.lease = None;
+                LeaseAnswer::Full
+            }
             None => LeaseAnswer::Unavailable,
         }
     }
@@ -738,16 +801,17 @@ impl CredentialShare for Redis {
         }
     }
 
-    async fn store(&self, account: &str, credential: &StoredCredential) {
+    async fn store(&self, account: &str, credential: &StoredCredential) -> bool {
         if !self.cfg.share_credentials {
-            return;
+            // Shared through a credentials file, if at all: nothing to wait for.
+            return true;
         }
         let key = self.key(&format!("oauth:{account}:cred"));
-        let Ok(text) = serde_json::to_string(credential) else { return };
+        let Ok(text) = serde_json::to_string(credential) else { return false };
         // Kept a day past the access token's expiry: its refresh token is
         // what the next refresh needs.
         let ttl = credential.expires_at_ms.saturating_sub(now_ms()).saturating_add(24 * 3600 * 1000);
-        self.run("oauth", async |c| c.pset_ex::<_, _, ()>(&key, text, ttl).await).await;
+        self.run("oauth", async |c| c.pset_ex::<_, _, ()>(&key, text, ttl).await).await.is_some()
     }
 
     fn lock_ms(&self) -> u64 {

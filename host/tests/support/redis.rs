@@ -14,6 +14,7 @@ pub struct RedisServer {
     /// Its port on 127.0.0.1.
     pub port: u16,
     dir: tempdir::Dir,
+    password: Option<String>,
 }
 
 fn free_port() -> u16 {
@@ -23,7 +24,13 @@ fn free_port() -> u16 {
 impl RedisServer {
     /// Starts one on a free port and waits until it answers.
     pub fn start() -> RedisServer {
-        let mut r = RedisServer { child: None, port: free_port(), dir: tempdir::Dir::new("redis") };
+        Self::start_with(None)
+    }
+
+    /// One that asks clients for `password` (`requirepass`).
+    pub fn start_with(password: Option<&str>) -> RedisServer {
+        let password = password.map(str::to_string);
+        let mut r = RedisServer { child: None, port: free_port(), dir: tempdir::Dir::new("redis"), password };
         r.spawn();
         r
     }
@@ -37,6 +44,7 @@ impl RedisServer {
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir.0)
+            .args(self.password.iter().flat_map(|p| ["--requirepass", p.as_str()]))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -72,6 +80,7 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(self.password.iter().flat_map(|p| ["--no-auth-warning", "-a", p.as_str()]))
             .args(args)
             .stderr(Stdio::null())
             .output()
