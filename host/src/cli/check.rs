@@ -53,6 +53,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
             );
             println!("  chain:    {}", stages.join(" → "));
             println!("  listen:   {}", g.config.server.listen);
+            if g.config.state.shared() {
+                // Named, not reached: `check` does not connect to anything.
+                println!(
+                    "  state:    shared through {} (prefix {})",
+                    g.config.state.redacted_url(),
+                    g.config.state.key_prefix
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
