@@ -228,10 +228,13 @@ impl Redis {
         let mut h = self.health.lock();
         h.errors += 1;
         let was = self.connected.load(Ordering::Acquire);
-        if drop_link && was {
+        // Said once when the link goes, and once if it never came: the
+        // retries every few seconds after that are at debug.
+        let first = h.connects == 0 && h.last_error.is_none();
+        if drop_link && (was || first) {
             self.connected.store(false, Ordering::Release);
             h.since_ms = Some(now_ms());
-            tracing::warn!(error = %message, "the shared state backend is unreachable; serving on this replica's own state");
+            tracing::warn!(url = %self.cfg.redacted_url(), error = %message, "the shared state backend is unreachable; serving on this replica's own state and retrying");
         } else {
             tracing::debug!(error = %message, "shared state backend operation failed");
         }
