@@ -17,23 +17,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bounded::OutputWithin;
-use poolgate_mock_upstream::{Identity, MockUpstream, Quota, Seat, TokenMode, Tokens};
+use poolgate_mock_upstream::{Identity, MockUpstream, Quota, Seat, TokenMode};
 use serde_json::{Value, json};
 use support::{Gateway, tempdir};
 
 const ADMIN: &str = "oauth-admin";
-
-/// Writes `tokens` as a poolgate credentials file.
-fn write_credentials(path: &Path, tokens: &Tokens) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let c = json!({
-        "access_token": tokens.access_token,
-        "refresh_token": tokens.refresh_token,
-        "expires_at_ms": tokens.expires_at_ms,
-        "scopes": tokens.scopes,
-    });
-    std::fs::write(path, c.to_string()).unwrap();
-}
 
 fn stored(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
@@ -80,21 +68,6 @@ fn start(cfg: &str, dir: &Path) -> Gateway {
     Gateway::start_file(&path, &[("PG_ADMIN", ADMIN)], run)
 }
 
-/// Requests in a loop until `stop`; every status seen.
-fn drive(gw: &Gateway, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Vec<u16>> {
-    let url = gw.url.clone();
-    tokio::spawn(async move {
-        let client = Gateway::client();
-        let mut statuses = Vec::new();
-        while !stop.load(Ordering::Acquire) {
-            let r = support::send_message(&client, &url, "claude-sonnet-4-5").await;
-            statuses.push(r.map(|r| r.status().as_u16()).unwrap_or(0));
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        statuses
-    })
-}
-
 /// Two seats whose tokens live 2 s, refreshed 1 s before expiry: traffic
 /// across five refreshes of each, every refresh token used once, and no
 /// client request fails.
@@ -105,13 +78,13 @@ async fn a_pool_of_seats_lives_through_several_token_lifetimes_without_a_failed_
     let seats =
         [seat(&mock, "acct-a", "a", Duration::from_secs(2)), seat(&mock, "acct-b", "b", Duration::from_secs(2))];
     for (id, s) in ["a", "b"].iter().zip(&seats) {
-        write_credentials(&dir.0.join("seats").join(format!("{id}.json")), &s.issue());
+        support::write_credentials(&dir.0.join("seats").join(format!("{id}.json")), &s.issue());
     }
     let first_refresh = stored(&dir.0.join("seats/a.json"))["refresh_token"].clone();
     let cfg = config(&mock, &dir.0, &["a", "b"], "refresh_before_ms = 1000\ncheck_interval_ms = 100");
     let gw = start(&cfg, &dir.0);
     let stop = Arc::new(AtomicBool::new(false));
-    let load = drive(&gw, stop.clone());
+    let load = support::drive(&gw, stop.clone(), Duration::from_millis(20));
     support::eventually("five refreshes of each seat", Duration::from_secs(30), async || {
         mock.oauth().refreshes() >= 10
     })
@@ -141,7 +114,7 @@ async fn concurrent_401s_cause_one_refresh_and_every_request_is_served() {
     let mock = MockUpstream::start().await;
     let dir = tempdir::Dir::new("oauth-401");
     let s = seat(&mock, "acct-a", "a", Duration::from_secs(3600));
-    write_credentials(&dir.0.join("seats/a.json"), &s.issue());
+    support::write_credentials(&dir.0.join("seats/a.json"), &s.issue());
     let gw = start(&config(&mock, &dir.0, &["a"], "check_interval_ms = 86400000"), &dir.0);
     s.expire_access_tokens();
     let client = Gateway::client();
@@ -167,8 +140,8 @@ async fn a_refused_refresh_token_asks_for_a_login_and_a_login_brings_the_seat_ba
     let (a, b) =
         (seat(&mock, "acct-a", "a", Duration::from_secs(3600)), seat(&mock, "acct-b", "b", Duration::from_secs(3600)));
     mock.account("acct-b").set_quota(Quota::unified(0.9, 0.9));
-    write_credentials(&dir.0.join("seats/a.json"), &a.issue());
-    write_credentials(&dir.0.join("seats/b.json"), &b.issue());
+    support::write_credentials(&dir.0.join("seats/a.json"), &a.issue());
+    support::write_credentials(&dir.0.join("seats/b.json"), &b.issue());
     let gw = start(&config(&mock, &dir.0, &["a", "b"], "check_interval_ms = 200"), &dir.0);
     a.revoke();
     a.expire_access_tokens();
@@ -187,7 +160,7 @@ async fn a_refused_refresh_token_asks_for_a_login_and_a_login_brings_the_seat_ba
     }
     assert_eq!(mock.oauth().token_requests().len(), before, "no refresh loop on a refused token");
     // The operator logs in again: the keeper adopts the new file.
-    write_credentials(&dir.0.join("seats/a.json"), &a.issue());
+    support::write_credentials(&dir.0.join("seats/a.json"), &a.issue());
     support::eventually("the new login is adopted", Duration::from_secs(10), async || {
         account(&status(&gw).await, "a")["oauth"]["needs_login"] == false
     })
@@ -205,13 +178,13 @@ async fn a_token_endpoint_outage_never_costs_a_request_while_another_seat_serves
     let dir = tempdir::Dir::new("oauth-outage");
     let (a, b) =
         (seat(&mock, "acct-a", "a", Duration::from_secs(2)), seat(&mock, "acct-b", "b", Duration::from_secs(3600)));
-    write_credentials(&dir.0.join("seats/a.json"), &a.issue());
-    write_credentials(&dir.0.join("seats/b.json"), &b.issue());
+    support::write_credentials(&dir.0.join("seats/a.json"), &a.issue());
+    support::write_credentials(&dir.0.join("seats/b.json"), &b.issue());
     mock.oauth().set_mode(TokenMode::Failing(503));
     let cfg = config(&mock, &dir.0, &["a", "b"], "refresh_before_ms = 1000\ncheck_interval_ms = 100");
     let gw = start(&cfg, &dir.0);
     let stop = Arc::new(AtomicBool::new(false));
-    let load = drive(&gw, stop.clone());
+    let load = support::drive(&gw, stop.clone(), Duration::from_millis(20));
     // Past a's expiry, with the endpoint failing all along.
     support::eventually("a's token expired", Duration::from_secs(10), async || {
         let st = status(&gw).await;
@@ -246,7 +219,7 @@ async fn a_restart_after_the_tokens_expired_heals_the_seats_before_serving() {
     let mock = MockUpstream::start().await;
     let dir = tempdir::Dir::new("oauth-restart");
     let a = seat(&mock, "acct-a", "a", Duration::from_secs(3600));
-    write_credentials(&dir.0.join("seats/a.json"), &a.issue());
+    support::write_credentials(&dir.0.join("seats/a.json"), &a.issue());
     let cfg = config(&mock, &dir.0, &["a"], "check_interval_ms = 86400000");
     let gw = start(&cfg, &dir.0);
     let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
@@ -360,14 +333,14 @@ async fn a_login_to_another_identity_does_not_inherit_the_old_ones_readings() {
     )];
     mock.account("acct-old").set_quota(spent);
     let new = seat(&mock, "acct-new", "new", Duration::from_secs(3600));
-    write_credentials(&dir.0.join("seats/a.json"), &old.issue());
+    support::write_credentials(&dir.0.join("seats/a.json"), &old.issue());
     let gw = start(&config(&mock, &dir.0, &["a"], "check_interval_ms = 100"), &dir.0);
     support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
     let st = status(&gw).await;
     assert_eq!(account(&st, "a")["organization_id"], json!(old.identity().organization_uuid));
     assert!(account(&st, "a")["model_gates"].to_string().contains("opus"), "{st}");
     // The operator logs in to another subscription under the same id.
-    write_credentials(&dir.0.join("seats/a.json"), &new.issue());
+    support::write_credentials(&dir.0.join("seats/a.json"), &new.issue());
     support::eventually("the new login is adopted", Duration::from_secs(10), async || {
         support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.is_ok_and(|r| r.status() == 200)
             && account(&status(&gw).await, "a")["organization_id"] == json!(new.identity().organization_uuid)
@@ -388,8 +361,8 @@ async fn two_ids_of_one_subscription_share_their_quota() {
     let account = mock.account("acct-shared");
     account.set_quota(Quota::unified(0.7, 0.3));
     let (a, b) = (mock.oauth().seat(&account, Identity::new("one")), mock.oauth().seat(&account, Identity::new("one")));
-    write_credentials(&dir.0.join("seats/a.json"), &a.issue());
-    write_credentials(&dir.0.join("seats/b.json"), &b.issue());
+    support::write_credentials(&dir.0.join("seats/a.json"), &a.issue());
+    support::write_credentials(&dir.0.join("seats/b.json"), &b.issue());
     let gw = start(&config(&mock, &dir.0, &["a", "b"], ""), &dir.0);
     // One request each, so both have told their organization.
     for _ in 0..2 {
@@ -421,7 +394,7 @@ async fn idle_seats_are_polled_for_usage_and_overage_answers_rest_the_seat() {
     let dir = tempdir::Dir::new("oauth-usage");
     let a = seat(&mock, "acct-a", "a", Duration::from_secs(3600));
     mock.account("acct-a").set_quota(Quota::unified(0.64, 0.3));
-    write_credentials(&dir.0.join("seats/a.json"), &a.issue());
+    support::write_credentials(&dir.0.join("seats/a.json"), &a.issue());
     let cfg = config(&mock, &dir.0, &["a"], "").replace("usage_poll_ms = 0", "usage_poll_ms = 60000");
     let gw = start(&cfg, &dir.0);
     let st = status(&gw).await;
@@ -449,7 +422,7 @@ async fn a_crash_during_a_refresh_loses_nothing() {
     let mock = MockUpstream::start().await;
     let dir = tempdir::Dir::new("oauth-crash");
     let a = seat(&mock, "acct-a", "a", Duration::from_secs(3600));
-    write_credentials(&dir.0.join("seats/a.json"), &a.issue());
+    support::write_credentials(&dir.0.join("seats/a.json"), &a.issue());
     let before = stored(&dir.0.join("seats/a.json"));
     let cfg = config(&mock, &dir.0, &["a"], "check_interval_ms = 86400000");
     let gw = start(&cfg, &dir.0);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use poolgate_mock_upstream::{Identity, MockUpstream, Quota, Step, Tokens};
+use poolgate_mock_upstream::{Identity, MockUpstream, Quota, Step};
 use serde_json::{Value, json};
 use support::redis::RedisServer;
 use support::{Gateway, tempdir};
@@ -79,23 +79,6 @@ async fn read_both(gw: &Gateway) {
         window(&st, "x", "5h").is_some() && window(&st, "y", "5h").is_some()
     })
     .await;
-}
-
-/// One Claude Code turn of `session`.
-async fn turn(gw: &Gateway, session: &str) -> reqwest::Response {
-    let user_id = json!({ "device_id": "d", "account_uuid": "u", "session_id": session }).to_string();
-    Gateway::client()
-        .post(format!("{}/v1/messages", gw.url))
-        .header("anthropic-version", "2023-06-01")
-        .json(&json!({
-            "model": "claude-sonnet-4-5",
-            "max_tokens": 64,
-            "metadata": { "user_id": user_id },
-            "messages": [{ "role": "user", "content": "hello" }],
-        }))
-        .send()
-        .await
-        .unwrap()
 }
 
 async fn send(gw: &Gateway) -> reqwest::Response {
@@ -181,7 +164,7 @@ async fn a_session_bound_on_one_replica_is_served_by_the_same_account_on_the_oth
     read_both(&a).await;
     read_both(&b).await;
 
-    let r = turn(&a, "session-1").await;
+    let r = support::turn(&a, "session-1", "claude-sonnet-4-5").await;
     assert_eq!(served_by(&r), "x");
     // A binds the session when it hears the answer ended; B hears of it.
     support::eventually("B has A's binding", Duration::from_secs(5), async || {
@@ -197,9 +180,9 @@ async fn a_session_bound_on_one_replica_is_served_by_the_same_account_on_the_oth
         window(&st, "x", "5h") == Some(0.6) && window(&st, "y", "5h") == Some(0.05)
     })
     .await;
-    let fresh = turn(&b, "session-2").await;
+    let fresh = support::turn(&b, "session-2", "claude-sonnet-4-5").await;
     assert_eq!(served_by(&fresh), "y", "headroom sends a new session to y");
-    let bound = turn(&b, "session-1").await;
+    let bound = support::turn(&b, "session-1", "claude-sonnet-4-5").await;
     assert_eq!(
         served_by(&bound),
         "x",
@@ -305,32 +288,6 @@ async fn the_redis_password_never_shows_and_a_wrong_one_fails_open() {
     assert_eq!(status(&bad).await["state_backend"]["connected"], false);
 }
 
-fn write_credentials(path: &std::path::Path, tokens: &Tokens) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let c = json!({
-        "access_token": tokens.access_token,
-        "refresh_token": tokens.refresh_token,
-        "expires_at_ms": tokens.expires_at_ms,
-        "scopes": tokens.scopes,
-    });
-    std::fs::write(path, c.to_string()).unwrap();
-}
-
-/// Requests in a loop until `stop`; every status seen.
-fn drive(gw: &Gateway, stop: Arc<AtomicBool>, every: Duration) -> tokio::task::JoinHandle<Vec<u16>> {
-    let url = gw.url.clone();
-    tokio::spawn(async move {
-        let client = Gateway::client();
-        let mut statuses = Vec::new();
-        while !stop.load(Ordering::Acquire) {
-            let r = support::send_message(&client, &url, "claude-sonnet-4-5").await;
-            statuses.push(r.map(|r| r.status().as_u16()).unwrap_or(0));
-            tokio::time::sleep(every).await;
-        }
-        statuses
-    })
-}
-
 /// One seat, on two replicas with a copy each of its credentials (two
 /// machines). Its token lives 3 s and is refreshed 1.5 s before expiry, so
 /// both replicas want to refresh it at the same time, over and over. The
@@ -350,7 +307,7 @@ async fn a_seat_both_replicas_serve_is_refreshed_once_per_expiry() {
     let start = |tag: &str| {
         let dir = tempdir::Dir::new(tag);
         let creds = dir.0.join("seats/s.json");
-        write_credentials(&creds, &tokens);
+        support::write_credentials(&creds, &tokens);
         let cfg = format!(
             "[server]\nadmin_token_env = \"PG_ADMIN\"\n\n[oauth]\ntoken_url = \"{base}/v1/oauth/token\"\nusage_poll_ms = 0\n\
              refresh_before_ms = 1500\ncheck_interval_ms = 100\n\n{}\n\
@@ -366,7 +323,7 @@ async fn a_seat_both_replicas_serve_is_refreshed_once_per_expiry() {
     let b = start("replica-b");
     in_step(&[&a, &b]).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let loads = [&a, &b].map(|gw| drive(gw, stop.clone(), Duration::from_millis(25)));
+    let loads = [&a, &b].map(|gw| support::drive(gw, stop.clone(), Duration::from_millis(25)));
     let started = Instant::now();
     support::eventually("four refreshes", Duration::from_secs(20), async || mock.oauth().refreshes() >= 4).await;
     stop.store(true, Ordering::Release);
@@ -408,7 +365,7 @@ async fn redis_dying_mid_load_costs_no_request_and_the_replicas_converge_when_it
     let b = Gateway::start(&cfg, &env());
     in_step(&[&a, &b]).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let loads = [&a, &b].map(|gw| drive(gw, stop.clone(), Duration::from_millis(5)));
+    let loads = [&a, &b].map(|gw| support::drive(gw, stop.clone(), Duration::from_millis(5)));
     tokio::time::sleep(Duration::from_millis(300)).await;
     redis.kill();
     for gw in [&a, &b] {

@@ -34,24 +34,6 @@ fn quota(five_hour: f64, seven_day: f64) -> Quota {
     Quota::unified_at(five_hour, seven_day, now_s())
 }
 
-/// One Claude Code turn of `session` for `model`: the session id travels in
-/// `metadata.user_id` as Claude Code sends it.
-async fn turn(gw: &Gateway, session: &str, model: &str) -> reqwest::Response {
-    let user_id = json!({ "device_id": "d", "account_uuid": "u", "session_id": session }).to_string();
-    Gateway::client()
-        .post(format!("{}/v1/messages", gw.url))
-        .header("anthropic-version", "2023-06-01")
-        .json(&json!({
-            "model": model,
-            "max_tokens": 64,
-            "metadata": { "user_id": user_id },
-            "messages": [{ "role": "user", "content": "hello" }],
-        }))
-        .send()
-        .await
-        .unwrap()
-}
-
 fn account_of(r: &reqwest::Response) -> String {
     r.headers().get("x-poolgate-account").and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
 }
@@ -97,7 +79,7 @@ async fn a_claude_code_session_stays_on_its_account_with_the_default_chain() {
 
     let mut served = Vec::new();
     for turn_no in 0..6u64 {
-        let r = turn(&gw, "session-1", "claude-sonnet-4-5").await;
+        let r = support::turn(&gw, "session-1", "claude-sonnet-4-5").await;
         assert_eq!(r.status(), 200);
         served.push(account_of(&r));
         observed(&gw, turn_no + 1).await;
@@ -113,9 +95,9 @@ async fn a_claude_code_session_stays_on_its_account_with_the_default_chain() {
 
     // Saturated (5h ≥ 97%): the session moves to the account headroom picks.
     accounts[0].set_quota(quota(0.98, 0.1));
-    let _ = turn(&gw, "session-1", "claude-sonnet-4-5").await; // learns the saturation
+    let _ = support::turn(&gw, "session-1", "claude-sonnet-4-5").await; // learns the saturation
     observed(&gw, 7).await;
-    let r = turn(&gw, "session-1", "claude-sonnet-4-5").await;
+    let r = support::turn(&gw, "session-1", "claude-sonnet-4-5").await;
     assert_ne!(account_of(&r), "a", "a saturated account no longer holds the session");
 }
 
@@ -136,23 +118,24 @@ async fn an_exhausted_opus_bucket_leaves_sonnet_traffic_on_its_account() {
     let cfg = config(&mock.base_url(), &[("a", "oauth", "KEY_A"), ("b", "oauth", "KEY_B")], "");
     let gw = Gateway::start(&cfg, &[("KEY_A", "key-a"), ("KEY_B", "key-b"), ("PG_ADMIN", ADMIN)]);
     // Both report once (an account that never reported ranks as unused).
-    let warm: Vec<String> = [turn(&gw, "", "claude-haiku-4-5").await, turn(&gw, "", "claude-haiku-4-5").await]
-        .iter()
-        .map(account_of)
-        .collect();
+    let warm: Vec<String> =
+        [support::turn(&gw, "", "claude-haiku-4-5").await, support::turn(&gw, "", "claude-haiku-4-5").await]
+            .iter()
+            .map(account_of)
+            .collect();
     assert_eq!(warm, ["a", "b"]);
     a.set_quota(spent);
 
-    let first = turn(&gw, "s-sonnet", "claude-sonnet-4-5").await;
+    let first = support::turn(&gw, "s-sonnet", "claude-sonnet-4-5").await;
     assert_eq!((first.status().as_u16(), account_of(&first)), (200, "a".into()));
     let st = status(&gw).await;
     let a_st = account_status(&st, "a");
     assert!(a_st["cooldown"].is_null(), "the account as a whole is not parked: {a_st}");
     assert!(a_st.to_string().contains("\"opus\""), "opus is gated: {a_st}");
     for i in 0..4 {
-        let r = turn(&gw, &format!("s-sonnet-{i}"), "claude-sonnet-4-5").await;
+        let r = support::turn(&gw, &format!("s-sonnet-{i}"), "claude-sonnet-4-5").await;
         assert_eq!(account_of(&r), "a", "sonnet keeps using the seat with the most headroom");
-        let r = turn(&gw, &format!("s-opus-{i}"), "claude-opus-4-1").await;
+        let r = support::turn(&gw, &format!("s-opus-{i}"), "claude-opus-4-1").await;
         assert_eq!((r.status().as_u16(), account_of(&r)), (200, "b".into()), "opus goes elsewhere");
     }
     let opus_on_a =
@@ -179,9 +162,9 @@ async fn api_keys_rank_by_their_limits_and_come_after_subscription_seats() {
     let keys = config(&mock.base_url(), &[("k1", "api-key", "KEY_1"), ("k2", "api-key", "KEY_2")], "");
     let gw = Gateway::start(&keys, &env);
     for _ in 0..2 {
-        turn(&gw, "", "claude-sonnet-4-5").await;
+        support::turn(&gw, "", "claude-sonnet-4-5").await;
     }
-    let r = turn(&gw, "", "claude-sonnet-4-5").await;
+    let r = support::turn(&gw, "", "claude-sonnet-4-5").await;
     assert_eq!(account_of(&r), "k2", "k1 has 5 of 100 requests left this minute");
     drop(gw);
 
@@ -189,12 +172,12 @@ async fn api_keys_rank_by_their_limits_and_come_after_subscription_seats() {
     let mixed = config(&mock.base_url(), &[("seat", "oauth", "SEAT"), ("k2", "api-key", "KEY_2")], "");
     let gw = Gateway::start(&mixed, &env);
     for _ in 0..3 {
-        let r = turn(&gw, "", "claude-sonnet-4-5").await;
+        let r = support::turn(&gw, "", "claude-sonnet-4-5").await;
         assert_eq!(account_of(&r), "seat", "prepaid seats before pay-as-you-go keys");
     }
     // The seat parked: the key serves rather than a 429.
     seat.push(Step::RateLimited { unified: true, retry_after: None });
-    let r = turn(&gw, "", "claude-sonnet-4-5").await;
+    let r = support::turn(&gw, "", "claude-sonnet-4-5").await;
     assert_eq!((r.status().as_u16(), account_of(&r)), (200, "k2".into()));
     drop(gw);
 
@@ -204,9 +187,9 @@ async fn api_keys_rank_by_their_limits_and_come_after_subscription_seats() {
     seat.set_quota(quota(0.6, 0.5));
     let gw = Gateway::start(&equal, &env);
     for _ in 0..2 {
-        turn(&gw, "", "claude-sonnet-4-5").await;
+        support::turn(&gw, "", "claude-sonnet-4-5").await;
     }
-    let r = turn(&gw, "", "claude-sonnet-4-5").await;
+    let r = support::turn(&gw, "", "claude-sonnet-4-5").await;
     assert_eq!(account_of(&r), "k2", "a key that is not overflow competes on headroom");
 }
 
@@ -223,7 +206,7 @@ async fn answers_cut_mid_way_cool_their_account_after_three() {
     let gw = Gateway::start(&cfg, &[("KEY_A", "key-a"), ("KEY_B", "key-b"), ("PG_ADMIN", ADMIN)]);
     // Both report once (an account that never reported ranks as unused).
     for _ in 0..2 {
-        turn(&gw, "", "claude-sonnet-4-5").await;
+        support::turn(&gw, "", "claude-sonnet-4-5").await;
     }
     for _ in 0..3 {
         a.push(Step::ResetMidStream { after_events: 2 });
@@ -251,6 +234,6 @@ async fn answers_cut_mid_way_cool_their_account_after_three() {
     let metrics = Gateway::client().get(format!("{}/metrics", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
     let text = metrics.text().await.unwrap();
     assert!(text.contains("poolgate_stream_cuts_total{account=\"a\"} 3"), "{text}");
-    let r = turn(&gw, "", "claude-sonnet-4-5").await;
+    let r = support::turn(&gw, "", "claude-sonnet-4-5").await;
     assert_eq!((r.status().as_u16(), account_of(&r)), (200, "b".into()));
 }

@@ -115,6 +115,52 @@ pub fn prefix_problem(prefix: &str) -> Option<String> {
     bad.map(|c| format!("holds {c:?}; use letters, digits and `:_-./`"))
 }
 
+/// The meaning checks of `[state]`: a shared backend needs a server it can
+/// name, a prefix that cannot match another pool's keys, and a refresh lock
+/// that outlives a refresh.
+pub(super) fn check(s: &StateConfig, oauth: &super::OAuthConfig, add: &mut impl FnMut(String, String)) {
+    if let Some(problem) = prefix_problem(&s.key_prefix) {
+        add("state.key_prefix".into(), problem);
+    }
+    if s.replica.as_deref().is_some_and(|r| r.is_empty() || r.chars().any(|c| c.is_control() || c == '|')) {
+        add("state.replica".into(), "must be a non-empty name without control characters or `|`".into());
+    }
+    match (s.shared(), s.url.as_deref()) {
+        (true, None) => add(
+            "state.url".into(),
+            "backend = \"redis\" needs the server, e.g. url = \"redis://127.0.0.1:6379\"".into(),
+        ),
+        (true, Some(url)) => {
+            let schemes = ["redis://", "rediss://", "unix://", "redis+unix://"];
+            if !schemes.iter().any(|p| url.starts_with(p)) {
+                add(
+                    "state.url".into(),
+                    format!("`{}` is not a Redis URL (redis://, rediss:// for TLS, or unix://)", redact(url)),
+                );
+            } else if redis::Client::open(url).is_err() {
+                // redis-rs's own message may quote the URL: never the password.
+                add("state.url".into(), format!("`{}` does not parse as a Redis URL", redact(url)));
+            }
+        }
+        (false, _) => {}
+    }
+    if s.lease_wait_ms >= s.timeout_ms.max(2) {
+        add("state.lease_wait_ms".into(), format!("{} is not below timeout_ms ({})", s.lease_wait_ms, s.timeout_ms));
+    }
+    // A refresh may take the token endpoint's timeout twice (answer, then
+    // body): a lock that lapsed meanwhile would let a second replica spend
+    // the same refresh token.
+    if s.shared() && s.refresh_lock_ms <= 2 * oauth.timeout_ms {
+        add(
+            "state.refresh_lock_ms".into(),
+            format!(
+                "{} is not above twice oauth.timeout_ms ({}): the lock could lapse during a refresh",
+                s.refresh_lock_ms, oauth.timeout_ms
+            ),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -374,19 +374,7 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<super::
             }
         }
     }
-    shared_state(&config.state, &mut add);
-    // A refresh may take the token endpoint's timeout twice (answer, then
-    // body): a lock that lapsed meanwhile would let a second replica spend
-    // the same refresh token.
-    if config.state.shared() && config.state.refresh_lock_ms <= 2 * config.oauth.timeout_ms {
-        add(
-            "state.refresh_lock_ms".into(),
-            format!(
-                "{} is not above twice oauth.timeout_ms ({}): the lock could lapse during a refresh",
-                config.state.refresh_lock_ms, config.oauth.timeout_ms
-            ),
-        );
-    }
+    super::state::check(&config.state, &config.oauth, &mut add);
     let st = &config.policy.state;
     if st.max_total_mb < st.max_scope_mb {
         add(
@@ -465,42 +453,6 @@ pub fn check_stage_name(name: &str) -> Result<(), String> {
         return Err(format!("a stage name is at most {MAX_STAGE_NAME_BYTES} bytes; this one is {}", name.len()));
     }
     Ok(())
-}
-
-/// `[state]`: a shared backend needs a server it can name, and a prefix that
-/// cannot match another pool's keys.
-fn shared_state(s: &crate::config::StateConfig, add: &mut impl FnMut(String, String)) {
-    if let Some(problem) = crate::config::prefix_problem(&s.key_prefix) {
-        add("state.key_prefix".into(), problem);
-    }
-    if s.replica.as_deref().is_some_and(|r| r.is_empty() || r.chars().any(|c| c.is_control() || c == '|')) {
-        add("state.replica".into(), "must be a non-empty name without control characters or `|`".into());
-    }
-    match (s.shared(), s.url.as_deref()) {
-        (true, None) => add(
-            "state.url".into(),
-            "backend = \"redis\" needs the server, e.g. url = \"redis://127.0.0.1:6379\"".into(),
-        ),
-        (true, Some(url)) => {
-            let schemes = ["redis://", "rediss://", "unix://", "redis+unix://"];
-            if !schemes.iter().any(|p| url.starts_with(p)) {
-                add(
-                    "state.url".into(),
-                    format!(
-                        "`{}` is not a Redis URL (redis://, rediss:// for TLS, or unix://)",
-                        crate::config::redact_url(url)
-                    ),
-                );
-            } else if redis::Client::open(url).is_err() {
-                // redis-rs's own message may quote the URL: never the password.
-                add("state.url".into(), format!("`{}` does not parse as a Redis URL", crate::config::redact_url(url)));
-            }
-        }
-        (false, _) => {}
-    }
-    if s.lease_wait_ms >= s.timeout_ms.max(2) {
-        add("state.lease_wait_ms".into(), format!("{} is not below timeout_ms ({})", s.lease_wait_ms, s.timeout_ms));
-    }
 }
 
 #[cfg(test)]

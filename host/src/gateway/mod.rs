@@ -75,6 +75,12 @@ pub struct ReloadStatus {
     pub consecutive_failures: u32,
 }
 
+/// The pooled HTTP client requests go upstream through.
+fn pooled_client(config: &Config) -> Result<Arc<upstream::Upstream>> {
+    install_crypto();
+    Ok(Arc::new(upstream::Upstream::new(Duration::from_millis(config.gateway.connect_timeout_ms))?))
+}
+
 /// What a gateway is assembled from besides its configuration.
 struct Parts {
     plugin_state: Arc<dyn StateStore>,
@@ -129,9 +135,7 @@ impl Gateway {
         let outbox = Arc::new(crate::shared::plugin::Outbox::default());
         let plugin = Arc::new(crate::shared::plugin::SharedPluginState::new(local, outbox.clone()));
         let backend = crate::shared::redis::Redis::new(&config.state, plugin.clone(), outbox, metrics.clone())?;
-        install_crypto();
-        let connect = Duration::from_millis(config.gateway.connect_timeout_ms);
-        let http = Arc::new(upstream::Upstream::new(connect)?);
+        let http = pooled_client(&config)?;
         let parts = Parts { plugin_state: plugin, http, metrics, shared: Arc::new(backend) };
         Self::assemble(config, engine, parts).await
     }
@@ -142,9 +146,7 @@ impl Gateway {
         engine: Arc<PolicyEngine>,
         plugin_state: Arc<dyn StateStore>,
     ) -> Result<Arc<Gateway>> {
-        install_crypto();
-        let connect = Duration::from_millis(config.gateway.connect_timeout_ms);
-        let http = Arc::new(upstream::Upstream::new(connect)?);
+        let http = pooled_client(&config)?;
         Self::with_transport(config, engine, plugin_state, http).await
     }
 

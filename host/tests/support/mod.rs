@@ -186,3 +186,54 @@ pub async fn eventually(what: &str, limit: Duration, mut ready: impl AsyncFnMut(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Writes `tokens` (from the mock's OAuth authority) as a poolgate
+/// credentials file, creating its directory.
+pub fn write_credentials(path: &std::path::Path, tokens: &poolgate_mock_upstream::Tokens) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let c = serde_json::json!({
+        "access_token": tokens.access_token,
+        "refresh_token": tokens.refresh_token,
+        "expires_at_ms": tokens.expires_at_ms,
+        "scopes": tokens.scopes,
+    });
+    std::fs::write(path, c.to_string()).unwrap();
+}
+
+/// Sends Messages requests to `gw` one after another, `every` apart, until
+/// `stop`; every status seen (0 for no answer).
+pub fn drive(
+    gw: &Gateway,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    every: Duration,
+) -> tokio::task::JoinHandle<Vec<u16>> {
+    let url = gw.url.clone();
+    tokio::spawn(async move {
+        let client = Gateway::client();
+        let mut statuses = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::Acquire) {
+            let r = send_message(&client, &url, "claude-sonnet-4-5").await;
+            statuses.push(r.map(|r| r.status().as_u16()).unwrap_or(0));
+            tokio::time::sleep(every).await;
+        }
+        statuses
+    })
+}
+
+/// One Claude Code turn of `session` for `model`: the session id travels in
+/// `metadata.user_id` as Claude Code sends it.
+pub async fn turn(gw: &Gateway, session: &str, model: &str) -> reqwest::Response {
+    let user_id = serde_json::json!({ "device_id": "d", "account_uuid": "u", "session_id": session }).to_string();
+    Gateway::client()
+        .post(format!("{}/v1/messages", gw.url))
+        .header("anthropic-version", "2023-06-01")
+        .json(&serde_json::json!({
+            "model": model,
+            "max_tokens": 64,
+            "metadata": { "user_id": user_id },
+            "messages": [{ "role": "user", "content": "hello" }],
+        }))
+        .send()
+        .await
+        .unwrap()
+}
