@@ -8,7 +8,15 @@ use std::process::Command;
 use bounded::OutputWithin as _;
 
 fn run(args: &[&str], config: &str) -> (bool, String) {
-    let dir = std::env::temp_dir().join(format!("pg-check-{}-{}", std::process::id(), args[0]));
+    run_with(args, config, &[])
+}
+
+/// `poolgate <args> --config <config>` with `env` set: whether it succeeded
+/// and what it printed, the file's path shown as `cfg`.
+fn run_with(args: &[&str], config: &str, env: &[(&str, &str)]) -> (bool, String) {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("pg-check-{}-{}-{n}", std::process::id(), args[0]));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("poolgate.toml");
     std::fs::write(&path, config).unwrap();
@@ -18,6 +26,7 @@ fn run(args: &[&str], config: &str) -> (bool, String) {
         .arg(&path)
         .env_remove("POOLGATE_LISTEN")
         .env("GOOD_KEY", "k")
+        .envs(env.iter().copied())
         .output_within(std::time::Duration::from_secs(120));
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text.replace(&format!("{}", path.display()), "cfg"))
@@ -106,5 +115,51 @@ fn serve_refuses_header_settings_it_cannot_honour_naming_the_key() {
         "cfg:6: gateway.forward_headers: `x-trace*`: a prefix ends in `-*`; write `x-trace-*`",
     ] {
         assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
+    }
+}
+
+/// `check` judges what `serve` would run: the file with the command line's
+/// and the environment's overrides applied, and the checks `serve` makes of
+/// them — an address beyond loopback needs client keys — so a file `check`
+/// passes is one `serve` (and a reload) accepts.
+#[test]
+fn check_judges_the_file_as_serve_would_run_it() {
+    let open = "[server]\nlisten = \"0.0.0.0:8787\"\n\n[[accounts]]\nid = \"a\"\napi_key_env = \"GOOD_KEY\"\n";
+    for cmd in ["check", "serve"] {
+        let (ok, out) = run(&[cmd], open);
+        assert!(!ok, "{cmd}: {out}");
+        assert!(
+            out.contains("cfg:2: server.listen: `0.0.0.0:8787` is not a loopback address and no client keys"),
+            "{out}"
+        );
+    }
+    // The file alone is fine; the environment's listen is not.
+    let closed = "[[accounts]]\nid = \"a\"\napi_key_env = \"GOOD_KEY\"\n";
+    assert!(run(&["check"], closed).0);
+    let (ok, out) = run_with(&["check"], closed, &[("POOLGATE_LISTEN", "0.0.0.0:0")]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("--listen: `0.0.0.0:0` (from --listen or POOLGATE_LISTEN) is not a loopback address"),
+        "{out}"
+    );
+    let (ok, out) = run_with(&["check", "--listen", "[::]:0"], closed, &[]);
+    assert!(!ok, "{out}");
+    let (ok, out) = run_with(&["check", "--listen", "127.0.0.1:9999"], closed, &[]);
+    assert!(ok, "{out}");
+    assert!(out.contains("listen:   127.0.0.1:9999"), "{out}");
+    let (ok, out) = run_with(&["check", "--listen", "nowhere"], closed, &[]);
+    assert!(!ok && out.contains("`nowhere` (from --listen or POOLGATE_LISTEN) is not an address with a port"), "{out}");
+}
+
+/// `chain = []` is an error naming the key, at start and in `check`: an empty
+/// chain ranks nothing, and quietly routing by the default chain instead would
+/// hide the mistake. (Leaving `chain` out is how the default is had.)
+#[test]
+fn an_empty_chain_is_refused_naming_the_key() {
+    let cfg = "[policy]\nchain = []\n\n[[accounts]]\nid = \"a\"\napi_key_env = \"GOOD_KEY\"\n";
+    for cmd in ["check", "serve"] {
+        let (ok, out) = run(&[cmd], cfg);
+        assert!(!ok, "{cmd}: {out}");
+        assert!(out.contains("cfg:2: policy.chain: an empty chain ranks nothing"), "{out}");
     }
 }

@@ -338,3 +338,88 @@ async fn an_empty_config_file_is_refused_and_the_running_one_stays() {
     let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// The file of the reload tests below: one account, a stage with options, and
+/// (when `keys`) two client keys.
+fn guarded_config(base: &str, keys: bool, admin: bool, chain: &str) -> String {
+    let mut s = String::from("[server]\nlisten = \"127.0.0.1:1\"\n");
+    if admin {
+        s.push_str("admin_token_env = \"PG_ADMIN\"\n");
+    }
+    if keys {
+        s.push_str("\n[[server.client_keys]]\nname = \"alice\"\nkey_env = \"ALICE_KEY\"\n");
+        s.push_str("\n[[server.client_keys]]\nname = \"ci\"\nkey_env = \"CI_KEY\"\n");
+    }
+    s.push_str(&format!("\n[[accounts]]\nid = \"acct-0\"\napi_key_env = \"KEY_0\"\nbase_url = \"{base}\"\n\n{chain}"));
+    s
+}
+
+const HEADROOM: &str = "[[policy.chain]]\nplugin = \"builtin:headroom\"\nname = \"headroom\"\n";
+
+/// A reload is judged as a start would judge the file — with the command
+/// line's overrides — and more: it cannot leave a listener beyond loopback
+/// without client keys, drop the admin token, or empty the chain. Each is
+/// refused with the reason (to the admin POST, in /status and the log), and
+/// the gateway keeps what it ran: a request without a key is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_would_open_or_weaken_the_gateway_is_refused() {
+    let dir = tempdir::Dir::new("guarded-reload");
+    let path = dir.0.join("poolgate.toml");
+    let base = "http://127.0.0.1:9";
+    std::fs::write(&path, guarded_config(base, true, true, HEADROOM)).unwrap();
+    let env = [("KEY_0", "key-0"), ("PG_ADMIN", ADMIN), ("ALICE_KEY", "alice-key"), ("CI_KEY", "ci-key")];
+    // Beyond loopback: in a network namespace of its own.
+    let gw = Gateway::start_in_netns(&path, &env, dir);
+    let auth = format!("authorization: Bearer {ADMIN}");
+    let no_key = ["-X", "POST", "-H", "content-type: application/json", "-d", "{}"];
+    assert_eq!(gw.curl(&no_key, "/v1/messages").0, 401);
+    let reload = |gw: &Gateway| gw.curl(&["-X", "POST", "-H", &auth], "/admin/reload");
+
+    // Every client key removed: refused, naming the key and the address.
+    std::fs::write(&path, guarded_config(base, false, true, HEADROOM)).unwrap();
+    let (status, body) = reload(&gw);
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("server.client_keys") && body.contains("10.9.0.1"), "{body}");
+    assert_eq!(gw.curl(&no_key, "/v1/messages").0, 401, "the gateway stays closed");
+    // The same by SIGHUP (and by the file watcher, which saw the write).
+    std::process::Command::new("kill").args(["-HUP", &gw.pid().to_string()]).status().unwrap();
+    support::eventually("SIGHUP's refusal in the log", Duration::from_secs(10), async || {
+        gw.log().contains("trigger=\"sighup\"") || gw.log().contains("trigger=sighup")
+    })
+    .await;
+    assert_eq!(gw.curl(&no_key, "/v1/messages").0, 401, "the gateway stays closed");
+    let (_, st) = gw.curl(&["-H", &auth], "/status");
+    let st: Value = serde_json::from_str(&st).unwrap();
+    assert_eq!(st["config"]["last_reload"]["ok"], false, "{st}");
+    assert_eq!(st["config"]["generation"], 1, "{st}");
+
+    // The admin token dropped: refused.
+    std::fs::write(&path, guarded_config(base, true, false, HEADROOM)).unwrap();
+    let (status, body) = reload(&gw);
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("admin token"), "{body}");
+
+    // `chain = []`: refused, naming the key; the default chain never slips in.
+    std::fs::write(&path, guarded_config(base, true, true, "[policy]\nchain = []\n")).unwrap();
+    let (status, body) = reload(&gw);
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("policy.chain: an empty chain ranks nothing"), "{body}");
+    let (_, st) = gw.curl(&["-H", &auth], "/status");
+    let st: Value = serde_json::from_str(&st).unwrap();
+    assert_eq!(st["chain"].as_array().map(|c| c.len()), Some(1), "{st}");
+
+    // A good file still reloads, and the log says what changed in words.
+    let mut good = guarded_config(base, true, true, HEADROOM);
+    good = good.replacen("\n[[server.client_keys]]\nname = \"ci\"\nkey_env = \"CI_KEY\"\n", "", 1);
+    good.push_str("[policy.chain.config]\nfloor = 0.05\n");
+    std::fs::write(&path, good).unwrap();
+    let (status, body) = reload(&gw);
+    assert_eq!(status, 200, "{body}");
+    let log = gw.log();
+    let line = log.lines().rfind(|l| l.contains("configuration reloaded")).unwrap();
+    assert!(line.contains("client keys 2 → 1 (removed ci)"), "{line}");
+    assert!(line.contains("stage `headroom`: options changed (floor)"), "{line}");
+    // The file's listen differs from --listen, which every reload re-applies.
+    assert!(!log.contains("server.listen"), "--listen is re-applied on reload:\n{log}");
+    assert_eq!(gw.curl(&no_key, "/v1/messages").0, 401);
+}

@@ -9,17 +9,19 @@ use crate::config::{Config, validate};
 use crate::gateway::Generation;
 use crate::policy::PolicyEngine;
 
-/// Arguments of `poolgate check`.
+/// Arguments of `poolgate check`: the same as `serve`'s, so that the file is
+/// judged with what the command line and the environment override in it
+/// (`--listen`, `POOLGATE_LISTEN`, …) exactly as `serve` would run it.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The config file (TOML).
-    #[arg(long, short, env = "POOLGATE_CONFIG")]
-    pub config: PathBuf,
+    #[command(flatten)]
+    source: super::ConfigArgs,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let file = args.config.display().to_string();
-    let (config, index) = match Config::load_indexed(&args.config) {
+    let path: PathBuf = args.source.config.clone();
+    let file = path.display().to_string();
+    let (config, index) = match Config::load_file_with(&path, &args.source.overrides()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e:#}");
@@ -46,7 +48,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     match loaded {
         Ok(g) => {
             let stages: Vec<String> = g.chain.status(0).into_iter().map(|s| s.name).collect();
-            println!("{}: ok", args.config.display());
+            println!("{}: ok", path.display());
             println!(
                 "  accounts: {}",
                 if accounts.is_empty() { "none (requests will get 503)".into() } else { accounts.join(", ") }

@@ -176,6 +176,35 @@ pub(crate) fn init_tracing(format: crate::config::LogFormat, requests: bool) {
     };
 }
 
+/// The config file and what the command line or the environment override in
+/// it. `serve` and `check` take the same arguments, so `check` judges exactly
+/// what `serve` would run — and every reload reads the file with them too.
+#[derive(clap::Args)]
+pub(crate) struct ConfigArgs {
+    /// The config file (TOML).
+    #[arg(long, short, env = "POOLGATE_CONFIG")]
+    pub config: PathBuf,
+    /// Listen address; overrides `server.listen` (at start and on every reload).
+    #[arg(long, env = "POOLGATE_LISTEN")]
+    pub listen: Option<String>,
+    /// `text` or `json` log lines; overrides `server.log_format`.
+    #[arg(long, env = "POOLGATE_LOG_FORMAT", value_parser = ["text", "json"])]
+    pub log_format: Option<String>,
+}
+
+impl ConfigArgs {
+    /// What these arguments override in the file.
+    pub fn overrides(&self) -> crate::config::Overrides {
+        crate::config::Overrides {
+            listen: self.listen.clone(),
+            log_format: self
+                .log_format
+                .as_deref()
+                .map(|f| if f == "json" { crate::config::LogFormat::Json } else { crate::config::LogFormat::Text }),
+        }
+    }
+}
+
 /// A config path argument shared by several subcommands.
 pub(crate) fn load_config(path: Option<&PathBuf>) -> anyhow::Result<crate::config::Config> {
     match path {

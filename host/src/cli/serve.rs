@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
-use crate::config::{Config, validate};
+use crate::config::{Config, Overrides, validate};
 use sha2::{Digest, Sha256};
 
 use crate::gateway::routes::{ReloadRequest, Reloader};
@@ -16,45 +16,35 @@ use crate::policy::PolicyEngine;
 /// Arguments of `poolgate serve`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The config file (TOML).
-    #[arg(long, short, env = "POOLGATE_CONFIG")]
-    pub config: PathBuf,
-    /// Listen address; overrides `server.listen`.
-    #[arg(long, env = "POOLGATE_LISTEN")]
-    pub listen: Option<String>,
-    /// `text` or `json` log lines; overrides `server.log_format`.
-    #[arg(long, env = "POOLGATE_LOG_FORMAT", value_parser = ["text", "json"])]
-    pub log_format: Option<String>,
+    #[command(flatten)]
+    source: super::ConfigArgs,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let (mut config, index) = Config::load_indexed(&args.config)?;
-    if let Some(l) = &args.listen {
-        config.server.listen = l.clone();
-    }
-    if let Some(f) = &args.log_format {
-        config.server.log_format =
-            if f == "json" { crate::config::LogFormat::Json } else { crate::config::LogFormat::Text };
-    }
+    let overrides = args.source.overrides();
+    let path = args.source.config;
+    let (config, index) = Config::load_file_with(&path, &overrides)?;
     super::init_tracing(config.server.log_format, true);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let file = args.config.display().to_string();
+    let file = path.display().to_string();
     runtime
-        .block_on(serve(config, Some(args.config)))
+        .block_on(serve(config, Some((path, overrides))))
         .map_err(|e| anyhow::anyhow!(validate::locate(&format!("{e:#}"), &index, &file)))?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// Starts the gateway for `config` (loaded from `path`, if any) and serves until
-/// SIGINT/SIGTERM.
-pub async fn serve(config: Config, path: Option<PathBuf>) -> Result<()> {
+/// Starts the gateway for `config` (loaded from `source`, if any: the file and
+/// what the command line overrides in it, which every reload reads the same
+/// way) and serves until SIGINT/SIGTERM.
+pub async fn serve(config: Config, source: Option<(PathBuf, Overrides)>) -> Result<()> {
     let engine = PolicyEngine::new(config.cache_dir())?;
-    let reloader = path.clone().map(|p| {
+    let path = source.as_ref().map(|(p, _)| p.clone());
+    let reloader = source.map(|(p, overrides)| {
         Box::new(move |gw: &Arc<Gateway>| {
             // Weak: the hook lives in the gateway's own routes.
             let gw = Arc::downgrade(gw);
             let r: Reloader = Arc::new(move |request: ReloadRequest| {
-                let (gw, p) = (gw.clone(), p.clone());
+                let (gw, p, overrides) = (gw.clone(), p.clone(), overrides.clone());
                 Box::pin(async move {
                     let gw = gw.upgrade().ok_or("the gateway is shutting down")?;
                     let trigger = request.trigger;
@@ -84,7 +74,7 @@ pub async fn serve(config: Config, path: Option<PathBuf>) -> Result<()> {
                         tracing::debug!(file, "config changed again before its reload ran; waiting for it to settle");
                         return Ok(gw.generation().number);
                     }
-                    match Config::load_text(&p, &text) {
+                    match Config::load_with(&p, &text, &overrides) {
                         Ok((config, index)) => {
                             gw.reload_in_turn(&turn, config, trigger, &|m| validate::locate(m, &index, &file)).await
                         }

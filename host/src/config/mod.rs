@@ -65,6 +65,30 @@ pub struct Config {
     pub resolved: Option<std::sync::Arc<Resolved>>,
 }
 
+/// What the command line and the environment override in the file
+/// (`--listen` / `POOLGATE_LISTEN`, `--log-format` / `POOLGATE_LOG_FORMAT`).
+/// Captured once when `serve` starts and applied to every load after it, so a
+/// reload reads the file as the start did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// Replaces `server.listen`.
+    pub listen: Option<String>,
+    /// Replaces `server.log_format`.
+    pub log_format: Option<LogFormat>,
+}
+
+impl Overrides {
+    /// Writes the overrides into `config`.
+    pub fn apply(&self, config: &mut Config) {
+        if let Some(l) = &self.listen {
+            config.server.listen.clone_from(l);
+        }
+        if let Some(f) = self.log_format {
+            config.server.log_format = f;
+        }
+    }
+}
+
 /// `[models]`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -268,11 +292,26 @@ impl Config {
     /// As [`Config::load_indexed`], for the file's text already read (a reload
     /// checks that it read what the file watcher saw settle).
     pub fn load_text(path: &Path, text: &str) -> Result<(Config, validate::LineIndex)> {
+        Self::load_with(path, text, &Overrides::default())
+    }
+
+    /// What `serve`, `check` and every reload load: the file's text with what
+    /// the command line and the environment override in it applied *before*
+    /// it is judged, so that the three judge the same configuration — one a
+    /// reload could not reach without the start refusing it.
+    pub fn load_with(path: &Path, text: &str, overrides: &Overrides) -> Result<(Config, validate::LineIndex)> {
         let (mut config, index) = validate::parse(text, &path.display().to_string())?;
         config.resolve_paths(path.parent().unwrap_or(Path::new(".")));
-        let resolved = validate::meaning(&config, &index, &path.display().to_string())?;
+        overrides.apply(&mut config);
+        let resolved = validate::meaning(&config, &index, &path.display().to_string(), Some(overrides))?;
         config.resolved = Some(std::sync::Arc::new(resolved));
         Ok((config, index))
+    }
+
+    /// [`Config::load_with`] of the file at `path`.
+    pub fn load_file_with(path: &Path, overrides: &Overrides) -> Result<(Config, validate::LineIndex)> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
+        Self::load_with(path, &text, overrides)
     }
 
     /// Reads a config file checking syntax and shape only: for tools that use the

@@ -251,7 +251,7 @@ pub fn parse(text: &str, file: &str) -> Result<(Config, LineIndex), Problems> {
         if let Ok(config) = toml::Value::Table(table).try_into::<Config>() {
             let mut config = config;
             config.resolve_paths(Path::new(base_dir(file)));
-            if let Err(more) = meaning(&config, &walker.index, file) {
+            if let Err(more) = meaning(&config, &walker.index, file, None) {
                 walker.problems.extend(more.items);
             }
         }
@@ -319,7 +319,17 @@ pub fn locate(message: &str, index: &LineIndex, file: &str) -> String {
 
 /// The meaning checks of a parsed config: everything that can be judged without
 /// loading plugins. `base` resolves relative paths; `index` locates keys.
-pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<super::Resolved, Problems> {
+///
+/// `overrides` (what `--listen`, `POOLGATE_LISTEN` and kin replaced in the
+/// file, already applied to `config`) turns on the checks of what `serve`
+/// would run — the address it would listen on and who could reach it — and
+/// names the flag in their messages; `None` judges the file alone.
+pub fn meaning(
+    config: &Config,
+    index: &LineIndex,
+    file: &str,
+    overrides: Option<&super::Overrides>,
+) -> Result<super::Resolved, Problems> {
     let mut items = Vec::new();
     let mut add = |path: String, message: String| {
         let line = index.get(&path).copied().or_else(|| {
@@ -328,9 +338,13 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<super::
         });
         items.push(Problem { path, line, message });
     };
-    let s = &config.server;
-    if s.listen.parse::<std::net::SocketAddr>().is_err() {
-        add("server.listen".into(), format!("`{}` is not an address with a port (e.g. 127.0.0.1:8787)", s.listen));
+    match overrides {
+        Some(o) => serving(config, index, o, &mut add),
+        None if config.server.listen.parse::<std::net::SocketAddr>().is_err() => add(
+            "server.listen".into(),
+            format!("`{}` is not an address with a port (e.g. 127.0.0.1:8787)", config.server.listen),
+        ),
+        None => {}
     }
     for h in &config.gateway.forward_headers {
         if let Err(why) = super::headers::check_addition(h) {
@@ -401,6 +415,73 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<super::
     }
 }
 
+/// The checks of what `serve` would run, which a reload must pass as the start
+/// did: an address to listen on; no listener beyond loopback without client
+/// keys (anyone who reaches it could spend the pool); and no chain written
+/// empty (`chain = []` would rank nothing — the default chain is had by
+/// leaving the key out, and a reload that empties the chain by mistake must
+/// not silently route by the default instead).
+fn serving(config: &Config, index: &LineIndex, overrides: &super::Overrides, add: &mut impl FnMut(String, String)) {
+    let s = &config.server;
+    let (key, from) = match overrides.listen {
+        Some(_) => ("--listen".to_string(), " (from --listen or POOLGATE_LISTEN)"),
+        None => ("server.listen".to_string(), ""),
+    };
+    match s.listen.parse::<std::net::SocketAddr>() {
+        Err(_) => add(key, format!("`{}`{from} is not an address with a port (e.g. 127.0.0.1:8787)", s.listen)),
+        Ok(addr) if !exposure_allowed(&addr, !s.client_keys.is_empty()) => add(
+            key,
+            format!(
+                "`{addr}`{from} is not a loopback address and no client keys are configured: anyone who can reach \
+                 it could spend the pool. Add [[server.client_keys]] or listen on 127.0.0.1"
+            ),
+        ),
+        Ok(_) => {}
+    }
+    if config.policy.chain.is_empty() && index.contains_key("policy.chain") {
+        add(
+            "policy.chain".into(),
+            format!(
+                "an empty chain ranks nothing; leave `chain` out for the default chain ({}), or list at least one \
+                 stage",
+                super::DEFAULT_CHAIN.join(" → ")
+            ),
+        );
+    }
+}
+
+/// Whether a gateway may listen on `addr`: beyond loopback only with client
+/// keys. (An IPv4 address mapped into IPv6 is judged as the IPv4 one.)
+pub fn exposure_allowed(addr: &std::net::SocketAddr, has_client_keys: bool) -> bool {
+    has_client_keys || addr.ip().to_canonical().is_loopback()
+}
+
+/// What a reload must not do to a running gateway, beyond what a start would
+/// refuse: leave the listener it cannot move (`bound`: where it listens)
+/// reachable beyond loopback without client keys, or drop the admin token —
+/// the operator's way in to `/status` and `POST /admin/reload` — which only a
+/// restart may do. Each problem as `key: why`, for the reload's refusal.
+pub fn reload_weakens(running: &Config, bound: Option<std::net::SocketAddr>, next: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(addr) = bound
+        && !exposure_allowed(&addr, !next.server.client_keys.is_empty())
+    {
+        out.push(format!(
+            "server.client_keys: the gateway listens on {addr}, beyond loopback, and this file has no client keys: \
+             anyone who can reach it could spend the pool. Keep at least one key, or restart it on a loopback address"
+        ));
+    }
+    let admin = |c: &Config| c.server.admin_token_env.is_some() || c.server.admin_token_sha256.is_some();
+    if admin(running) && !admin(next) {
+        out.push(
+            "server.admin_token_env: this file drops the admin token; a reload cannot close the admin routes it may \
+             have come through (/status, POST /admin/reload). Restart the gateway to run without one"
+                .to_string(),
+        );
+    }
+    out
+}
+
 /// Problems with the stages' names: each must be a valid name
 /// ([`check_stage_name`]) and distinct, since a stage's name travels in a
 /// response header (`x-poolgate-policy-error: <stage>:<cause>`), log fields and
@@ -461,9 +542,11 @@ mod tests {
 
     fn problems(text: &str) -> Vec<String> {
         match parse(text, "t.toml") {
-            Ok((c, idx)) => meaning(&c, &idx, "t.toml").err().map_or_else(Vec::new, |p| {
-                p.items.iter().map(|i| format!("{}@{:?}: {}", i.path, i.line, i.message)).collect()
-            }),
+            Ok((c, idx)) => meaning(&c, &idx, "t.toml", Some(&crate::config::Overrides::default()))
+                .err()
+                .map_or_else(Vec::new, |p| {
+                    p.items.iter().map(|i| format!("{}@{:?}: {}", i.path, i.line, i.message)).collect()
+                }),
             Err(p) => p.items.iter().map(|i| format!("{}@{:?}: {}", i.path, i.line, i.message)).collect(),
         }
     }

@@ -121,6 +121,9 @@ pub struct Gateway {
     /// Where learned state is shared with other replicas (the embedded
     /// backend shares nothing): `crate::shared`.
     pub shared: Arc<dyn crate::shared::StateBackend>,
+    /// The address the listener is bound to (set once it is): a reload cannot
+    /// move it, so reloads are judged against it.
+    pub listening: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 impl Gateway {
@@ -183,6 +186,7 @@ impl Gateway {
             reloading: tokio::sync::Mutex::new(()),
             started_ms: now_ms(),
             shared: shared.clone(),
+            listening: std::sync::OnceLock::new(),
         });
         gateway.share_seats(&gateway.generation());
         shared.start(Arc::downgrade(&gateway));
@@ -254,6 +258,13 @@ impl Gateway {
     ) -> Result<u64, String> {
         let number = self.generation().number + 1;
         let started = std::time::Instant::now();
+        let weakens =
+            crate::config::validate::reload_weakens(&self.generation().config, self.listening.get().copied(), &config);
+        if !weakens.is_empty() {
+            let message = weakens.iter().map(|w| locate(w)).collect::<Vec<_>>().join("\n");
+            self.refuse_reload(trigger, &message);
+            return Err(message);
+        }
         let limits = config.compile_limits();
         self.engine.set_compile_limits(limits);
         let bound = limits.timeout + RELOAD_TIMEOUT;
@@ -278,6 +289,7 @@ impl Gateway {
                 let (was, now) = (&self.generation().config, &generation.config);
                 let restart_only = [
                     ("server.listen", was.server.listen != now.server.listen),
+                    ("server.log_format", was.server.log_format != now.server.log_format),
                     ("gateway.connect_timeout_ms", was.gateway.connect_timeout_ms != now.gateway.connect_timeout_ms),
                     ("state", was.state != now.state),
                 ];

@@ -59,6 +59,8 @@ impl Running {
         let listener = bind(&listen).await?;
         let addr = listener.local_addr()?;
         check_exposure(&addr, !gateway.generation().client_keys.is_empty())?;
+        // Where it listens is fixed until a restart; reloads are judged against it.
+        let _ = gateway.listening.set(addr);
         let reloader = reloader.map(|make| make(&gateway));
         let (stop, mut stopped) = watch::channel(false);
         let state = AppState { gateway: gateway.clone(), reloader: reloader.clone() };
@@ -87,7 +89,7 @@ pub async fn bind(addr: &str) -> Result<TcpListener> {
 /// Refuses to expose an open gateway: without client keys, only a loopback
 /// address is allowed.
 pub fn check_exposure(addr: &SocketAddr, has_client_keys: bool) -> Result<()> {
-    if !has_client_keys && !addr.ip().is_loopback() {
+    if !crate::config::validate::exposure_allowed(addr, has_client_keys) {
         bail!(
             "server.listen = {addr} is not a loopback address and no client keys are configured: \
              anyone who can reach it could spend the pool. Add [[server.client_keys]] or listen on 127.0.0.1"

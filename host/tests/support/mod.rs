@@ -60,7 +60,44 @@ impl Gateway {
     pub fn start_file(path: &std::path::Path, env: &[(&str, &str)], dir: tempdir::Dir) -> Gateway {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_poolgate"));
         cmd.arg("serve").arg("--config").arg(path).arg("--listen").arg("127.0.0.1:0");
-        cmd.env("POOLGATE_LOG", "info,poolgate=debug").env_remove("POOLGATE_CONFIG");
+        Self::spawn(cmd, env, dir)
+    }
+
+    /// Starts the binary in a network namespace of its own, listening on
+    /// [`NETNS_ADDR`] — an address that is not loopback, yet reaches nothing
+    /// outside the namespace (`unshare -rn`: a user and network namespace, no
+    /// privilege needed). Reach it with [`Gateway::curl`].
+    pub fn start_in_netns(path: &std::path::Path, env: &[(&str, &str)], dir: tempdir::Dir) -> Gateway {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["-rn", "sh", "-c"])
+            .arg(format!("ip link set lo up && ip addr add {NETNS_ADDR}/32 dev lo && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("serve")
+            .arg("--config")
+            .arg(path)
+            .arg("--listen")
+            .arg(format!("{NETNS_ADDR}:0"));
+        Self::spawn(cmd, env, dir)
+    }
+
+    /// Runs `curl` inside the gateway's network namespace (see
+    /// [`Gateway::start_in_netns`]) with `args` and the URL `path` on it; the
+    /// HTTP status and the body.
+    pub fn curl(&self, args: &[&str], path: &str) -> (u16, String) {
+        let pid = self.pid().to_string();
+        let out = Command::new("nsenter")
+            .args(["-t", &pid, "-U", "-n", "--preserve-credentials", "curl", "-s", "-m", "30", "-w", "\n%{http_code}"])
+            .args(args)
+            .arg(format!("{}{path}", self.url))
+            .output()
+            .expect("nsenter curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+        (status.trim().parse().unwrap_or(0), body.to_string())
+    }
+
+    fn spawn(mut cmd: Command, env: &[(&str, &str)], dir: tempdir::Dir) -> Gateway {
+        cmd.env("POOLGATE_LOG", "info,poolgate=debug").env_remove("POOLGATE_CONFIG").env_remove("POOLGATE_LISTEN");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -140,6 +177,10 @@ impl Drop for Gateway {
         let _ = self.child.wait();
     }
 }
+
+/// The address [`Gateway::start_in_netns`] listens on: not loopback, and
+/// private to the gateway's own network namespace.
+pub const NETNS_ADDR: &str = "10.9.0.1";
 
 /// A config with one `[[accounts]]` per `(id, env var)` pointing at `base_url`,
 /// plus `extra` TOML appended.
