@@ -168,3 +168,39 @@ async fn a_post_body_must_be_declared_json() {
     assert_eq!(Gateway::client().get(format!("{}/v1/models", gw.url)).send().await.unwrap().status(), 200);
     assert!(metrics(&gw).await.contains("poolgate_refused_total{reason=\"unsupported_media_type\"} 3"));
 }
+
+/// A body that is not one valid UTF-8 JSON object — empty, not UTF-8, not an
+/// object — is refused with a 400 in the API's own shape and never reaches
+/// an account (docs/errors.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_is_not_a_json_object_is_refused_and_never_forwarded() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a");
+    let gw = Gateway::start(&config(&mock.base_url(), &[("a", "KEY_A")], ""), &env());
+    let post = |path: &'static str, body: Vec<u8>| {
+        Gateway::client()
+            .post(format!("{}{path}", gw.url))
+            .header("content-type", "application/json")
+            .header("anthropic-version", "2023-06-01")
+            .body(body)
+            .send()
+    };
+    let not_utf8 = b"{\"model\":\"claude-sonnet-4-5\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}";
+    for (path, body, says) in [
+        ("/v1/messages", Vec::new(), "body is empty"),
+        ("/v1/messages", b"  \n".to_vec(), "body is empty"),
+        ("/v1/messages", not_utf8.to_vec(), "body is not valid UTF-8"),
+        ("/v1/messages", b"[1]".to_vec(), "body: Input should be a valid dictionary"),
+        ("/v1/messages/count_tokens", Vec::new(), "body is empty"),
+    ] {
+        let message = refused(post(path, body).await.unwrap(), 400).await;
+        assert!(message.starts_with(says), "{path}: {message}");
+    }
+    // The OpenAI route refuses in OpenAI's shape.
+    let r = post("/v1/chat/completions", Vec::new()).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    assert!(mock.requests().is_empty(), "nothing was forwarded");
+    assert!(metrics(&gw).await.contains("poolgate_refused_total{reason=\"invalid_body\"} 5"), "{}", metrics(&gw).await);
+}

@@ -49,13 +49,23 @@ const PEEKED: &[(&str, Expect)] =
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadBody(pub String);
 
-/// Reads the facts of a JSON request body. An empty body has none; a body that is
-/// not a JSON object is refused (the client gets a 400 in Anthropic's shape).
+/// Reads the facts of a JSON request body. A body that is not one valid UTF-8
+/// JSON object — empty, not UTF-8, not JSON, not an object — is refused (the
+/// client gets a 400 in Anthropic's shape), never forwarded: the upstream
+/// would refuse it too, after a round trip and on an account's budget.
+///
+/// The whole body is checked: UTF-8 first (a vectorised scan of the bytes,
+/// since serde skips the strings of fields it does not keep without looking at
+/// them), then JSON, in the one pass that reads the facts. It runs once per
+/// request, before any attempt, never per streamed chunk.
 pub fn body_facts(body: &[u8]) -> Result<BodyFacts, BadBody> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(BodyFacts::default());
+        return Err(BadBody("body is empty: the request must be a JSON object".into()));
     }
-    let peek: Peek = serde_json::from_slice(body).map_err(|e| BadBody(json_error(body, &e, PEEKED)))?;
+    let text = std::str::from_utf8(body).map_err(|e| {
+        BadBody(format!("body is not valid UTF-8: invalid bytes at offset {} (JSON is UTF-8)", e.valid_up_to()))
+    })?;
+    let peek: Peek = serde_json::from_str(text).map_err(|e| BadBody(json_error(body, &e, PEEKED)))?;
     let session = peek.metadata.and_then(|m| m.user_id).and_then(|v| match v {
         serde_json::Value::String(s) => session_from_user_id(&s),
         _ => None,
@@ -122,7 +132,7 @@ mod tests {
     }
 
     #[test]
-    fn refuses_a_body_that_is_not_json_and_accepts_an_empty_one() {
+    fn refuses_a_body_that_is_not_json() {
         let err = |b: &[u8]| body_facts(b).unwrap_err().0;
         assert!(err(b"{not json").starts_with("body is not valid JSON: key must be a string"), "{}", err(b"{not"));
         assert_eq!(err(br#"{"model":5}"#), "model: Input should be a valid string");
@@ -132,6 +142,17 @@ mod tests {
         for e in [err(br#"{"model":5}"#), err(b"[1]"), err(br#""text""#)] {
             assert!(!e.contains("Peek") && !e.contains("struct"), "no Rust type in {e}");
         }
-        assert_eq!(body_facts(b"").unwrap(), BodyFacts::default());
+    }
+
+    #[test]
+    fn refuses_an_empty_body_and_one_that_is_not_utf8() {
+        for empty in [&b""[..], b"  \n"] {
+            assert_eq!(body_facts(empty).unwrap_err().0, "body is empty: the request must be a JSON object");
+        }
+        // Invalid UTF-8 inside a string of a field the gateway does not read.
+        let body = b"{\"model\":\"claude-sonnet-4-5\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}";
+        let e = body_facts(body).unwrap_err().0;
+        assert!(e.starts_with("body is not valid UTF-8: invalid bytes at offset 67"), "{e}");
+        assert_eq!(body_facts(br#"{"model":"m"}"#).unwrap().model.as_deref(), Some("m"));
     }
 }
