@@ -88,6 +88,11 @@ pub struct GatewayConfig {
     /// Client headers forwarded upstream beyond the built-in allow-list:
     /// lowercase names (`x-team`) or prefixes (`x-team-*`).
     pub forward_headers: Vec<String>,
+    /// In a stream poolgate writes itself (an OpenAI-shaped client's
+    /// translation, a fallback backend's answer), a keep-alive after this long
+    /// without a byte, ms (0: none): Claude Code gives up on a gateway stream
+    /// after 300 s of silence, other clients and proxies sooner.
+    pub stream_keepalive_ms: u64,
 }
 
 impl Default for GatewayConfig {
@@ -99,6 +104,7 @@ impl Default for GatewayConfig {
             connect_timeout_ms: 10_000,
             response_timeout_ms: 600_000,
             forward_headers: Vec::new(),
+            stream_keepalive_ms: 15_000,
         }
     }
 }

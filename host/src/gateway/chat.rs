@@ -8,7 +8,8 @@
 //! arrives — a JSON answer whole, a stream event by event (no buffering), and
 //! every error, the gateway's own included, in OpenAI's shape.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::future::Future as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::response::Response;
@@ -30,7 +31,19 @@ pub struct ChatFacts {
     pub stream: bool,
     /// Whether the stream ends with a usage chunk.
     pub include_usage: bool,
+    /// A keep-alive comment after this much silence in the stream
+    /// (`gateway.stream_keepalive_ms`; the translation drops Anthropic's
+    /// `ping`s, which have no OpenAI form).
+    pub keepalive: Option<Duration>,
 }
+
+/// The keep-alive of an OpenAI-shaped stream: an SSE comment, which every SSE
+/// reader skips.
+pub const OPENAI_KEEPALIVE: &[u8] = b": keep-alive\n\n";
+
+/// The keep-alive of an Anthropic-shaped stream: Anthropic's own `ping`
+/// event, which the SDKs and Claude Code read as such.
+pub const ANTHROPIC_PING: &[u8] = b"event: ping\ndata: {\"type\":\"ping\"}\n\n";
 
 /// An error in OpenAI's shape.
 pub fn error_response(e: &OpenAiError) -> Response {
@@ -54,6 +67,7 @@ pub fn translate_request(
     body: &Bytes,
     headers: &mut HeaderMap,
     aliases: &std::collections::BTreeMap<String, String>,
+    keepalive: Option<Duration>,
 ) -> Result<(Bytes, Uri, ChatFacts), Box<Response>> {
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
         Box::new(error_response(&OpenAiError::invalid(format!("the body is not valid JSON: {e}"), None)))
@@ -71,6 +85,7 @@ pub fn translate_request(
         model: translated.model.clone(),
         stream: translated.stream,
         include_usage: translated.include_usage,
+        keepalive,
     };
     let body = Bytes::from(translated.body.to_string());
     Ok((body, Uri::from_static("/v1/messages"), facts))
@@ -114,7 +129,8 @@ pub async fn translate_response(r: Response, facts: ChatFacts) -> Response {
     if parts.status.is_success() && sse {
         let mut stream = ChatStream::new(&facts.model, now_s(), facts.include_usage);
         let mut upstream = body.into_data_stream();
-        let translated = async_stream_lines(move |tx| async move {
+        let keepalive = facts.keepalive.map(|every| (every, OPENAI_KEEPALIVE));
+        let translated = async_stream_lines(keepalive, move |tx| async move {
             while let Some(chunk) = upstream.next().await {
                 let Ok(chunk) = chunk else { break };
                 for line in stream.feed(&chunk) {
@@ -144,18 +160,98 @@ pub async fn translate_response(r: Response, facts: ChatFacts) -> Response {
 }
 
 /// A body whose lines a producer task sends as they come, each sent at once
-/// (the fallback's translated streams use it too).
-pub(crate) fn async_stream_lines<F, Fut>(produce: F) -> Body
+/// (the fallback's translated streams use it too), with `keepalive`'s bytes
+/// written whenever nothing went out for its interval.
+pub(crate) fn async_stream_lines<F, Fut>(keepalive: Option<(Duration, &'static [u8])>, produce: F) -> Body
 where
     F: FnOnce(tokio::sync::mpsc::Sender<String>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = tokio::sync::mpsc::channel::<String>(16);
     tokio::spawn(produce(tx));
-    let lines = tokio_stream_from(rx).map(|l| Ok::<Bytes, std::io::Error>(Bytes::from(l)));
-    Body::from_stream(lines)
+    let lines = tokio_stream_from(rx).map(Bytes::from);
+    match keepalive {
+        Some((every, ping)) if !every.is_zero() => {
+            Body::from_stream(KeepAlive::new(lines, every, Bytes::from_static(ping)).map(Ok::<_, std::io::Error>))
+        }
+        _ => Body::from_stream(lines.map(Ok::<_, std::io::Error>)),
+    }
 }
 
 fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<String>) -> impl futures_util::Stream<Item = String> {
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// A stream that yields `ping` whenever `inner` stays silent for `every`: a
+/// client (Claude Code's byte watchdog, a proxy's idle timeout) sees the
+/// stream alive while the backend thinks. The timer restarts with every item,
+/// so a busy stream carries no pings at all.
+pub struct KeepAlive<S> {
+    inner: S,
+    every: Duration,
+    ping: Bytes,
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<S> KeepAlive<S> {
+    /// `inner` with a `ping` after every `every` of silence.
+    pub fn new(inner: S, every: Duration, ping: Bytes) -> Self {
+        KeepAlive { inner, every, ping, timer: Box::pin(tokio::time::sleep(every)) }
+    }
+}
+
+impl<S: futures_util::Stream<Item = Bytes> + Unpin> futures_util::Stream for KeepAlive<S> {
+    type Item = Bytes;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Bytes>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut this.inner).poll_next(cx) {
+            Poll::Ready(item) => {
+                this.timer.as_mut().reset(tokio::time::Instant::now() + this.every);
+                Poll::Ready(item)
+            }
+            Poll::Pending => match this.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    this.timer.as_mut().reset(tokio::time::Instant::now() + this.every);
+                    Poll::Ready(Some(this.ping.clone()))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On tokio's paused clock: pings only in the silences, none while items flow.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_stream_gets_a_ping_per_interval_and_a_busy_one_none() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+        let inner = futures_util::stream::poll_fn({
+            let mut rx = rx;
+            move |cx| rx.poll_recv(cx)
+        });
+        let mut s = KeepAlive::new(inner, Duration::from_secs(10), Bytes::from_static(b"PING"));
+        let start = tokio::time::Instant::now();
+        tx.send(Bytes::from_static(b"a")).await.unwrap();
+        assert_eq!(s.next().await.unwrap(), "a");
+        // 25 s of silence: two pings, at 10 s and 20 s.
+        let producer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(25)).await;
+            tx.send(Bytes::from_static(b"b")).await.unwrap();
+        });
+        assert_eq!(s.next().await.unwrap(), "PING");
+        assert_eq!(start.elapsed(), Duration::from_secs(10));
+        assert_eq!(s.next().await.unwrap(), "PING");
+        assert_eq!(s.next().await.unwrap(), "b");
+        assert_eq!(start.elapsed(), Duration::from_secs(25));
+        producer.await.unwrap();
+        assert_eq!(s.next().await, None, "the end passes through");
+    }
 }

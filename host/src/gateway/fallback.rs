@@ -39,11 +39,15 @@ pub struct Backend {
 pub struct Fallbacks {
     backends: Vec<Backend>,
     http: Option<HttpsClient>,
+    /// A `ping` after this much silence in a translated stream
+    /// (`gateway.stream_keepalive_ms`).
+    keepalive: Option<Duration>,
 }
 
 impl Fallbacks {
-    /// The backends of `configs`, their keys read from the environment now.
-    pub fn new(configs: &[FallbackConfig]) -> anyhow::Result<Fallbacks> {
+    /// The backends of `configs`, their keys read from the environment now;
+    /// `keepalive`: a `ping` after that much silence in a translated stream.
+    pub fn new(configs: &[FallbackConfig], keepalive: Option<Duration>) -> anyhow::Result<Fallbacks> {
         let mut backends = Vec::new();
         for (i, c) in configs.iter().enumerate() {
             let key = match &c.api_key_env {
@@ -63,7 +67,7 @@ impl Fallbacks {
         }
         let http =
             if backends.is_empty() { None } else { Some(super::upstream::https_client(Duration::from_secs(10))?) };
-        Ok(Fallbacks { backends, http })
+        Ok(Fallbacks { backends, http, keepalive })
     }
 
     /// Whether any backend is configured.
@@ -84,7 +88,7 @@ impl Fallbacks {
                 continue;
             }
             let marker = format!("{}/{}", b.config.name, b.config.model);
-            match b.ask(http, &request, &client_model, timeout).await {
+            match b.ask(http, &request, &client_model, timeout, self.keepalive).await {
                 Ok(mut r) => {
                     if let Ok(v) = HeaderValue::from_str(&marker) {
                         r.headers_mut().insert("x-poolgate-fallback", v);
@@ -110,6 +114,7 @@ impl Backend {
         request: &serde_json::Value,
         client_model: &str,
         timeout: Duration,
+        keepalive: Option<Duration>,
     ) -> Result<Response, String> {
         let chat = openai::messages_to_chat_request(request, &self.config.model)?;
         let url = format!("{}/v1/chat/completions", self.config.base_url.trim_end_matches('/'));
@@ -138,7 +143,8 @@ impl Backend {
         if sse {
             let mut stream = MessagesStream::new(client_model);
             let mut body = response.into_body().into_data_stream();
-            let translated = super::chat::async_stream_lines(move |tx| async move {
+            let keepalive = keepalive.map(|every| (every, super::chat::ANTHROPIC_PING));
+            let translated = super::chat::async_stream_lines(keepalive, move |tx| async move {
                 while let Some(Ok(chunk)) = body.next().await {
                     for line in stream.feed(&chunk) {
                         if tx.send(line).await.is_err() {

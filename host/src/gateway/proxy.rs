@@ -286,6 +286,7 @@ impl Exchange {
     fn commit(self, request: wit::Request, answered: Answered) -> Response {
         let Answered { account, status, mut headers, first, rest, sse, lease } = answered;
         upstream::retain_forwardable(&mut headers);
+        upstream::integer_retry_after(&mut headers, now_ms());
         let length = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
         let finish = self.into_finish(Some(lease), true, Observe::Answer { account, request });
         let mut head = Response::new(Body::empty());

@@ -112,8 +112,9 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
     let mut headers = headers;
     // Borrowed from the generation in force: no per-request copy of the table.
     let generation = gw.generation();
+    let keepalive = Some(std::time::Duration::from_millis(generation.config.gateway.stream_keepalive_ms));
     let (body, uri, facts) =
-        match super::chat::translate_request(&body, &mut headers, &generation.config.models.aliases) {
+        match super::chat::translate_request(&body, &mut headers, &generation.config.models.aliases, keepalive) {
             Ok(t) => t,
             Err(refused) => return early.refuse(&gw, "invalid_chat_request", *refused),
         };

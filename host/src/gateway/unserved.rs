@@ -51,6 +51,33 @@ pub struct Blocked {
     /// When it is expected to serve again (ms since the epoch), if known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub until_ms: Option<u64>,
+    /// When what blocks it is a plan limit — a spent window, not a burst
+    /// limit or an outage — the window, as Claude Code names it
+    /// (`five_hour`, `seven_day`, `seven_day_opus`; empty when unknown).
+    #[serde(skip)]
+    pub plan_limit: Option<&'static str>,
+}
+
+/// The plan-limit window a cooldown or gate stands for, as the
+/// `anthropic-ratelimit-unified-representative-claim` values Claude Code
+/// reads; `None` for what is not a plan limit (a burst 429, an outage, a
+/// refused credential). `Some("")`: a plan limit whose window is not known.
+fn plan_window(reason: CooldownReason) -> Option<&'static str> {
+    match reason {
+        CooldownReason::SessionExhausted => Some("five_hour"),
+        CooldownReason::WeeklyExhausted => Some("seven_day"),
+        CooldownReason::UnifiedRejected | CooldownReason::Overage | CooldownReason::ModelExhausted => Some(""),
+        _ => None,
+    }
+}
+
+/// A per-model gate's window, by family (`seven_day_opus`, …).
+fn gate_window(family: &str) -> &'static str {
+    match family {
+        "opus" => "seven_day_opus",
+        "sonnet" => "seven_day_sonnet",
+        _ => "",
+    }
 }
 
 /// The cause of a cooldown.
@@ -85,15 +112,17 @@ pub fn blocked_by(snapshot: &AccountSnapshot, family: Option<&str>, attempts: &[
     let account = snapshot.id.clone();
     let tried = attempts.iter().rev().find(|a| a.account.as_deref() == Some(&account));
     let answered = tried.map(|t| t.status.map_or_else(|| "no answer".to_string(), |s| format!("HTTP {s}")));
-    let (cause, until_ms, state) = if let Some(c) = snapshot.active_cooldown(now) {
-        (cooling_cause(c.reason), Some(c.until_ms), Some(format!("cooling: {}", c.reason.as_str())))
+    let (cause, until_ms, state, plan_limit) = if let Some(c) = snapshot.active_cooldown(now) {
+        let cause = cooling_cause(c.reason);
+        (cause, Some(c.until_ms), Some(format!("cooling: {}", c.reason.as_str())), plan_window(c.reason))
     } else if let Some(g) = snapshot.active_gate(family, now) {
-        (Cause::Quota, Some(g.until_ms), Some(format!("model family `{}` gated", g.family)))
+        let window = Some(gate_window(&g.family));
+        (Cause::Quota, Some(g.until_ms), Some(format!("model family `{}` gated", g.family)), window)
     } else {
-        (attempt_cause(tried?.status), None, None)
+        (attempt_cause(tried?.status), None, None, None)
     };
     let detail = [answered, state].into_iter().flatten().collect::<Vec<_>>().join(", ");
-    Some(Blocked { account, cause, detail, until_ms })
+    Some(Blocked { account, cause, detail, until_ms, plan_limit })
 }
 
 /// Every account of `generation` that could not serve a request for `family`.
@@ -120,6 +149,10 @@ pub enum Verdict {
         retry_after_ms: u64,
         /// Accounts whose credential was refused meanwhile.
         refused: Vec<String>,
+        /// When the soonest recovery is a plan limit's reset: the pool is out
+        /// of plan quota until then, and the answer says so as Anthropic's
+        /// would ([`PoolLimit`]).
+        limit: Option<PoolLimit>,
     },
     /// 503: credentials were refused; re-authenticate these accounts.
     AuthRefused {
@@ -144,6 +177,29 @@ pub enum Verdict {
     NoAccount,
 }
 
+/// The pool out of plan quota: when it comes back, and which window binds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolLimit {
+    /// When the first account's window resets (ms since the epoch).
+    pub reset_ms: u64,
+    /// That window, as Claude Code names it (empty when unknown).
+    pub claim: &'static str,
+}
+
+/// Whether the pool is out of plan quota: no account usable, and the one that
+/// recovers first (of those that recover by themselves) is waiting out a
+/// spent window — not a burst limit or an outage, after which a retry soon
+/// succeeds. Claude Code tells the two apart by the unified headers on a 429:
+/// with them it shows the limit and its reset; without them it backs off and
+/// retries, which is right for a throttle.
+fn pool_limit(blocked: &[Blocked], usable: bool) -> Option<PoolLimit> {
+    if usable {
+        return None;
+    }
+    let first = blocked.iter().filter(|b| b.cause != Cause::Auth).min_by_key(|b| b.until_ms.unwrap_or(0))?;
+    Some(PoolLimit { reset_ms: first.until_ms?, claim: first.plan_limit? })
+}
+
 /// Decides the answer from what blocked each account. `attempted`: whether
 /// this request reached any upstream; `usable`: whether an account could still
 /// serve (the attempt limit ran out first).
@@ -158,7 +214,8 @@ pub fn verdict(blocked: &[Blocked], usable: bool, attempted: bool, now: u64) -> 
     };
     let (quota, refused, upstream) = (ids(Cause::Quota), ids(Cause::Auth), ids(Cause::Upstream));
     if !quota.is_empty() {
-        return Verdict::Parked { retry_after_ms: soonest(&[Cause::Quota, Cause::Upstream]), refused };
+        let limit = pool_limit(blocked, usable);
+        return Verdict::Parked { retry_after_ms: soonest(&[Cause::Quota, Cause::Upstream]), refused, limit };
     }
     if !refused.is_empty() {
         return Verdict::AuthRefused { refused, failing: upstream };
@@ -189,14 +246,18 @@ impl Verdict {
     /// the cause. `last_why` is what broke the last attempt without an answer.
     pub fn response(&self, last_why: Option<&str>) -> Response {
         let mut r = match self {
-            Verdict::Parked { retry_after_ms, refused } => {
+            Verdict::Parked { retry_after_ms, refused, limit } => {
                 let mut msg = String::from(
                     "poolgate: every account is cooling down (rate limited or exhausted); retry after the time given",
                 );
                 if !refused.is_empty() {
                     msg.push_str(&format!("; re-authenticate account {} (credential refused)", refused.join(", ")));
                 }
-                rate_limited(&msg, *retry_after_ms)
+                let mut r = rate_limited(&msg, *retry_after_ms);
+                if let Some(limit) = limit {
+                    unified_headers(r.headers_mut(), limit);
+                }
+                r
             }
             Verdict::AuthRefused { refused, failing } => {
                 let mut msg = format!(
@@ -235,6 +296,18 @@ impl Verdict {
     }
 }
 
+/// The `anthropic-ratelimit-unified-*` headers of a pool out of plan quota:
+/// `rejected`, the soonest reset (epoch seconds) and the window that binds,
+/// so that Claude Code shows the limit and when it lifts as it would for one
+/// account.
+fn unified_headers(h: &mut http::HeaderMap, limit: &PoolLimit) {
+    h.insert("anthropic-ratelimit-unified-status", HeaderValue::from_static("rejected"));
+    h.insert("anthropic-ratelimit-unified-reset", HeaderValue::from(limit.reset_ms.div_ceil(1000)));
+    if !limit.claim.is_empty() {
+        h.insert("anthropic-ratelimit-unified-representative-claim", HeaderValue::from_static(limit.claim));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,7 +315,7 @@ mod tests {
     const NOW: u64 = 1_000_000;
 
     fn b(account: &str, cause: Cause, until_ms: Option<u64>) -> Blocked {
-        Blocked { account: account.into(), cause, detail: "x".into(), until_ms }
+        Blocked { account: account.into(), cause, detail: "x".into(), until_ms, plan_limit: None }
     }
 
     #[test]
@@ -253,7 +326,7 @@ mod tests {
         let v = verdict(&[auth.clone(), quota, down.clone()], false, false, NOW);
         // The soonest recovery among accounts that recover by themselves: not
         // the refused one, whose retry would be refused again.
-        assert_eq!(v, Verdict::Parked { retry_after_ms: 5_000, refused: vec!["`a`".into()] });
+        assert_eq!(v, Verdict::Parked { retry_after_ms: 5_000, refused: vec!["`a`".into()], limit: None });
         let v = verdict(&[down.clone(), auth], false, true, NOW);
         assert_eq!(v, Verdict::AuthRefused { refused: vec!["`a`".into()], failing: vec!["`d`".into()] });
         assert_eq!(verdict(std::slice::from_ref(&down), false, false, NOW).ending(), Ending::UpstreamCooling);
@@ -264,7 +337,34 @@ mod tests {
     #[test]
     fn an_account_still_usable_means_retry_at_once() {
         let v = verdict(&[b("q", Cause::Quota, Some(NOW + 60_000))], true, true, NOW);
-        assert_eq!(v, Verdict::Parked { retry_after_ms: 0, refused: vec![] });
+        assert_eq!(v, Verdict::Parked { retry_after_ms: 0, refused: vec![], limit: None });
+    }
+
+    #[test]
+    fn a_pool_out_of_plan_quota_says_so_in_the_unified_headers() {
+        let spent = |account: &str, until: u64, window: &'static str| Blocked {
+            plan_limit: Some(window),
+            ..b(account, Cause::Quota, Some(NOW + until))
+        };
+        // Both spent: the soonest reset and its window.
+        let v = verdict(&[spent("w", 90_000, "seven_day"), spent("s", 60_000, "five_hour")], false, true, NOW);
+        let limit = PoolLimit { reset_ms: NOW + 60_000, claim: "five_hour" };
+        assert_eq!(v, Verdict::Parked { retry_after_ms: 60_000, refused: vec![], limit: Some(limit) });
+        let r = v.response(None);
+        let h = |n: &str| r.headers().get(n).map(|v| v.to_str().unwrap().to_string());
+        assert_eq!(h("anthropic-ratelimit-unified-status").as_deref(), Some("rejected"));
+        assert_eq!(h("anthropic-ratelimit-unified-reset"), Some((NOW + 60_000).div_ceil(1000).to_string()));
+        assert_eq!(h("anthropic-ratelimit-unified-representative-claim").as_deref(), Some("five_hour"));
+        assert_eq!(h("retry-after").as_deref(), Some("60"));
+        // A burst limit (or an outage) recovers first: a throttle, no unified headers.
+        let burst = b("t", Cause::Quota, Some(NOW + 5_000));
+        let v = verdict(&[spent("w", 90_000, "seven_day"), burst], false, true, NOW);
+        assert!(v.response(None).headers().get("anthropic-ratelimit-unified-status").is_none());
+        // An account still usable: retry at once, no plan limit.
+        assert!(matches!(
+            verdict(&[spent("w", 90_000, "seven_day")], true, true, NOW),
+            Verdict::Parked { limit: None, .. }
+        ));
     }
 
     #[test]

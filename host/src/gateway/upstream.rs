@@ -209,15 +209,23 @@ impl Target {
             .map(|n| n.trim().to_ascii_lowercase())
             .collect();
         let mut headers = HeaderMap::with_capacity(client.len() + 2);
+        let mut oauth_flag = false;
         for (name, value) in client {
             let n = name.as_str();
-            if n == "anthropic-beta" || !self.forward.forwards(n) || nominated.iter().any(|c| c == n) {
+            if !self.forward.forwards(n) || nominated.iter().any(|c| c == n) {
+                continue;
+            }
+            if n == "anthropic-beta" {
+                oauth_flag |= has_oauth_flag(value);
+                if let Some(v) = beta_line(value, self.kind) {
+                    headers.append(name.clone(), v);
+                }
                 continue;
             }
             headers.append(name.clone(), value.clone());
         }
-        if let Some(b) = beta_header(client, self.kind) {
-            headers.insert("anthropic-beta", b);
+        if self.kind == AccountKind::Oauth && !oauth_flag {
+            headers.append("anthropic-beta", HeaderValue::from_static(OAUTH_BETA));
         }
         match &self.credential {
             Auth::Fixed(name, value) => headers.insert(name.clone(), value.clone()),
@@ -239,26 +247,30 @@ fn describe(e: &hyper_util::client::legacy::Error) -> String {
     msg
 }
 
-/// The `anthropic-beta` list to send: the client's flags, with the OAuth flag
-/// added for subscription tokens and removed for API keys (an API key with the
-/// OAuth flag is refused upstream).
-fn beta_header(client: &HeaderMap, kind: AccountKind) -> Option<HeaderValue> {
-    let mut flags: Vec<&str> = client
-        .get_all("anthropic-beta")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|f| !f.is_empty() && *f != OAUTH_BETA)
-        .collect();
-    flags.dedup();
-    if kind == AccountKind::Oauth {
-        flags.push(OAUTH_BETA);
+/// Whether one `anthropic-beta` line names the OAuth flag.
+fn has_oauth_flag(line: &HeaderValue) -> bool {
+    line.as_bytes().split(|b| *b == b',').any(|f| f.trim_ascii() == OAUTH_BETA.as_bytes())
+}
+
+/// One client `anthropic-beta` line as it goes upstream: byte for byte
+/// (Claude Code's gateway contract: the flags, their order, separators and
+/// spacing, and repeated lines as lines), except that an API key's request
+/// loses the OAuth flag — an API key sent with it is refused upstream — taking
+/// only that flag and its separator out of the line (`None`: nothing was left).
+/// A seat's request gains the flag as a line of its own when no client line
+/// carries it (in `Target::headers`).
+fn beta_line(line: &HeaderValue, kind: AccountKind) -> Option<HeaderValue> {
+    if kind == AccountKind::Oauth || !has_oauth_flag(line) {
+        return Some(line.clone());
     }
-    if flags.is_empty() {
+    let kept: Vec<&[u8]> =
+        line.as_bytes().split(|b| *b == b',').filter(|f| f.trim_ascii() != OAUTH_BETA.as_bytes()).collect();
+    let joined = kept.join(&b","[..]);
+    let rest = joined.trim_ascii();
+    if rest.is_empty() {
         return None;
     }
-    HeaderValue::from_str(&flags.join(",")).ok()
+    HeaderValue::from_bytes(rest).ok()
 }
 
 /// The body of an upstream response as a stream of data chunks.
@@ -310,6 +322,21 @@ pub fn retain_forwardable(headers: &mut HeaderMap) {
     }
 }
 
+/// Makes a relayed `retry-after` whole seconds, as Claude Code's gateway
+/// contract asks (it reads integer seconds; an HTTP date or a fraction it
+/// cannot honour): a date becomes the seconds until it, a fraction is rounded
+/// up. An integer — what Anthropic sends — is left byte for byte.
+pub fn integer_retry_after(headers: &mut HeaderMap, now_ms: u64) {
+    let Some(v) = headers.get(header::RETRY_AFTER) else { return };
+    if !v.is_empty() && v.as_bytes().iter().all(u8::is_ascii_digit) {
+        return;
+    }
+    match v.to_str().ok().and_then(|v| super::quota::parse_retry_after(v, now_ms)) {
+        Some(ms) => headers.insert(header::RETRY_AFTER, HeaderValue::from(ms.div_ceil(1000))),
+        None => headers.remove(header::RETRY_AFTER),
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,16 +350,48 @@ mod tests {
     }
 
     #[test]
-    fn the_oauth_beta_flag_follows_the_account_kind() {
+    fn beta_lines_go_byte_for_byte_but_for_the_oauth_flag() {
         let mut h = HeaderMap::new();
-        h.append("anthropic-beta", "claude-code-20250219, oauth-2025-04-20".parse().unwrap());
-        h.append("anthropic-beta", "interleaved-thinking-2025-05-14".parse().unwrap());
-        let api = beta_header(&h, AccountKind::ApiKey).unwrap();
-        assert_eq!(api, "claude-code-20250219,interleaved-thinking-2025-05-14");
-        let oauth = beta_header(&h, AccountKind::Oauth).unwrap();
-        assert_eq!(oauth, "claude-code-20250219,interleaved-thinking-2025-05-14,oauth-2025-04-20");
-        assert_eq!(beta_header(&HeaderMap::new(), AccountKind::Oauth).unwrap(), OAUTH_BETA);
-        assert!(beta_header(&HeaderMap::new(), AccountKind::ApiKey).is_none());
+        h.append("anthropic-beta", "claude-code-20250219, oauth-2025-04-20,  x-b".parse().unwrap());
+        h.append("anthropic-beta", "interleaved-thinking-2025-05-14 ,zz-probe".parse().unwrap());
+        let sent = |kind| {
+            let t = Target::new("http://h", kind, &secret("k"), policy()).unwrap();
+            t.headers(&h).get_all("anthropic-beta").iter().map(|v| v.to_str().unwrap().to_string()).collect::<Vec<_>>()
+        };
+        // A seat's request: every line as it came; the flag is already there.
+        assert_eq!(
+            sent(AccountKind::Oauth),
+            ["claude-code-20250219, oauth-2025-04-20,  x-b", "interleaved-thinking-2025-05-14 ,zz-probe"]
+        );
+        // An API key's: the OAuth flag and its separator out, nothing else.
+        assert_eq!(
+            sent(AccountKind::ApiKey),
+            ["claude-code-20250219,  x-b", "interleaved-thinking-2025-05-14 ,zz-probe"]
+        );
+        // No client flag: a seat's request gains the flag as a line of its own.
+        let bare = Target::new("http://h", AccountKind::Oauth, &secret("k"), policy()).unwrap();
+        assert_eq!(bare.headers(&HeaderMap::new()).get("anthropic-beta").unwrap(), OAUTH_BETA);
+        let key = Target::new("http://h", AccountKind::ApiKey, &secret("k"), policy()).unwrap();
+        assert!(key.headers(&HeaderMap::new()).get("anthropic-beta").is_none());
+        // A line that held only the flag is dropped for an API key.
+        assert_eq!(beta_line(&HeaderValue::from_static(" oauth-2025-04-20 "), AccountKind::ApiKey), None);
+        assert!(has_oauth_flag(&HeaderValue::from_static("a,oauth-2025-04-20")));
+        assert!(!has_oauth_flag(&HeaderValue::from_static("a,oauth-2025-04-20x")));
+    }
+
+    #[test]
+    fn retry_after_goes_out_in_whole_seconds() {
+        let after = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::RETRY_AFTER, v.parse().unwrap());
+            integer_retry_after(&mut h, 1_000_000_000_000);
+            h.get(header::RETRY_AFTER).map(|v| v.to_str().unwrap().to_string())
+        };
+        assert_eq!(after("7").as_deref(), Some("7"));
+        assert_eq!(after("1.2").as_deref(), Some("2"));
+        // 2001-09-09T01:46:40Z is 1e12 ms; ten seconds later:
+        assert_eq!(after("Sun, 09 Sep 2001 01:46:50 GMT").as_deref(), Some("10"));
+        assert_eq!(after("soon"), None);
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub struct Gateway {
     pub url: String,
     /// Everything the process wrote to stderr so far.
     pub log: Arc<Mutex<String>>,
+    config: std::path::PathBuf,
     _dir: tempdir::Dir,
 }
 
@@ -60,7 +61,7 @@ impl Gateway {
     pub fn start_file(path: &std::path::Path, env: &[(&str, &str)], dir: tempdir::Dir) -> Gateway {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_poolgate"));
         cmd.arg("serve").arg("--config").arg(path).arg("--listen").arg("127.0.0.1:0");
-        Self::spawn(cmd, env, dir)
+        Self::spawn(cmd, env, dir, path)
     }
 
     /// Starts the binary in a network namespace of its own, listening on
@@ -77,7 +78,7 @@ impl Gateway {
             .arg(path)
             .arg("--listen")
             .arg(format!("{NETNS_ADDR}:0"));
-        Self::spawn(cmd, env, dir)
+        Self::spawn(cmd, env, dir, path)
     }
 
     /// Runs `curl` inside the gateway's network namespace (see
@@ -96,7 +97,12 @@ impl Gateway {
         (status.trim().parse().unwrap_or(0), body.to_string())
     }
 
-    fn spawn(mut cmd: Command, env: &[(&str, &str)], dir: tempdir::Dir) -> Gateway {
+    /// The config file it was started on (a test rewrites it to reload).
+    pub fn config_path(&self) -> &std::path::Path {
+        &self.config
+    }
+
+    fn spawn(mut cmd: Command, env: &[(&str, &str)], dir: tempdir::Dir, path: &std::path::Path) -> Gateway {
         cmd.env("POOLGATE_LOG", "info,poolgate=debug").env_remove("POOLGATE_CONFIG").env_remove("POOLGATE_LISTEN");
         for (k, v) in env {
             cmd.env(k, v);
@@ -125,7 +131,7 @@ impl Gateway {
                 panic!("poolgate did not start:\n{}", log.lock());
             }
         };
-        Gateway { child, url, log, _dir: dir }
+        Gateway { child, url, log, config: path.to_path_buf(), _dir: dir }
     }
 
     /// The process id.
