@@ -7,6 +7,7 @@
 #   plugin toolchains             .ci/setup: componentize-py and ziglang (PyPI),
 #                                 componentize-js and jco (npm), node if missing
 #   the Anthropic Python SDK      PyPI: the end-to-end tests drive the gateway with it
+#   the Claude Code CLI           npm: the gateway-contract test drives the real CLI
 #   redis-server, redis-cli       Debian's packages: the replica tests share state through it
 #
 # Every service a test needs it starts itself, on a free loopback port. Extra
@@ -48,6 +49,21 @@ pip_pinned() {
 step "Anthropic and OpenAI Python SDKs"
 pip_pinned anthropic 2.14.0
 pip_pinned openai 2.14.0
+
+step "Claude Code CLI (npm)"
+# host/tests/claude_code.rs drives the real CLI through the gateway and compares
+# bytes; installed once into the cache, at the version the contract was
+# checked against (docs/claude-code.md).
+cc_version=2.1.332
+cc_dir="${XDG_CACHE_HOME:-$HOME/.cache}/poolgate/claude-code-$cc_version"
+cc_bin="$cc_dir/node_modules/@anthropic-ai/claude-code/bin/claude.exe"
+if ! "$cc_bin" --version >/dev/null 2>&1; then
+    npm install --prefix "$cc_dir" --no-audit --no-fund --loglevel=error "@anthropic-ai/claude-code@$cc_version"
+    # Its postinstall puts the native binary in place; run it if npm did not.
+    "$cc_bin" --version >/dev/null 2>&1 || (cd "$cc_dir/node_modules/@anthropic-ai/claude-code" && node install.cjs)
+fi
+"$cc_bin" --version
+export POOLGATE_CLAUDE="$cc_bin" POOLGATE_REQUIRE_CLAUDE=1
 
 step "redis-server (Debian)"
 # The replica tests start their own servers on free loopback ports.

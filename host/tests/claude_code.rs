@@ -364,6 +364,85 @@ async fn streams_poolgate_writes_itself_are_kept_alive() {
     assert!(text.contains("\"from the \"") && text.contains("\"fallback\""), "{text}");
 }
 
+/// A scripted Anthropic stream with silences: pings, an SSE comment, a
+/// thinking and a text block, a `message_delta` with the stop reason, then
+/// `message_stop` and a usage-only `message_delta` after it.
+const SCRIPTED_STREAM: &[&str] = &[
+    "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_s\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-sonnet-4-5\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n",
+    "event: ping\ndata: {\"type\": \"ping\"}\n\n",
+    ": a comment the upstream sends\n\n",
+    "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"hm\"}}\n\n",
+    "event: ping\ndata: {\"type\": \"ping\"}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"EqQB\"}}\n\n",
+    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+    "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n",
+    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":1}\n\n",
+    "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":5}}\n\n",
+    "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+    "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":null,\"stop_sequence\":null},\"usage\":{\"output_tokens\":6}}\n\n",
+];
+
+/// An upstream that answers every request with [`SCRIPTED_STREAM`], `gap`
+/// between events, and the unified family on the head.
+async fn scripted_upstream(gap: Duration) -> String {
+    use axum::response::IntoResponse;
+    let app = axum::Router::new().fallback(move || async move {
+        let stream = futures_util::stream::unfold(0usize, move |i| async move {
+            let event = SCRIPTED_STREAM.get(i)?;
+            if i > 0 {
+                tokio::time::sleep(gap).await;
+            }
+            Some((Ok::<_, std::io::Error>(bytes::Bytes::from_static(event.as_bytes())), i + 1))
+        });
+        let head = [
+            (http::header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
+            (http::HeaderName::from_static("request-id"), "req_stream"),
+            (http::HeaderName::from_static("anthropic-ratelimit-unified-status"), "allowed"),
+        ];
+        (head, axum::body::Body::from_stream(stream)).into_response()
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// ST-1 to ST-5, R-4: a stream is relayed as it arrives — each event reaches
+/// the client while later ones are still to come — and whole: the client's
+/// bytes are the upstream's, pings and comments included, through
+/// `message_stop` and the usage-only `message_delta` after it, with the
+/// upstream's `content-type`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_is_relayed_as_it_arrives_byte_for_byte() {
+    let gap = Duration::from_millis(150);
+    let upstream = scripted_upstream(gap).await;
+    let gw = Gateway::start(&config(&upstream, &[("a", "KEY_A")], ""), &[("KEY_A", "key-a"), ("PG_ADMIN", ADMIN)]);
+    let started = Instant::now();
+    let mut r = Gateway::client()
+        .post(format!("{}/v1/messages", gw.url))
+        .header("anthropic-version", "2023-06-01")
+        .json(&message("claude-sonnet-4-5", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["content-type"], "text/event-stream; charset=utf-8");
+    assert_eq!(r.headers()["request-id"], "req_stream");
+    let mut got = Vec::new();
+    let mut first_at = None;
+    while let Some(chunk) = r.chunk().await.unwrap() {
+        first_at.get_or_insert(started.elapsed());
+        got.extend_from_slice(&chunk);
+    }
+    let total = started.elapsed();
+    assert_eq!(String::from_utf8(got).unwrap(), SCRIPTED_STREAM.concat(), "the upstream's bytes, whole");
+    let whole = gap * (SCRIPTED_STREAM.len() as u32 - 1);
+    assert!(total >= whole, "{total:?}");
+    // The first event came long before the stream ended: nothing buffered.
+    assert!(first_at.unwrap() < whole / 2, "first byte after {:?} of {total:?}", first_at.unwrap());
+}
+
 /// An OpenAI-compatible backend whose stream waits `gap` between chunks.
 async fn slow_openai_backend(gap: Duration) -> String {
     use axum::response::IntoResponse;

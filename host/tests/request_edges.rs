@@ -185,7 +185,8 @@ async fn a_body_that_is_not_a_json_object_is_refused_and_never_forwarded() {
             .body(body)
             .send()
     };
-    let not_utf8 = b"{\"model\":\"claude-sonnet-4-5\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}";
+    let not_utf8 =
+        b"{\"model\":\"claude-sonnet-4-5\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}";
     for (path, body, says) in [
         ("/v1/messages", Vec::new(), "body is empty"),
         ("/v1/messages", b"  \n".to_vec(), "body is empty"),
