@@ -89,6 +89,23 @@ pub fn import(args: ImportArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Recovers, before `poolgate serve` reads them, the credentials files of
+/// the seats in config file `path` that a gateway killed mid-write left only
+/// in a temporary file (`crate::oauth::store::recover_leftovers`). What was
+/// done, one line per file, for the log. A config that does not parse is
+/// left to the load to report.
+pub fn recover_seats(path: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Vec::new() };
+    let Ok(mut config) = toml::from_str::<Config>(&text) else { return Vec::new() };
+    if let Some(dir) = path.parent() {
+        config.resolve_paths(dir);
+    }
+    let now = std::time::SystemTime::now();
+    let files: std::collections::BTreeSet<PathBuf> =
+        config.accounts.iter().filter_map(|a| a.credentials.clone()).collect();
+    files.iter().flat_map(|f| crate::oauth::store::recover_leftovers(f, now)).collect()
+}
+
 /// `poolgate login`.
 pub fn login(args: LoginArgs) -> Result<ExitCode> {
     let (_, file, oauth) = seat_config(&args.config, &args.account)?;

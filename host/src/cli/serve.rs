@@ -28,6 +28,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    // Before the credentials files are read: a rotated pair a killed gateway
+    // wrote but never renamed into place (logged once logging is set up).
+    let recovered = super::login::recover_seats(&args.config);
     let (mut config, index) = Config::load_indexed(&args.config)?;
     if let Some(l) = &args.listen {
         config.server.listen = l.clone();
@@ -37,6 +40,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
             if f == "json" { crate::config::LogFormat::Json } else { crate::config::LogFormat::Text };
     }
     super::init_tracing(config.server.log_format, true);
+    for line in recovered {
+        tracing::warn!("{line}");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let file = args.config.display().to_string();
     runtime
