@@ -540,3 +540,50 @@ async fn a_rotated_pair_left_in_the_temporary_file_by_a_killed_gateway_is_recove
         answer["access_token"].as_str().map(String::from)
     );
 }
+
+/// The token endpoint is down while the head seat's access token expires:
+/// the seat is taken out of the order at once (no request is sent with the
+/// dead token to meet a 401), `/status` says why, and it serves again by
+/// itself once the endpoint is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seat_whose_token_expired_while_its_token_endpoint_is_down_is_demoted_until_a_refresh_succeeds() {
+    let mock = MockUpstream::start().await;
+    let dir = tempdir::Dir::new("oauth-demote");
+    let (a, b) =
+        (seat(&mock, "acct-a", "a", Duration::from_secs(2)), seat(&mock, "acct-b", "b", Duration::from_secs(3600)));
+    mock.account("acct-b").set_quota(Quota::unified(0.9, 0.9));
+    support::write_credentials(&dir.0.join("seats/a.json"), &a.issue());
+    support::write_credentials(&dir.0.join("seats/b.json"), &b.issue());
+    mock.oauth().set_mode(TokenMode::Failing(503));
+    let cfg =
+        config(&mock, &dir.0, &["a", "b"], "refresh_before_ms = 1000\ncheck_interval_ms = 100\nmax_backoff_ms = 1000");
+    let gw = start(&cfg, &dir.0);
+    let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
+    assert_eq!(r.headers()["x-poolgate-account"], "a", "a heads the order while its token lives");
+    support::eventually("a's token expired", Duration::from_secs(10), async || {
+        let st = status(&gw).await;
+        let exp = account(&st, "a")["oauth"]["token_expires_at_ms"].as_u64().unwrap_or(u64::MAX);
+        st["now_ms"].as_u64().unwrap_or(0) > exp
+    })
+    .await;
+    mock.clear_requests();
+    for _ in 0..5 {
+        let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
+        assert_eq!((r.status().as_u16(), r.headers()["x-poolgate-account"].to_str().unwrap()), (200, "b"));
+    }
+    let dead = mock.requests().iter().filter(|r| r.credential.is_empty()).count();
+    assert_eq!(dead, 0, "a request went out with the expired token:\n{}", gw.log());
+    let st = status(&gw).await;
+    let a_status = account(&st, "a");
+    assert_eq!(a_status["cooldown"]["reason"], "upstream_error", "{a_status}");
+    let why = a_status["oauth"]["blocked"].as_str().unwrap_or_default();
+    assert!(why.contains("expired") && why.contains("503"), "{a_status}");
+    mock.oauth().set_mode(TokenMode::Normal);
+    support::eventually("a refreshes and serves again", Duration::from_secs(20), async || {
+        let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
+        r.headers()["x-poolgate-account"] == "a"
+    })
+    .await;
+    let a_status = account(&status(&gw).await, "a").clone();
+    assert!(a_status["cooldown"].is_null() && a_status["oauth"]["blocked"].is_null(), "{a_status}");
+}

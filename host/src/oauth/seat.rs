@@ -11,6 +11,10 @@
 //! 4. `invalid_grant` marks the seat `needs_login` (no retry loop, the account
 //!    is disabled until the operator logs in again); any other failure backs
 //!    off, doubling from 5 s, and never blocks the other accounts.
+//!
+//! A seat whose access token has expired and whose last refresh failed cannot
+//! serve until a refresh succeeds: [`Seat::unusable_until`] says so, and the account
+//! is routed to only once the keeper's retries get a new token.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -105,6 +109,9 @@ pub struct SeatStatus {
     /// While refreshes fail for want of an answer: when the next may run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backoff_until_ms: Option<u64>,
+    /// Why the seat takes no requests now, when it takes none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocked: Option<String>,
     /// Who the tokens belong to.
     pub identity: Identity,
 }
@@ -224,6 +231,7 @@ impl Seat {
 
     /// The seat's state, for `/status`.
     pub fn status(&self, now_ms: u64) -> SeatStatus {
+        let blocked = self.blocked_because(now_ms);
         let h = self.health.lock();
         let c = self.current.load();
         SeatStatus {
@@ -234,8 +242,37 @@ impl Seat {
             fix: h.needs_login.then(|| format!("poolgate login {} --config <your poolgate.toml>", self.id)),
             last_error: h.last_error.clone(),
             backoff_until_ms: Some(h.backoff_until_ms).filter(|&t| t > now_ms),
+            blocked,
             identity: c.identity.clone(),
         }
+    }
+
+    /// Until when the seat certainly cannot serve, at `now`: its access
+    /// token has expired and the last refresh failed, so a request sent to it
+    /// would only meet a 401. The time is a bound on when the keeper tries
+    /// again (the end of the backoff, or its next check); the seat serves as
+    /// soon as a refresh succeeds. `None` while it can serve — or while it
+    /// needs a login, which disables the account instead.
+    pub fn unusable_until(&self, now_ms: u64) -> Option<u64> {
+        let h = self.health.lock();
+        if h.needs_login || h.failures == 0 || self.expires_at_ms() > now_ms {
+            return None;
+        }
+        Some(h.backoff_until_ms.max(now_ms.saturating_add(self.config().check_interval_ms)))
+    }
+
+    /// Why the seat takes no requests at `now`, in words, if it takes none.
+    fn blocked_because(&self, now_ms: u64) -> Option<String> {
+        if self.needs_login() {
+            return Some("needs a new login: the token endpoint refused its refresh token".into());
+        }
+        self.unusable_until(now_ms)?;
+        let ago_s = now_ms.saturating_sub(self.expires_at_ms()) / 1000;
+        let error = self.health.lock().last_error.clone().unwrap_or_default();
+        Some(format!(
+            "the access token expired {ago_s} s ago and no refresh has succeeded since ({error}); not routed to \
+             until one does"
+        ))
     }
 
     /// Refreshes the token, once for every caller that asks at the same time.
@@ -397,11 +434,12 @@ impl Seat {
     /// Stores the new pair, then uses it.
     fn renew(&self, credential: StoredCredential, now_ms: u64) -> Result<Refreshed, SeatError> {
         // Persist before use: if this fails, the new refresh token would be
-        // lost with the process, so say so loudly — but keep serving on it.
-        if let Err(e) = credential.write(&self.path) {
+        // lost with the process, so say so loudly (and in `/status`) — but
+        // keep serving on it.
+        let unstored = credential.write(&self.path).err().map(|e| {
             tracing::error!(account = %self.id, error = %format!("{e:#}"), "could not store the rotated OAuth credentials");
-            self.health.lock().last_error = Some(format!("could not store the rotated credentials: {e:#}"));
-        }
+            format!("could not store the rotated credentials: {e:#}")
+        });
         let identity_changed = {
             let old = &self.current.load().identity;
             old.organization.is_some()
@@ -411,7 +449,7 @@ impl Seat {
         self.adopt(&credential);
         let mut h = self.health.lock();
         (h.failures, h.backoff_until_ms, h.refreshes, h.last_refresh_ms) = (0, 0, h.refreshes + 1, Some(now_ms));
-        h.last_error = None;
+        h.last_error = unstored;
         tracing::info!(account = %self.id, expires_in_s = credential.expires_at_ms.saturating_sub(now_ms) / 1000, "OAuth token refreshed");
         Ok(Refreshed::Renewed { identity_changed })
     }
