@@ -10,7 +10,13 @@
 //!    used, so a crash between the two keeps a refresh token that works;
 //! 4. `invalid_grant` marks the seat `needs_login` (no retry loop, the account
 //!    is disabled until the operator logs in again); any other failure backs
-//!    off, doubling from 5 s, and never blocks the other accounts.
+//!    off, doubling from 5 s, and never blocks the other accounts;
+//! 5. a seat that needs a login comes back from a new pair on disk (`poolgate
+//!    login`, or `poolgate accounts import` of a Claude Code file whose access
+//!    token expired overnight): a pair whose access token still lives is
+//!    adopted as it is; one whose access token expired is refreshed — once,
+//!    here, under the same single flight — unless its refresh token is the one
+//!    the endpoint refused.
 //!
 //! A seat whose access token has expired and whose last refresh failed cannot
 //! serve until a refresh succeeds: [`Seat::unusable_until`] says so, and the account
@@ -55,7 +61,12 @@ pub enum Refreshed {
 /// Why a refresh did not happen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SeatError {
-    /// The seat needs `poolgate login` (its refresh token was refused).
+    /// The token endpoint refused the refresh token just now
+    /// (`invalid_grant`): the seat needs `poolgate login`. Said once per
+    /// refusal; the checks after it say [`SeatError::NeedsLogin`].
+    Refused,
+    /// The seat still needs `poolgate login` (its refresh token was refused
+    /// earlier, and no new pair is on disk): nothing was sent.
     NeedsLogin,
     /// A recent attempt failed; the next one waits until this time.
     BackingOff(u64),
@@ -66,6 +77,7 @@ pub enum SeatError {
 impl std::fmt::Display for SeatError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            SeatError::Refused => f.write_str("the refresh token was refused: the seat needs a new login"),
             SeatError::NeedsLogin => f.write_str("the seat needs a new login"),
             SeatError::BackingOff(until) => write!(f, "refresh backing off until {until}"),
             SeatError::Failed(m) => f.write_str(m),
@@ -82,6 +94,10 @@ struct Current {
 #[derive(Default)]
 struct Health {
     needs_login: bool,
+    /// The SHA-256 of the refresh token the endpoint refused: a pair on disk
+    /// that still holds it is not sent again (a seat that needs a login tries
+    /// each new refresh token once).
+    refused: Option<[u8; 32]>,
     backoff_until_ms: u64,
     failures: u32,
     refreshes: u64,
@@ -302,22 +318,20 @@ impl Seat {
             tracing::info!(account = %self.id, "adopted the OAuth credentials found on disk");
             return Ok(Refreshed::Adopted);
         }
-        if self.needs_login() {
-            // Another replica's login or refresh brings the seat back too.
-            if let (Some(share), Some(s)) = (self.share.get(), &stored)
-                && let Some(c) = share.load(&self.id).await.filter(|c| is_newer(c, s))
-            {
-                self.adopt_shared(&c);
-                return Ok(Refreshed::Adopted);
+        let reviving = self.needs_login();
+        if reviving {
+            if let Some(done) = self.come_back(stored.as_ref()).await {
+                return done;
             }
-            return Err(SeatError::NeedsLogin);
-        }
-        if why == Why::Expiring && !self.due(now(), before_ms) {
+        } else if why == Why::Expiring && !self.due(now(), before_ms) {
             return Ok(Refreshed::NotNeeded);
         }
         let backoff = self.health.lock().backoff_until_ms;
         if backoff > now() {
             return Err(SeatError::BackingOff(backoff));
+        }
+        if reviving {
+            tracing::info!(account = %self.id, "a new OAuth pair is on disk for a seat that needs a login; refreshing with it");
         }
         let Some(mut previous) = stored else {
             return Err(self.failed(format!("cannot read {}", self.path.display()), now(), max_backoff_ms));
@@ -354,21 +368,46 @@ impl Seat {
                 if let (Some(share), Some(token)) = (&share, &held) {
                     share.unlock(&self.id, token).await;
                 }
-                self.refresh_failed(e, now(), max_backoff_ms)
+                self.refresh_failed(e, &previous.refresh_token, now(), max_backoff_ms)
             }
-            Err(e) => self.refresh_failed(e, now(), max_backoff_ms),
+            Err(e) => self.refresh_failed(e, &previous.refresh_token, now(), max_backoff_ms),
         }
     }
 
-    /// Records why a refresh failed.
-    fn refresh_failed(&self, e: TokenError, now_ms: u64, max_backoff_ms: u64) -> Result<Refreshed, SeatError> {
+    /// For a seat that needs a login: another replica's new pair, adopted;
+    /// or `None` when `stored` (the pair on disk) holds a refresh token that
+    /// was not refused — a login imported after its access token expired (a
+    /// Claude Code file the morning after), to refresh once; or else
+    /// [`SeatError::NeedsLogin`], sending nothing.
+    async fn come_back(&self, stored: Option<&StoredCredential>) -> Option<Result<Refreshed, SeatError>> {
+        if let (Some(share), Some(s)) = (self.share.get(), stored)
+            && let Some(c) = share.load(&self.id).await.filter(|c| is_newer(c, s))
+        {
+            self.adopt_shared(&c);
+            return Some(Ok(Refreshed::Adopted));
+        }
+        if stored.is_none_or(|s| self.was_refused(&s.refresh_token)) {
+            return Some(Err(SeatError::NeedsLogin));
+        }
+        None
+    }
+
+    /// Records why a refresh with `refresh_token` failed.
+    fn refresh_failed(
+        &self,
+        e: TokenError,
+        refresh_token: &str,
+        now_ms: u64,
+        max_backoff_ms: u64,
+    ) -> Result<Refreshed, SeatError> {
         match e {
             TokenError::InvalidGrant(m) => {
                 let mut h = self.health.lock();
                 h.needs_login = true;
+                h.refused = Some(crate::config::digest(refresh_token));
                 h.last_error = Some(format!("refresh token refused (invalid_grant): {m}"));
                 tracing::error!(account = %self.id, "OAuth refresh token refused: the account needs `poolgate login {}`", self.id);
-                Err(SeatError::NeedsLogin)
+                Err(SeatError::Refused)
             }
             e => Err(self.failed(e.to_string(), now_ms, max_backoff_ms)),
         }
@@ -452,6 +491,11 @@ impl Seat {
         h.last_error = unstored;
         tracing::info!(account = %self.id, expires_in_s = credential.expires_at_ms.saturating_sub(now_ms) / 1000, "OAuth token refreshed");
         Ok(Refreshed::Renewed { identity_changed })
+    }
+
+    /// Whether `refresh_token` is the one the endpoint refused.
+    fn was_refused(&self, refresh_token: &str) -> bool {
+        self.health.lock().refused == Some(crate::config::digest(refresh_token))
     }
 
     fn adopt(&self, c: &StoredCredential) {
