@@ -699,3 +699,38 @@ async fn an_imported_login_whose_access_token_expired_brings_a_seat_back_without
     assert_ne!(now["refresh_token"], json!(overnight.refresh_token), "the rotated pair is stored");
     assert_eq!(now["identity"]["organization"], json!(a.identity().organization_uuid));
 }
+
+/// poolgate never dresses one client as another: through a subscription seat,
+/// the client's `user-agent` arrives as sent, and no `x-app`, `user-agent`
+/// or `x-stainless-*` header is added for a client that sent none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seat_forwards_the_clients_own_identity_and_adds_none() {
+    let mock = MockUpstream::start().await;
+    let dir = tempdir::Dir::new("oauth-identity-headers");
+    let a = seat(&mock, "acct-a", "a", Duration::from_secs(3600));
+    support::write_credentials(&dir.0.join("seats/a.json"), &a.issue());
+    let gw = start(&config(&mock, &dir.0, &["a"], ""), &dir.0);
+    let client = Gateway::client();
+    let send = |ua: Option<&'static str>| {
+        let mut r = client
+            .post(format!("{}/v1/messages", gw.url))
+            .header("anthropic-version", "2023-06-01")
+            .json(&support::message("claude-sonnet-4-5", false));
+        if let Some(ua) = ua {
+            r = r.header("user-agent", ua);
+        }
+        r.send()
+    };
+    assert_eq!(send(Some("my-tool/2.1")).await.unwrap().status(), 200);
+    assert_eq!(send(None).await.unwrap().status(), 200);
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].header("user-agent"), Some("my-tool/2.1"));
+    for r in &seen {
+        assert_eq!(r.credential, "acct-a", "served by the seat");
+        assert!(r.header("x-app").is_none(), "{:?}", r.headers);
+        assert!(!r.headers.iter().any(|(n, _)| n.starts_with("x-stainless")), "{:?}", r.headers);
+        assert!(!String::from_utf8_lossy(&r.body).contains("Claude Code"), "a system prompt was added");
+    }
+    assert_eq!(seen[1].header("user-agent"), None, "no user-agent was made up: {:?}", seen[1].headers);
+}
