@@ -4,7 +4,12 @@
 //! token lifetimes on a compressed clock, concurrent 401s that cause one
 //! refresh, a refused refresh token that asks for a login (and a login that
 //! brings the seat back), an outage of the token endpoint, a restart after
-//! the tokens expired, `poolgate login` and `poolgate accounts import`.
+//! the tokens expired, `poolgate login` and `poolgate accounts import`; and
+//! seats that come back: a rotated pair a killed gateway left in its
+//! temporary file, a seat demoted while its token is dead and its token
+//! endpoint down, a Claude Code login imported after its access token
+//! expired, refusals counted once; and a seat that forwards the client's own
+//! identity headers, adding none.
 
 mod bounded;
 mod support;
@@ -446,4 +451,286 @@ async fn a_crash_during_a_refresh_loses_nothing() {
     let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
     assert_eq!(r.status(), 200, "{}", gw.log());
     assert_ne!(stored(&dir.0.join("seats/a.json"))["refresh_token"], before["refresh_token"], "rotated and stored");
+}
+
+/// Refresh-token grants the token endpoint answered with `status`.
+fn refresh_answers(mock: &MockUpstream, status: u16) -> usize {
+    mock.oauth().token_requests().iter().filter(|r| r.grant_type == "refresh_token" && r.status == Some(status)).count()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// Kill -9 between writing the rotated pair to the temporary file and the
+/// rename: the old file's refresh token is spent upstream, the new pair is
+/// only in `.a.json.<pid>.tmp`. At start the gateway recovers it and serves;
+/// a leftover cut short, or older than the file, is not recovered (and is
+/// removed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_pair_left_in_the_temporary_file_by_a_killed_gateway_is_recovered_at_start() {
+    let mock = MockUpstream::start().await;
+    let dir = tempdir::Dir::new("oauth-leftover");
+    let (a, b) =
+        (seat(&mock, "acct-a", "a", Duration::from_secs(3600)), seat(&mock, "acct-b", "b", Duration::from_secs(3600)));
+    let (file_a, file_b) = (dir.0.join("seats/a.json"), dir.0.join("seats/b.json"));
+    support::write_credentials(&file_a, &a.issue());
+    support::write_credentials(&file_b, &b.issue());
+    let cfg = config(&mock, &dir.0, &["a", "b"], "check_interval_ms = 86400000");
+    let gw = start(&cfg, &dir.0);
+    let killed = gw.pid();
+    // The refresh a's gateway did just before it died: the old refresh token
+    // is spent at the token endpoint ...
+    let old = stored(&file_a);
+    let form = format!(
+        "grant_type=refresh_token&refresh_token={}&client_id=9d1c250a-e61b-44d9-88ed-5944d1962f5e",
+        old["refresh_token"].as_str().unwrap()
+    );
+    let answer: Value = Gateway::client()
+        .post(format!("{}/v1/oauth/token", mock.base_url()))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    // ... and the new pair written to the temporary file, the way the store
+    // writes it, when kill -9 came.
+    let _ = Command::new("kill").arg("-9").arg(killed.to_string()).status();
+    drop(gw);
+    let rotated = json!({
+        "access_token": answer["access_token"], "refresh_token": answer["refresh_token"],
+        "expires_at_ms": now_ms() + answer["expires_in"].as_u64().unwrap() * 1000,
+        "scopes": ["user:inference"], "identity": {}, "obtained_at_ms": now_ms(),
+    });
+    let leftover_a = dir.0.join(format!("seats/.a.json.{killed}.tmp"));
+    std::fs::write(&leftover_a, serde_json::to_vec_pretty(&rotated).unwrap()).unwrap();
+    // The main file says the old token has expired, so a gateway that missed
+    // the leftover would refresh with the spent token at start.
+    let mut expired = old.clone();
+    expired["expires_at_ms"] = json!(1);
+    std::fs::write(&file_a, expired.to_string()).unwrap();
+    // b: a leftover cut short mid-write, and one older than the file.
+    let b_before = stored(&file_b);
+    let mut whole = b_before.clone();
+    whole["refresh_token"] = json!("sk-ant-ort01-older");
+    whole["obtained_at_ms"] = json!(1);
+    let text = serde_json::to_vec_pretty(&whole).unwrap();
+    let mut newer_b = b_before.clone();
+    newer_b["obtained_at_ms"] = json!(now_ms());
+    std::fs::write(&file_b, newer_b.to_string()).unwrap();
+    let b_before = stored(&file_b);
+    let cut = dir.0.join(format!("seats/.b.json.{killed}.tmp"));
+    std::fs::write(&cut, &text[..text.len() / 2]).unwrap();
+    let older = dir.0.join("seats/.b.json.999999999.tmp");
+    std::fs::write(&older, &text).unwrap();
+    let refreshes = mock.oauth().refreshes();
+
+    let gw = start(&cfg, &dir.0);
+    assert_eq!(stored(&file_a), rotated, "the rotated pair is the credentials file now");
+    assert!(!leftover_a.exists() && !cut.exists() && !older.exists(), "no leftover remains");
+    assert_eq!(stored(&file_b), b_before, "b's file is untouched");
+    assert_eq!(mock.oauth().refreshes(), refreshes, "nothing needed a refresh at start");
+    assert_eq!(refresh_answers(&mock, 400), 0, "the spent refresh token was never sent");
+    let log = gw.log();
+    assert!(log.contains("recovered") && log.contains(".a.json."), "{log}");
+    assert!(!log.contains(answer["refresh_token"].as_str().unwrap()), "a token reached the log");
+    mock.account("acct-b").set_quota(Quota::unified(0.9, 0.9));
+    let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["x-poolgate-account"].to_str().unwrap()), (200, "a"), "{log}");
+    assert_eq!(
+        mock.requests().last().and_then(|r| r.bearer.clone()),
+        answer["access_token"].as_str().map(String::from)
+    );
+}
+
+/// The token endpoint is down while the head seat's access token expires:
+/// the seat is taken out of the order at once (no request is sent with the
+/// dead token to meet a 401), `/status` says why, and it serves again by
+/// itself once the endpoint is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seat_whose_token_expired_while_its_token_endpoint_is_down_is_demoted_until_a_refresh_succeeds() {
+    let mock = MockUpstream::start().await;
+    let dir = tempdir::Dir::new("oauth-demote");
+    let (a, b) =
+        (seat(&mock, "acct-a", "a", Duration::from_secs(2)), seat(&mock, "acct-b", "b", Duration::from_secs(3600)));
+    mock.account("acct-b").set_quota(Quota::unified(0.9, 0.9));
+    support::write_credentials(&dir.0.join("seats/a.json"), &a.issue());
+    support::write_credentials(&dir.0.join("seats/b.json"), &b.issue());
+    mock.oauth().set_mode(TokenMode::Failing(503));
+    let cfg =
+        config(&mock, &dir.0, &["a", "b"], "refresh_before_ms = 1000\ncheck_interval_ms = 100\nmax_backoff_ms = 1000");
+    let gw = start(&cfg, &dir.0);
+    let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
+    assert_eq!(r.headers()["x-poolgate-account"], "a", "a heads the order while its token lives");
+    support::eventually("a's token expired", Duration::from_secs(10), async || {
+        let st = status(&gw).await;
+        let exp = account(&st, "a")["oauth"]["token_expires_at_ms"].as_u64().unwrap_or(u64::MAX);
+        st["now_ms"].as_u64().unwrap_or(0) > exp
+    })
+    .await;
+    mock.clear_requests();
+    for _ in 0..5 {
+        let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
+        assert_eq!((r.status().as_u16(), r.headers()["x-poolgate-account"].to_str().unwrap()), (200, "b"));
+    }
+    let dead = mock.requests().iter().filter(|r| r.credential.is_empty()).count();
+    assert_eq!(dead, 0, "a request went out with the expired token:\n{}", gw.log());
+    let st = status(&gw).await;
+    let a_status = account(&st, "a");
+    assert_eq!(a_status["cooldown"]["reason"], "upstream_error", "{a_status}");
+    let why = a_status["oauth"]["blocked"].as_str().unwrap_or_default();
+    assert!(why.contains("expired") && why.contains("503"), "{a_status}");
+    mock.oauth().set_mode(TokenMode::Normal);
+    support::eventually("a refreshes and serves again", Duration::from_secs(20), async || {
+        let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
+        r.headers()["x-poolgate-account"] == "a"
+    })
+    .await;
+    let a_status = account(&status(&gw).await, "a").clone();
+    assert!(a_status["cooldown"].is_null() && a_status["oauth"]["blocked"].is_null(), "{a_status}");
+}
+
+/// `/metrics` (admin token).
+async fn metrics(gw: &Gateway) -> String {
+    let r = Gateway::client().get(format!("{}/metrics", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
+    r.text().await.unwrap()
+}
+
+/// The value of counter line `series` (`name{labels}`) in `text`, 0 if absent.
+fn counter(text: &str, series: &str) -> u64 {
+    text.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Writes `tokens` as Claude Code's own credentials file, its access token
+/// expiring at `expires_at_ms`.
+fn write_claude_code(path: &Path, t: &poolgate_mock_upstream::Tokens, expires_at_ms: u64) {
+    let cc = json!({ "claudeAiOauth": { "accessToken": t.access_token, "refreshToken": t.refresh_token,
+                     "expiresAt": expires_at_ms, "scopes": t.scopes, "subscriptionType": "max" } });
+    std::fs::write(path, cc.to_string()).unwrap();
+}
+
+/// `poolgate accounts import <account> --from <from> --config <config>`; its stdout.
+fn import(account: &str, from: &Path, config: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["accounts", "import", account, "--from"])
+        .arg(from)
+        .arg("--config")
+        .arg(config)
+        .output_within(Duration::from_secs(30));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The morning after: a seat that needs a login is brought back, without a
+/// restart, by `poolgate accounts import` of a Claude Code file whose access
+/// token expired but whose refresh token is good. The running gateway trades
+/// that refresh token once; an imported refresh token that is refused too is
+/// tried once and never again; and the `needs_login` counter counts
+/// refusals, not the 250 ms checks that find the seat still waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_login_whose_access_token_expired_brings_a_seat_back_without_a_restart() {
+    let mock = MockUpstream::start().await;
+    let dir = tempdir::Dir::new("oauth-revive");
+    let (a, b) =
+        (seat(&mock, "acct-a", "a", Duration::from_secs(3600)), seat(&mock, "acct-b", "b", Duration::from_secs(3600)));
+    // b has less headroom: a is the head of the order whenever it can serve.
+    mock.account("acct-b").set_quota(Quota::unified(0.9, 0.9));
+    support::write_credentials(&dir.0.join("seats/a.json"), &a.issue());
+    support::write_credentials(&dir.0.join("seats/b.json"), &b.issue());
+    let cfg_path = dir.0.join("poolgate.toml");
+    std::fs::write(&cfg_path, config(&mock, &dir.0, &["a", "b"], "check_interval_ms = 250")).unwrap();
+    let gw = Gateway::start_file(&cfg_path, &[("PG_ADMIN", ADMIN)], tempdir::Dir::new("oauth-revive-run"));
+    // Overnight: a's login is gone upstream and its access token expired.
+    a.revoke();
+    a.expire_access_tokens();
+    let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["x-poolgate-account"].to_str().unwrap()), (200, "b"));
+    let st = status(&gw).await;
+    assert_eq!(account(&st, "a")["oauth"]["needs_login"], true, "{st}");
+    assert!(account(&st, "a")["oauth"]["blocked"].as_str().is_some_and(|b| b.contains("login")), "{st}");
+    // Six or so keeper checks (250 ms apart) find it still waiting: one
+    // refusal, counted once, and nothing sent.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let needs_login = "poolgate_oauth_refreshes_total{account=\"a\",result=\"needs_login\"}";
+    assert_eq!(counter(&metrics(&gw).await, needs_login), 1, "one refusal, whatever the number of checks");
+    assert_eq!(refresh_answers(&mock, 400), 1);
+
+    // The operator imports a stale Claude Code file: its refresh token is
+    // refused too. Tried once, counted once, never sent again.
+    let stale = a.issue();
+    a.revoke();
+    let claude = dir.0.join("claude-credentials.json");
+    write_claude_code(&claude, &stale, now_ms() - 8 * 3_600_000);
+    import("a", &claude, &cfg_path);
+    support::eventually("the stale import is tried", Duration::from_secs(10), async || {
+        refresh_answers(&mock, 400) == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(refresh_answers(&mock, 400), 2, "a refused refresh token is never sent twice");
+    assert_eq!(counter(&metrics(&gw).await, needs_login), 2);
+    assert_eq!(account(&status(&gw).await, "a")["oauth"]["needs_login"], true);
+
+    // Then Claude Code's fresh login, the morning after: the access token
+    // expired hours ago, the refresh token is good.
+    let overnight = a.issue();
+    a.expire_access_tokens();
+    write_claude_code(&claude, &overnight, now_ms() - 8 * 3_600_000);
+    let said = import("a", &claude, &cfg_path);
+    assert!(said.contains("access token expired") && said.contains("at its next check"), "{said}");
+    assert!(said.contains("must log in again"), "the import says the login is taken over: {said}");
+    support::eventually("the imported pair is refreshed and the seat is back", Duration::from_secs(10), async || {
+        account(&status(&gw).await, "a")["oauth"]["needs_login"] == false
+    })
+    .await;
+    let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["x-poolgate-account"].to_str().unwrap()), (200, "a"), "{}", gw.log());
+    // One refresh with the imported token, and no more.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(mock.oauth().refreshes(), 1, "the imported refresh token was traded once");
+    assert_eq!(refresh_answers(&mock, 400), 2, "no refresh token was sent twice");
+    let text = metrics(&gw).await;
+    assert_eq!(counter(&text, needs_login), 2, "{text}");
+    assert_eq!(counter(&text, "poolgate_oauth_refreshes_total{account=\"a\",result=\"renewed\"}"), 1, "{text}");
+    let now = stored(&dir.0.join("seats/a.json"));
+    assert_ne!(now["refresh_token"], json!(overnight.refresh_token), "the rotated pair is stored");
+    assert_eq!(now["identity"]["organization"], json!(a.identity().organization_uuid));
+}
+
+/// poolgate never dresses one client as another: through a subscription seat,
+/// the client's `user-agent` arrives as sent, and no `x-app`, `user-agent`
+/// or `x-stainless-*` header is added for a client that sent none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seat_forwards_the_clients_own_identity_and_adds_none() {
+    let mock = MockUpstream::start().await;
+    let dir = tempdir::Dir::new("oauth-identity-headers");
+    let a = seat(&mock, "acct-a", "a", Duration::from_secs(3600));
+    support::write_credentials(&dir.0.join("seats/a.json"), &a.issue());
+    let gw = start(&config(&mock, &dir.0, &["a"], ""), &dir.0);
+    let client = Gateway::client();
+    let send = |ua: Option<&'static str>| {
+        let mut r = client
+            .post(format!("{}/v1/messages", gw.url))
+            .header("anthropic-version", "2023-06-01")
+            .json(&support::message("claude-sonnet-4-5", false));
+        if let Some(ua) = ua {
+            r = r.header("user-agent", ua);
+        }
+        r.send()
+    };
+    assert_eq!(send(Some("my-tool/2.1")).await.unwrap().status(), 200);
+    assert_eq!(send(None).await.unwrap().status(), 200);
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].header("user-agent"), Some("my-tool/2.1"));
+    for r in &seen {
+        assert_eq!(r.credential, "acct-a", "served by the seat");
+        assert!(r.header("x-app").is_none(), "{:?}", r.headers);
+        assert!(!r.headers.iter().any(|(n, _)| n.starts_with("x-stainless")), "{:?}", r.headers);
+        assert!(!String::from_utf8_lossy(&r.body).contains("Claude Code"), "a system prompt was added");
+    }
+    assert_eq!(seen[1].header("user-agent"), None, "no user-agent was made up: {:?}", seen[1].headers);
 }

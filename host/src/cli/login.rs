@@ -7,7 +7,14 @@
 //! the code is exchanged at the token endpoint. `import` takes the tokens of
 //! an existing Claude Code login (`~/.claude/.credentials.json`). Either way
 //! the file is written `0600` in a `0700` directory, atomically, and a running
-//! gateway adopts it at its next refresh check (or the seat's next 401).
+//! gateway adopts it at its next refresh check (or the seat's next 401) — a
+//! pair whose access token has expired (Claude Code's file after a night) by
+//! trading its refresh token, once, for a new pair.
+//!
+//! An imported login is taken over, not shared: refresh tokens are single-use,
+//! so once poolgate refreshes the pair, the Claude Code it came from holds a
+//! spent token and must log in again (and if Claude Code refreshes first,
+//! poolgate's copy is the spent one). `import` says so.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -86,7 +93,30 @@ pub fn import(args: ImportArgs) -> Result<ExitCode> {
         .with_context(|| args.from.display().to_string())?;
     credential.write(&file)?;
     println!("{}", stored(&args.account, &file, &credential));
+    println!(
+        "note: poolgate now owns this login. Refresh tokens are single-use: once poolgate refreshes it, the Claude \
+         Code that wrote {} must log in again (give each a login of its own with `poolgate login {}`)",
+        args.from.display(),
+        args.account
+    );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Recovers, before `poolgate serve` reads them, the credentials files of
+/// the seats in config file `path` that a gateway killed mid-write left only
+/// in a temporary file (`crate::oauth::store::recover_leftovers`). What was
+/// done, one line per file, for the log. A config that does not parse is
+/// left to the load to report.
+pub fn recover_seats(path: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Vec::new() };
+    let Ok(mut config) = toml::from_str::<Config>(&text) else { return Vec::new() };
+    if let Some(dir) = path.parent() {
+        config.resolve_paths(dir);
+    }
+    let now = std::time::SystemTime::now();
+    let files: std::collections::BTreeSet<PathBuf> =
+        config.accounts.iter().filter_map(|a| a.credentials.clone()).collect();
+    files.iter().flat_map(|f| crate::oauth::store::recover_leftovers(f, now)).collect()
 }
 
 /// `poolgate login`.
@@ -127,10 +157,21 @@ pub fn login(args: LoginArgs) -> Result<ExitCode> {
 }
 
 fn stored(account: &str, file: &Path, c: &StoredCredential) -> String {
-    let minutes = c.expires_at_ms.saturating_sub(crate::gateway::now_ms()) / 60_000;
+    let now = crate::gateway::now_ms();
+    let (token, next) = if c.expires_at_ms > now {
+        (
+            format!("access token valid {} more min", (c.expires_at_ms - now) / 60_000),
+            "the gateway refreshes it from now on; a running one picks the file up",
+        )
+    } else {
+        (
+            format!("access token expired {} min ago", (now - c.expires_at_ms) / 60_000),
+            "the gateway trades its refresh token for a new pair at start; a running one",
+        )
+    };
     format!(
-        "stored the credentials of account `{account}` in {} (access token valid {minutes} more min; the gateway \
-         refreshes it from now on, and a running one picks the file up at its next check)",
+        "stored the credentials of account `{account}` in {} ({token}); {next} at its next check (`[oauth] \
+         check_interval_ms`)",
         file.display()
     )
 }

@@ -23,8 +23,14 @@ pub struct Args {
 pub fn run(args: Args) -> Result<ExitCode> {
     let overrides = args.source.overrides();
     let path = args.source.config;
+    // Before the credentials files are read: a rotated pair a killed gateway
+    // wrote but never renamed into place (logged once logging is set up).
+    let recovered = super::login::recover_seats(&path);
     let (config, index) = Config::load_file_with(&path, &overrides)?;
     super::init_tracing(config.server.log_format, true);
+    for line in recovered {
+        tracing::warn!("{line}");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let file = path.display().to_string();
     runtime

@@ -210,14 +210,16 @@ impl AccountState {
 
     /// The chain's view of the account.
     pub fn snapshot(&self, config: &AccountConfig) -> AccountSnapshot {
+        let seat = self.seat();
+        let unusable = seat.as_ref().and_then(|s| s.unusable_until(super::now_ms()));
         let l = self.learned.lock();
         AccountSnapshot {
             id: self.id.clone(),
             alias: config.alias.clone(),
             primary: config.primary,
             usable: None,
-            disabled: !config.enabled || self.seat().is_some_and(|s| s.needs_login()),
-            cooldown: l.cooldown,
+            disabled: !config.enabled || seat.is_some_and(|s| s.needs_login()),
+            cooldown: with_seat(l.cooldown, unusable),
             model_gates: l.model_gates.clone(),
             in_flight: self.in_flight(),
             max_in_flight: config.max_in_flight,
@@ -449,6 +451,8 @@ impl AccountState {
 
     /// The account's state for `/status`.
     pub fn status(&self, config: &AccountConfig, now: u64) -> AccountStatus {
+        let seat = self.seat();
+        let unusable = seat.as_ref().and_then(|s| s.unusable_until(now));
         let l = self.learned.lock();
         AccountStatus {
             id: self.id.clone(),
@@ -459,7 +463,7 @@ impl AccountState {
             base_url: config.base_url().to_string(),
             in_flight: self.in_flight(),
             max_in_flight: config.max_in_flight,
-            cooldown: l.cooldown.filter(|c| c.until_ms > now).map(|c| CooldownStatus {
+            cooldown: with_seat(l.cooldown, unusable).filter(|c| c.until_ms > now).map(|c| CooldownStatus {
                 reason: c.reason.as_str(),
                 until_ms: c.until_ms,
                 remaining_ms: c.until_ms - now,
@@ -476,10 +480,23 @@ impl AccountState {
             streaks: l.effective_streaks(now),
             last_status: l.last_status,
             same_subscription_as: Vec::new(),
-            oauth: self.seat().map(|s| s.status(now)),
+            oauth: seat.map(|s| s.status(now)),
             attempts: self.attempts.load(Ordering::Relaxed),
             successes: self.successes.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// The cooldown an account is under: the one learned, or — for a seat whose
+/// access token expired while its refreshes fail, `unusable` until the
+/// keeper's next try — `upstream_error` (the token endpoint is an upstream
+/// that failed), whichever ends later. Not stored: it ends the moment a
+/// refresh succeeds, and is no other replica's business.
+fn with_seat(learned: Option<Cooldown>, unusable: Option<u64>) -> Option<Cooldown> {
+    let seat = unusable.map(|until_ms| Cooldown { until_ms, reason: CooldownReason::UpstreamError });
+    match (learned, seat) {
+        (Some(l), Some(s)) => Some(if l.until_ms >= s.until_ms { l } else { s }),
+        (l, s) => l.or(s),
     }
 }
 
@@ -633,6 +650,17 @@ mod tests {
             s.windows.iter().any(|w| w.name == "7d_oi" && w.status == Status::Rejected),
             "the bucket reading is kept"
         );
+    }
+
+    #[test]
+    fn a_seat_that_cannot_serve_cools_unless_a_longer_cooldown_is_in_force() {
+        let weekly = Cooldown { until_ms: NOW + 3_600_000, reason: CooldownReason::WeeklyExhausted };
+        let seat = Cooldown { until_ms: NOW + 5_000, reason: CooldownReason::UpstreamError };
+        assert_eq!(with_seat(None, None), None);
+        assert_eq!(with_seat(None, Some(NOW + 5_000)), Some(seat));
+        assert_eq!(with_seat(Some(weekly), Some(NOW + 5_000)), Some(weekly));
+        let short = Cooldown { until_ms: NOW + 10, reason: CooldownReason::Transient };
+        assert_eq!(with_seat(Some(short), Some(NOW + 5_000)), Some(seat));
     }
 
     #[test]

@@ -34,7 +34,8 @@ pub async fn refresh_due(gw: &Gateway, before_ms: u64) {
     futures_util::future::join_all(runs).await;
 }
 
-/// Counts a refresh's result, lifts a cooldown the old token earned, and
+/// Counts a refresh's result (what the token endpoint answered: a check that
+/// sent nothing is not counted), lifts a cooldown the old token earned, and
 /// forgets what was learned about an identity the seat no longer has.
 pub fn note(
     metrics: &crate::gateway::metrics::Metrics,
@@ -54,9 +55,10 @@ pub fn note(
             "renewed"
         }
         Ok(Refreshed::Adopted) => "adopted",
-        Ok(Refreshed::NotNeeded) => return,
-        Err(SeatError::NeedsLogin) => "needs_login",
-        Err(SeatError::BackingOff(_)) => return,
+        // A refusal is counted once, when the endpoint says it; the checks
+        // that find the seat still waiting for a login send nothing.
+        Err(SeatError::Refused) => "needs_login",
+        Ok(Refreshed::NotNeeded) | Err(SeatError::NeedsLogin | SeatError::BackingOff(_)) => return,
         Err(SeatError::Failed(_)) => "failed",
     };
     metrics.oauth_refresh(id, result);

@@ -10,7 +10,17 @@
 //!    used, so a crash between the two keeps a refresh token that works;
 //! 4. `invalid_grant` marks the seat `needs_login` (no retry loop, the account
 //!    is disabled until the operator logs in again); any other failure backs
-//!    off, doubling from 5 s, and never blocks the other accounts.
+//!    off, doubling from 5 s, and never blocks the other accounts;
+//! 5. a seat that needs a login comes back from a new pair on disk (`poolgate
+//!    login`, or `poolgate accounts import` of a Claude Code file whose access
+//!    token expired overnight): a pair whose access token still lives is
+//!    adopted as it is; one whose access token expired is refreshed — once,
+//!    here, under the same single flight — unless its refresh token is the one
+//!    the endpoint refused.
+//!
+//! A seat whose access token has expired and whose last refresh failed cannot
+//! serve until a refresh succeeds: [`Seat::unusable_until`] says so, and the account
+//! is routed to only once the keeper's retries get a new token.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -51,7 +61,12 @@ pub enum Refreshed {
 /// Why a refresh did not happen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SeatError {
-    /// The seat needs `poolgate login` (its refresh token was refused).
+    /// The token endpoint refused the refresh token just now
+    /// (`invalid_grant`): the seat needs `poolgate login`. Said once per
+    /// refusal; the checks after it say [`SeatError::NeedsLogin`].
+    Refused,
+    /// The seat still needs `poolgate login` (its refresh token was refused
+    /// earlier, and no new pair is on disk): nothing was sent.
     NeedsLogin,
     /// A recent attempt failed; the next one waits until this time.
     BackingOff(u64),
@@ -62,6 +77,7 @@ pub enum SeatError {
 impl std::fmt::Display for SeatError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            SeatError::Refused => f.write_str("the refresh token was refused: the seat needs a new login"),
             SeatError::NeedsLogin => f.write_str("the seat needs a new login"),
             SeatError::BackingOff(until) => write!(f, "refresh backing off until {until}"),
             SeatError::Failed(m) => f.write_str(m),
@@ -78,6 +94,10 @@ struct Current {
 #[derive(Default)]
 struct Health {
     needs_login: bool,
+    /// The SHA-256 of the refresh token the endpoint refused: a pair on disk
+    /// that still holds it is not sent again (a seat that needs a login tries
+    /// each new refresh token once).
+    refused: Option<[u8; 32]>,
     backoff_until_ms: u64,
     failures: u32,
     refreshes: u64,
@@ -105,6 +125,9 @@ pub struct SeatStatus {
     /// While refreshes fail for want of an answer: when the next may run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backoff_until_ms: Option<u64>,
+    /// Why the seat takes no requests now, when it takes none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocked: Option<String>,
     /// Who the tokens belong to.
     pub identity: Identity,
 }
@@ -224,6 +247,7 @@ impl Seat {
 
     /// The seat's state, for `/status`.
     pub fn status(&self, now_ms: u64) -> SeatStatus {
+        let blocked = self.blocked_because(now_ms);
         let h = self.health.lock();
         let c = self.current.load();
         SeatStatus {
@@ -234,8 +258,37 @@ impl Seat {
             fix: h.needs_login.then(|| format!("poolgate login {} --config <your poolgate.toml>", self.id)),
             last_error: h.last_error.clone(),
             backoff_until_ms: Some(h.backoff_until_ms).filter(|&t| t > now_ms),
+            blocked,
             identity: c.identity.clone(),
         }
+    }
+
+    /// Until when the seat certainly cannot serve, at `now`: its access
+    /// token has expired and the last refresh failed, so a request sent to it
+    /// would only meet a 401. The time is a bound on when the keeper tries
+    /// again (the end of the backoff, or its next check); the seat serves as
+    /// soon as a refresh succeeds. `None` while it can serve — or while it
+    /// needs a login, which disables the account instead.
+    pub fn unusable_until(&self, now_ms: u64) -> Option<u64> {
+        let h = self.health.lock();
+        if h.needs_login || h.failures == 0 || self.expires_at_ms() > now_ms {
+            return None;
+        }
+        Some(h.backoff_until_ms.max(now_ms.saturating_add(self.config().check_interval_ms)))
+    }
+
+    /// Why the seat takes no requests at `now`, in words, if it takes none.
+    fn blocked_because(&self, now_ms: u64) -> Option<String> {
+        if self.needs_login() {
+            return Some("needs a new login: the token endpoint refused its refresh token".into());
+        }
+        self.unusable_until(now_ms)?;
+        let ago_s = now_ms.saturating_sub(self.expires_at_ms()) / 1000;
+        let error = self.health.lock().last_error.clone().unwrap_or_default();
+        Some(format!(
+            "the access token expired {ago_s} s ago and no refresh has succeeded since ({error}); not routed to \
+             until one does"
+        ))
     }
 
     /// Refreshes the token, once for every caller that asks at the same time.
@@ -265,22 +318,20 @@ impl Seat {
             tracing::info!(account = %self.id, "adopted the OAuth credentials found on disk");
             return Ok(Refreshed::Adopted);
         }
-        if self.needs_login() {
-            // Another replica's login or refresh brings the seat back too.
-            if let (Some(share), Some(s)) = (self.share.get(), &stored)
-                && let Some(c) = share.load(&self.id).await.filter(|c| is_newer(c, s))
-            {
-                self.adopt_shared(&c);
-                return Ok(Refreshed::Adopted);
+        let reviving = self.needs_login();
+        if reviving {
+            if let Some(done) = self.come_back(stored.as_ref()).await {
+                return done;
             }
-            return Err(SeatError::NeedsLogin);
-        }
-        if why == Why::Expiring && !self.due(now(), before_ms) {
+        } else if why == Why::Expiring && !self.due(now(), before_ms) {
             return Ok(Refreshed::NotNeeded);
         }
         let backoff = self.health.lock().backoff_until_ms;
         if backoff > now() {
             return Err(SeatError::BackingOff(backoff));
+        }
+        if reviving {
+            tracing::info!(account = %self.id, "a new OAuth pair is on disk for a seat that needs a login; refreshing with it");
         }
         let Some(mut previous) = stored else {
             return Err(self.failed(format!("cannot read {}", self.path.display()), now(), max_backoff_ms));
@@ -317,21 +368,46 @@ impl Seat {
                 if let (Some(share), Some(token)) = (&share, &held) {
                     share.unlock(&self.id, token).await;
                 }
-                self.refresh_failed(e, now(), max_backoff_ms)
+                self.refresh_failed(e, &previous.refresh_token, now(), max_backoff_ms)
             }
-            Err(e) => self.refresh_failed(e, now(), max_backoff_ms),
+            Err(e) => self.refresh_failed(e, &previous.refresh_token, now(), max_backoff_ms),
         }
     }
 
-    /// Records why a refresh failed.
-    fn refresh_failed(&self, e: TokenError, now_ms: u64, max_backoff_ms: u64) -> Result<Refreshed, SeatError> {
+    /// For a seat that needs a login: another replica's new pair, adopted;
+    /// or `None` when `stored` (the pair on disk) holds a refresh token that
+    /// was not refused — a login imported after its access token expired (a
+    /// Claude Code file the morning after), to refresh once; or else
+    /// [`SeatError::NeedsLogin`], sending nothing.
+    async fn come_back(&self, stored: Option<&StoredCredential>) -> Option<Result<Refreshed, SeatError>> {
+        if let (Some(share), Some(s)) = (self.share.get(), stored)
+            && let Some(c) = share.load(&self.id).await.filter(|c| is_newer(c, s))
+        {
+            self.adopt_shared(&c);
+            return Some(Ok(Refreshed::Adopted));
+        }
+        if stored.is_none_or(|s| self.was_refused(&s.refresh_token)) {
+            return Some(Err(SeatError::NeedsLogin));
+        }
+        None
+    }
+
+    /// Records why a refresh with `refresh_token` failed.
+    fn refresh_failed(
+        &self,
+        e: TokenError,
+        refresh_token: &str,
+        now_ms: u64,
+        max_backoff_ms: u64,
+    ) -> Result<Refreshed, SeatError> {
         match e {
             TokenError::InvalidGrant(m) => {
                 let mut h = self.health.lock();
                 h.needs_login = true;
+                h.refused = Some(crate::config::digest(refresh_token));
                 h.last_error = Some(format!("refresh token refused (invalid_grant): {m}"));
                 tracing::error!(account = %self.id, "OAuth refresh token refused: the account needs `poolgate login {}`", self.id);
-                Err(SeatError::NeedsLogin)
+                Err(SeatError::Refused)
             }
             e => Err(self.failed(e.to_string(), now_ms, max_backoff_ms)),
         }
@@ -397,11 +473,12 @@ impl Seat {
     /// Stores the new pair, then uses it.
     fn renew(&self, credential: StoredCredential, now_ms: u64) -> Result<Refreshed, SeatError> {
         // Persist before use: if this fails, the new refresh token would be
-        // lost with the process, so say so loudly — but keep serving on it.
-        if let Err(e) = credential.write(&self.path) {
+        // lost with the process, so say so loudly (and in `/status`) — but
+        // keep serving on it.
+        let unstored = credential.write(&self.path).err().map(|e| {
             tracing::error!(account = %self.id, error = %format!("{e:#}"), "could not store the rotated OAuth credentials");
-            self.health.lock().last_error = Some(format!("could not store the rotated credentials: {e:#}"));
-        }
+            format!("could not store the rotated credentials: {e:#}")
+        });
         let identity_changed = {
             let old = &self.current.load().identity;
             old.organization.is_some()
@@ -411,9 +488,14 @@ impl Seat {
         self.adopt(&credential);
         let mut h = self.health.lock();
         (h.failures, h.backoff_until_ms, h.refreshes, h.last_refresh_ms) = (0, 0, h.refreshes + 1, Some(now_ms));
-        h.last_error = None;
+        h.last_error = unstored;
         tracing::info!(account = %self.id, expires_in_s = credential.expires_at_ms.saturating_sub(now_ms) / 1000, "OAuth token refreshed");
         Ok(Refreshed::Renewed { identity_changed })
+    }
+
+    /// Whether `refresh_token` is the one the endpoint refused.
+    fn was_refused(&self, refresh_token: &str) -> bool {
+        self.health.lock().refused == Some(crate::config::digest(refresh_token))
     }
 
     fn adopt(&self, c: &StoredCredential) {
