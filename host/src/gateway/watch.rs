@@ -54,10 +54,10 @@ fn plugin_files(gw: &Gateway) -> Vec<PathBuf> {
 /// the gateway is dropped.
 pub fn watch_files(gateway: &Arc<Gateway>, config: PathBuf, reload: Reloader) -> tokio::task::JoinHandle<()> {
     let weak = Arc::downgrade(gateway);
+    // The files as loaded, taken now rather than when the task first runs: a
+    // change made right after the gateway says it listens is a change.
+    let mut last = print(&config, &plugin_files(gateway));
     tokio::spawn(async move {
-        let Some(gw) = weak.upgrade() else { return };
-        let mut last = print(&config, &plugin_files(&gw));
-        drop(gw);
         loop {
             tokio::time::sleep(POLL).await;
             let Some(gw) = weak.upgrade() else { return };
