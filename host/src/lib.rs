@@ -7,6 +7,7 @@
 //! - [`account`] — the account model: quota windows, statuses, cooldowns, as plain data.
 //! - [`gateway`] — the HTTP proxy around the chain (`gateway::proxy` serves one request).
 //! - [`config`] — the TOML configuration.
+//! - [`logs`] — the stderr lines, as text or JSON, one line per event.
 //! - [`case`] — the JSON case format of `poolgate rank` and `poolgate plugin test`.
 //! - [`sim`] — a simulated Anthropic upstream whose quota moves (`poolgate demo`).
 //! - [`random`] — random keys and ids, and the cheap pseudo-random step the demo varies with.
@@ -17,6 +18,7 @@ pub mod cli;
 pub mod config;
 pub mod fixtures;
 pub mod gateway;
+pub mod logs;
 pub mod oauth;
 pub mod policy;
 pub mod random;

@@ -125,7 +125,7 @@ async fn json_logs_carry_the_decision_record() {
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .find(|v| v["target"] == "poolgate::decision")
         .unwrap_or_else(|| panic!("no decision line in:\n{log}"));
-    let record: Value = serde_json::from_str(line["fields"]["message"].as_str().unwrap()).unwrap();
+    let record = &line["fields"]["record"];
     assert_eq!(record["model"], "claude-haiku-4-5");
     assert_eq!(record["account"], "a");
     assert_eq!(record["status"], 200);

@@ -121,11 +121,18 @@ pub fn main() -> ExitCode {
     if let Ok(exe) = std::env::current_exe() {
         crate::policy::compile::compile_in_subprocess(exe);
     }
-    let cli = Cli::parse();
-    if !matches!(cli.command, Command::Serve(_)) {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
+    match &cli.command {
+        // Known before the config is loaded, so that an error loading it is
+        // written in the format the operator's log collector expects.
+        Command::Serve(args) => crate::logs::set_format(serve::log_format(args)),
         // No line per request: the demo's live table would scroll away.
-        init_tracing(crate::config::LogFormat::Text, false);
+        _ => init_tracing(crate::config::LogFormat::Text, false),
     }
+    let serving = matches!(cli.command, Command::Serve(_));
     let result = match cli.command {
         Command::Rank(args) => rank::run(args),
         Command::Serve(args) => serve::run(args),
@@ -137,6 +144,12 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // `serve`'s last word is a log line like the others (one line, in
+        // its format); the other commands talk to a person at a terminal.
+        Err(e) if serving => {
+            crate::logs::fatal(&e);
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -144,14 +157,36 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// A command line clap refused (or `--help`, `--version`). When JSON logs
+/// were asked for — by `POOLGATE_LOG_FORMAT` or `--log-format json` — a
+/// usage error is one JSON line too: a unit file's typo must not be the one
+/// line a log collector cannot parse.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let code = ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) || !json_asked() {
+        let _ = e.print();
+        return code;
+    }
+    crate::logs::set_format(crate::config::LogFormat::Json);
+    let message = e.render().to_string();
+    crate::logs::line(tracing::Level::ERROR, "poolgate", message.trim_end(), &[]);
+    code
+}
+
+/// Whether the environment or the raw arguments ask for JSON logs.
+fn json_asked() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    std::env::var("POOLGATE_LOG_FORMAT").is_ok_and(|v| v == "json")
+        || args.iter().any(|a| a == "--log-format=json")
+        || args.windows(2).any(|w| w[0] == "--log-format" && w[1] == "json")
+}
+
 /// Logs go to stderr, filtered by `POOLGATE_LOG`, else `RUST_LOG` (e.g.
-/// `info`, `poolgate::decision=debug`); `json` writes one object per line.
-/// Colour only on a terminal (and never with `NO_COLOR` set), so a log file or
-/// a journal gets plain text. `requests`: whether the default filter keeps the
-/// one line per request.
+/// `info`, `poolgate::decision=debug`); `json` writes one object per line
+/// (see [`crate::logs`]). `requests`: whether the default filter keeps the one
+/// line per request.
 pub(crate) fn init_tracing(format: crate::config::LogFormat, requests: bool) {
-    use std::io::IsTerminal as _;
-    use tracing_subscriber::EnvFilter;
     // Text logs are for people: one line per request (`poolgate::request`),
     // poolgate's own events (reloads, cooldowns, plugin output) at info,
     // everything else only when something is wrong; the full decision record
@@ -161,19 +196,7 @@ pub(crate) fn init_tracing(format: crate::config::LogFormat, requests: bool) {
         (crate::config::LogFormat::Text, true) => "warn,poolgate=info",
         (crate::config::LogFormat::Text, false) => "warn,poolgate=info,poolgate::request=warn",
     };
-    let filter = ["POOLGATE_LOG", "RUST_LOG"]
-        .into_iter()
-        .find_map(|var| {
-            let value = std::env::var(var).ok().filter(|v| !v.trim().is_empty())?;
-            EnvFilter::try_new(&value).inspect_err(|e| eprintln!("poolgate: ignoring {var}={value:?}: {e}")).ok()
-        })
-        .unwrap_or_else(|| EnvFilter::new(default));
-    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    let _ = match format {
-        crate::config::LogFormat::Json => builder.json().try_init(),
-        crate::config::LogFormat::Text => builder.try_init(),
-    };
+    crate::logs::init(format, default);
 }
 
 /// The config file and what the command line or the environment override in

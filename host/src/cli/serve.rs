@@ -20,6 +20,20 @@ pub struct Args {
     source: super::ConfigArgs,
 }
 
+/// The log format `serve` writes in, known before the config is loaded:
+/// `--log-format` / `POOLGATE_LOG_FORMAT`, else the file's `[server]
+/// log_format` read leniently (a file whose other parts do not validate still
+/// names it), else text.
+pub fn log_format(args: &Args) -> crate::config::LogFormat {
+    use crate::config::LogFormat;
+    let named = args.source.log_format.clone().or_else(|| {
+        let text = std::fs::read_to_string(&args.source.config).ok()?;
+        let table: toml::Table = toml::from_str(&text).ok()?;
+        Some(table.get("server")?.get("log_format")?.as_str()?.to_string())
+    });
+    if named.as_deref() == Some("json") { LogFormat::Json } else { LogFormat::Text }
+}
+
 pub fn run(args: Args) -> Result<ExitCode> {
     let overrides = args.source.overrides();
     let path = args.source.config;
@@ -28,6 +42,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let recovered = super::login::recover_seats(&path);
     let (config, index) = Config::load_file_with(&path, &overrides)?;
     super::init_tracing(config.server.log_format, true);
+    crate::logs::install_panic_hook();
     for line in recovered {
         tracing::warn!("{line}");
     }
@@ -101,12 +116,22 @@ pub async fn serve(config: Config, source: Option<(PathBuf, Overrides)>) -> Resu
         watch::reload_on_sighup(&running.gateway, reload);
     }
     let g = running.gateway.generation();
-    tracing::info!(addr = %running.addr, accounts = g.accounts.len(), stages = g.chain.len(), "poolgate listening");
-    eprintln!(
-        "poolgate listening on http://{} ({} accounts, {} chain stages)",
-        running.addr,
-        g.accounts.len(),
-        g.chain.len()
+    // Past the log filter: whoever started it needs to know where it listens
+    // (and tests find the address by this text, in either format).
+    crate::logs::line(
+        tracing::Level::INFO,
+        "poolgate",
+        &format!(
+            "poolgate listening on http://{} ({} accounts, {} chain stages)",
+            running.addr,
+            g.accounts.len(),
+            g.chain.len()
+        ),
+        &[
+            ("addr", running.addr.to_string().into()),
+            ("accounts", g.accounts.len().into()),
+            ("stages", g.chain.len().into()),
+        ],
     );
     drop(g);
     server::termination().await;

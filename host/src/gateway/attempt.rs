@@ -227,7 +227,13 @@ async fn send_refreshing(
             send().await
         }
         Err(e) => {
-            tracing::warn!(request = incoming.id, account = %account.config.id, error = %e, "401 on an OAuth seat and no new token");
+            // A refresh that failed now was logged by the seat, with its
+            // error; this line says which request met it, not the error again.
+            let error = match &e {
+                crate::oauth::SeatError::Failed(_) => None,
+                e => Some(tracing::field::display(e)),
+            };
+            tracing::warn!(request = incoming.id, account = %account.config.id, error, "401 on an OAuth seat and no new token");
             Ok(response)
         }
     }

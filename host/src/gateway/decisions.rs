@@ -166,12 +166,13 @@ impl DecisionLog {
     }
 
     /// Adds a record, logging it whole at `debug` (the request's `info` line
-    /// is [`super::finish::log_line`]'s).
+    /// is [`super::finish::log_line`]'s) — serialized only when that target is
+    /// on; a JSON log embeds it as an object (`crate::logs`).
     pub fn push(&self, record: RequestRecord) {
         if tracing::enabled!(target: "poolgate::decision", tracing::Level::DEBUG)
             && let Ok(json) = serde_json::to_string(&record)
         {
-            tracing::debug!(target: "poolgate::decision", request = record.id, account = record.account.as_deref().unwrap_or("-"), status = record.status, reason = %record.reason, "{json}");
+            tracing::debug!(target: "poolgate::decision", request = record.id, account = record.account.as_deref().unwrap_or("-"), status = record.status, reason = %record.reason, record = %json, "record");
         }
         let mut k = self.kept.lock();
         if k.0 == 0 {

@@ -115,8 +115,16 @@ impl Finish {
         record.outcome = ending;
         record.duration_ms = started.elapsed().as_millis() as u64;
         gateway.metrics.request(record.account.as_deref().unwrap_or("-"), record.status);
-        let answered_by = record.account.as_deref().filter(|_| account_answers);
-        log_line(record.id, &record.method, &record.path, status, answered_by, record.duration_ms);
+        log_line(&RequestLine {
+            id: record.id,
+            method: &record.method,
+            path: &record.path,
+            status,
+            account: record.account.as_deref().filter(|_| account_answers),
+            client: record.client.as_deref(),
+            model: Some(record.model.as_str()).filter(|m| !m.is_empty()),
+            ms: record.duration_ms,
+        });
         gateway.decisions.push(record);
     }
 
@@ -162,22 +170,61 @@ pub struct Early<'a> {
 impl Early<'_> {
     /// Ends the request with `r`: counted in `poolgate_refused_total{reason}`,
     /// logged, and tagged with its request id.
-    pub fn refuse(&self, gw: &Gateway, reason: &'static str, mut r: Response) -> Response {
+    pub fn refuse(&self, gw: &Gateway, reason: &'static str, r: Response) -> Response {
+        self.refuse_from(gw, reason, None, r)
+    }
+
+    /// [`Early::refuse`] for a request whose client key was accepted
+    /// (`client`, its name): the log line says who was refused.
+    pub fn refuse_from(&self, gw: &Gateway, reason: &'static str, client: Option<&str>, mut r: Response) -> Response {
         gw.metrics.refused(reason);
         r.headers_mut().insert("x-poolgate-request-id", HeaderValue::from(self.id));
-        let ms = self.started.elapsed().as_millis() as u64;
-        log_line(self.id, self.method.as_str(), self.path, r.status().as_u16(), None, ms);
+        log_line(&RequestLine {
+            id: self.id,
+            method: self.method.as_str(),
+            path: self.path,
+            status: r.status().as_u16(),
+            account: None,
+            client,
+            model: None,
+            ms: self.started.elapsed().as_millis() as u64,
+        });
         r
     }
 }
 
+/// What the one `info` line of a request says.
+pub struct RequestLine<'a> {
+    /// The request id (as in `x-poolgate-request-id`).
+    pub id: u64,
+    /// Its method.
+    pub method: &'a str,
+    /// Its path, without the query.
+    pub path: &'a str,
+    /// The status the client got.
+    pub status: u16,
+    /// The account whose answer the response is (none for a local answer).
+    pub account: Option<&'a str>,
+    /// The accepted client key's name (none without client keys, or before
+    /// the key was checked).
+    pub client: Option<&'a str>,
+    /// The model asked for (none before the body was read).
+    pub model: Option<&'a str>,
+    /// Total time, ms (to the end of a stream).
+    pub ms: u64,
+}
+
 /// The one `info` line of a request (its full record is logged at `debug`,
-/// target `poolgate::decision`): nothing in it is secret.
-pub fn log_line(id: u64, method: &str, path: &str, status: u16, account: Option<&str>, ms: u64) {
-    let account = account.unwrap_or("-");
-    // Displayed, not quoted: a method and a path hold no spaces or line breaks,
-    // and an account id (the operator's text) is escaped so it cannot forge a line.
-    tracing::info!(target: "poolgate::request", request = id, method = %method, path = %path, status, account = %account.escape_debug(), ms, "answered");
+/// target `poolgate::decision`): nothing in it is secret. What is unknown is
+/// `-`, so every line has every key.
+pub fn log_line(l: &RequestLine<'_>) {
+    use crate::logs::Token;
+    let (account, client, model) =
+        (Token(l.account.unwrap_or("-")), Token(l.client.unwrap_or("-")), Token(l.model.unwrap_or("-")));
+    // A method and a path hold no spaces or line breaks (hyper refuses them);
+    // the account id and key name (the operator's text) and the model (the
+    // client's) are written as one word, or quoted, so none can forge a field.
+    tracing::info!(target: "poolgate::request", request = l.id, method = %l.method, path = %l.path, status = l.status, account = %account, client = %client, model = %model, ms = l.ms, "answered");
 }
 
 /// What the chain hears about an attempt that ended with HTTP `status`, or

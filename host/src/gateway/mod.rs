@@ -55,9 +55,27 @@ pub fn install_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// The time since the Unix epoch (zero on a clock set before it).
+fn since_epoch() -> Duration {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default()
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The first request id of a gateway started `since_epoch` after the Unix
+/// epoch: its start time in microseconds. Ids then go up by one per request,
+/// so a restarted gateway's ids are all new as long as the run before it
+/// handed out fewer ids than microseconds passed between the two starts —
+/// under one request per microsecond (1 M/s) on average, far above what one
+/// gateway serves — and the clock did not step back across the restart. The
+/// ids stay below 2^53 (exact as a JSON number in any parser) until the year
+/// 2255. Replicas running at once each count from their own start: pair the id
+/// with the replica to tell their requests apart.
+pub fn first_request_id(since_epoch: Duration) -> u64 {
+    (since_epoch.as_micros() as u64).max(1)
 }
 
 /// The outcome of the last reload, for `/status`.
@@ -111,6 +129,7 @@ pub struct Gateway {
     /// What sends requests to accounts: the pooled HTTP client
     /// ([`upstream::Upstream`]), or a scripted one in tests.
     pub http: Arc<dyn upstream::Transport>,
+    /// The next request id: seeded from the start time ([`first_request_id`]).
     next_request: AtomicU64,
     /// The last reload's outcome.
     pub last_reload: Mutex<Option<ReloadStatus>>,
@@ -181,7 +200,7 @@ impl Gateway {
             metrics,
             decisions,
             http,
-            next_request: AtomicU64::new(1),
+            next_request: AtomicU64::new(first_request_id(since_epoch())),
             last_reload: Mutex::new(None),
             reloading: tokio::sync::Mutex::new(()),
             started_ms: now_ms(),
@@ -335,17 +354,30 @@ impl Gateway {
         self.metrics.reload(false);
         let mut last = self.last_reload.lock();
         let failures = last.as_ref().map_or(0, |l| l.consecutive_failures);
-        tracing::error!(trigger, error = %message, "reload refused; the running configuration stays");
+        let errors: Vec<String> = message.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect();
+        // One line per refusal, its problems in it (escaped onto the line, or
+        // a JSON string). The same problems refused again — the file watcher
+        // and a SIGHUP meeting the same file — are not written out twice.
+        let again = last.as_ref().is_some_and(|l| !l.ok && l.errors == errors);
+        if again {
+            tracing::warn!(
+                trigger,
+                refusals = failures + 1,
+                "reload refused again for the same problems; the running configuration stays"
+            );
+        } else {
+            tracing::error!(trigger, error = %message.trim_end(), "reload refused; the running configuration stays");
+        }
         *last = Some(ReloadStatus {
             at_ms: now_ms(),
             ok: false,
             trigger: trigger.into(),
-            errors: message.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect(),
+            errors,
             consecutive_failures: failures + 1,
         });
     }
 
-    /// A new request number.
+    /// A new request id, unique across restarts ([`first_request_id`]).
     pub fn next_request_id(&self) -> u64 {
         self.next_request.fetch_add(1, Ordering::Relaxed)
     }

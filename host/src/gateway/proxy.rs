@@ -146,7 +146,7 @@ impl Exchange {
         let facts = if incoming.method == Method::POST {
             body_facts(&incoming.body).map_err(|e| {
                 let r = error(StatusCode::BAD_REQUEST, ErrorType::InvalidRequest, &e.0);
-                Box::new(early.refuse(&gw, "invalid_body", r))
+                Box::new(early.refuse_from(&gw, "invalid_body", incoming.client.as_deref(), r))
             })?
         } else {
             BodyFacts::default()
@@ -154,7 +154,7 @@ impl Exchange {
         if generation.accounts.is_empty() {
             let msg = "poolgate has no usable accounts configured: add an [[accounts]] entry (with api_key_env or token_file) to the config, or enable one";
             let r = final_error(StatusCode::SERVICE_UNAVAILABLE, ErrorType::Api, msg);
-            return Err(Box::new(early.refuse(&gw, "no_accounts", r)));
+            return Err(Box::new(early.refuse_from(&gw, "no_accounts", incoming.client.as_deref(), r)));
         }
         let model = facts.model.clone().unwrap_or_default();
         let pool = generation.accounts.len();

@@ -54,10 +54,10 @@ fn plugin_files(gw: &Gateway) -> Vec<PathBuf> {
 /// the gateway is dropped.
 pub fn watch_files(gateway: &Arc<Gateway>, config: PathBuf, reload: Reloader) -> tokio::task::JoinHandle<()> {
     let weak = Arc::downgrade(gateway);
+    // The files as loaded, taken now rather than when the task first runs: a
+    // change made right after the gateway says it listens is a change.
+    let mut last = print(&config, &plugin_files(gateway));
     tokio::spawn(async move {
-        let Some(gw) = weak.upgrade() else { return };
-        let mut last = print(&config, &plugin_files(&gw));
-        drop(gw);
         loop {
             tokio::time::sleep(POLL).await;
             let Some(gw) = weak.upgrade() else { return };
@@ -80,12 +80,7 @@ pub fn watch_files(gateway: &Arc<Gateway>, config: PathBuf, reload: Reloader) ->
             last = now;
             tracing::debug!(settle_ms = seen.elapsed().as_millis() as u64, "config or plugin file changed; reloading");
             let expect_sha256 = last.0[0].2;
-            match tokio::spawn(reload(ReloadRequest { trigger: "file-watch", expect_sha256 })).await {
-                // The reload logged what changed; nothing to add.
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "file change not applied; the running configuration stays"),
-                Err(e) => tracing::error!(error = %e, "reload task failed"),
-            }
+            run(&weak, &reload, ReloadRequest { trigger: "file-watch", expect_sha256 }).await;
             // A new generation may reference other plugin files; a change to the
             // config during the reload is still seen on the next poll.
             if let Some(gw) = weak.upgrade() {
@@ -110,11 +105,22 @@ pub fn reload_on_sighup(gateway: &Arc<Gateway>, reload: Reloader) -> tokio::task
             if weak.upgrade().is_none() {
                 return;
             }
-            match tokio::spawn(reload(ReloadRequest::now("sighup"))).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "SIGHUP reload refused; the running configuration stays"),
-                Err(e) => tracing::error!(error = %e, "reload task failed"),
-            }
+            run(&weak, &reload, ReloadRequest::now("sighup")).await;
         }
     })
+}
+
+/// Runs one reload. The reloader logs its outcome — what changed, or why it
+/// was refused (`Gateway::refuse_reload`) — so a trigger adds no line of its
+/// own: one refusal is one log line, and `/status` and the metrics count it.
+/// A reload that panicked (its panic is logged by the panic hook) never got
+/// to record its refusal; that is recorded here.
+async fn run(gateway: &std::sync::Weak<Gateway>, reload: &Reloader, request: ReloadRequest) {
+    let trigger = request.trigger;
+    if let Err(e) = tokio::spawn(reload(request)).await
+        && let Some(gw) = gateway.upgrade()
+    {
+        let why = if e.is_panic() { "the reload panicked (see the panic line)" } else { "the reload was cancelled" };
+        gw.refuse_reload(trigger, why);
+    }
 }
