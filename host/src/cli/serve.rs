@@ -46,7 +46,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
 }
 
 /// Starts the gateway for `config` (loaded from `path`, if any) and serves until
-/// SIGINT/SIGTERM.
+/// SIGTERM (which drains first: `server.drain_ms`) or SIGINT (which does not);
+/// a second signal stops at once.
 pub async fn serve(config: Config, path: Option<PathBuf>) -> Result<()> {
     let engine = PolicyEngine::new(config.cache_dir())?;
     let reloader = path.clone().map(|p| {
@@ -113,7 +114,9 @@ pub async fn serve(config: Config, path: Option<PathBuf>) -> Result<()> {
         g.chain.len()
     );
     drop(g);
-    server::termination().await;
-    running.stop();
-    running.wait().await
+    // Listening from here on, so a second signal during the shutdown is seen.
+    let mut signals = server::Signals::new()?;
+    let first = signals.next().await;
+    tracing::info!(signal = first.name(), "shutting down");
+    running.shutdown(first.stop(), signals).await
 }

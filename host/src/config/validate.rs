@@ -385,6 +385,16 @@ pub fn meaning(config: &Config, index: &LineIndex, file: &str) -> Result<super::
             ),
         );
     }
+    if s.drain_ms > 0 && s.drain_ms >= s.shutdown_grace_ms {
+        add(
+            "server.drain_ms".into(),
+            format!(
+                "{} is not below shutdown_grace_ms ({}): the grace period counts from the signal and the drain \
+                 window is part of it, so open streams would get no time after the listener closes",
+                s.drain_ms, s.shutdown_grace_ms
+            ),
+        );
+    }
     let b = &config.policy.breaker;
     if b.max_cooldown_ms < b.cooldown_ms {
         add(
