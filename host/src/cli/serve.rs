@@ -100,6 +100,9 @@ pub async fn serve(config: Config, path: Option<PathBuf>) -> Result<()> {
             r
         }) as server::MakeReloader
     });
+    // Before anything can report ready: a SIGTERM from then on is handled (a
+    // signal's default action would kill the process without a drain).
+    let mut signals = server::Signals::new()?;
     let running = server::Running::start(config, engine, reloader).await?;
     if let (Some(path), Some(reload)) = (path, running.reloader.clone()) {
         watch::watch_files(&running.gateway, path, reload.clone());
@@ -114,8 +117,9 @@ pub async fn serve(config: Config, path: Option<PathBuf>) -> Result<()> {
         g.chain.len()
     );
     drop(g);
-    // Listening from here on, so a second signal during the shutdown is seen.
-    let mut signals = server::Signals::new()?;
+    // Listening, and every signal handler in place (SIGHUP's default action
+    // would kill the process): ready.
+    crate::gateway::sd_notify::ready(&format!("poolgate listening on {}", running.addr));
     let first = signals.next().await;
     tracing::info!(signal = first.name(), "shutting down");
     running.shutdown(first.stop(), signals).await

@@ -555,6 +555,16 @@ plugin = "/nonexistent/x.wasm"
     }
 
     #[test]
+    fn the_drain_window_fits_inside_the_grace_period() {
+        let p = problems("[server]\ndrain_ms = 30000\n");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].starts_with("server.drain_ms@Some(2): 30000 is not below shutdown_grace_ms (30000)"), "{p:?}");
+        assert!(problems("[server]\ndrain_ms = 0\nshutdown_grace_ms = 0\n").is_empty(), "no drain, no grace");
+        assert!(problems("[server]\ndrain_ms = 1000\nshutdown_grace_ms = 1001\n").is_empty());
+        assert_eq!(problems("[server]\ndrain_ms = 1\nshutdown_grace_ms = 0\n").len(), 1);
+    }
+
+    #[test]
     fn stage_names_are_checked_and_named_by_their_key() {
         let text = "[[policy.chain]]\nplugin = \"builtin:headroom\"\nname = \"evil\\n2026-01-01 ERROR forged\"\n\n\
                     [[policy.chain]]\nplugin = \"builtin:headroom\"\nname = \"\"\n\n\

@@ -107,7 +107,6 @@ impl Running {
         let (stop, stopped) = watch::channel(None);
         let state = AppState { gateway: gateway.clone(), reloader: reloader.clone() };
         let task = tokio::spawn(serve(listener, state, stopped));
-        sd_notify::ready(&format!("poolgate listening on {addr}"));
         Ok(Running { addr, gateway, reloader, stop, task })
     }
 
