@@ -3,7 +3,7 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use poolgate_mock_upstream::{MockUpstream, Quota, Step, Window};
 use serde_json::{Value, json};
@@ -430,7 +430,8 @@ async fn quota_headers_feed_the_chain_and_the_status_page() {
 async fn shutdown_lets_an_open_stream_finish() {
     let mock = MockUpstream::start().await;
     mock.account("key-a").push(Step::SlowStream { chunk_delay_ms: 150 });
-    let mut gw = Gateway::start(&config(&mock.base_url(), &[("a", "KEY_A")], ""), &env3());
+    let cfg = config(&mock.base_url(), &[("a", "KEY_A")], "").replace("[server]\n", "[server]\ndrain_ms = 200\n");
+    let mut gw = Gateway::start(&cfg, &env3());
     let url = gw.url.clone();
     let stream = tokio::spawn(async move {
         let r = Gateway::client().post(format!("{url}/v1/messages")).json(&message("m", true)).send().await.unwrap();
@@ -500,4 +501,184 @@ async fn every_answer_says_which_request_it_was_and_only_an_accounts_names_it() 
         assert!(r.headers().get("x-poolgate-request-id").is_some());
     }
     assert_eq!(mock.requests().len(), 1, "a cooling account is not asked again");
+}
+
+/// Streams a request to `path` of the gateway at `url` (on a connection of its
+/// own); the text it got, and when it ended.
+fn stream(url: &str, path: &str, body: Value) -> tokio::task::JoinHandle<(String, Instant)> {
+    let url = format!("{url}{path}");
+    tokio::spawn(async move {
+        let r = Gateway::client().post(url).header("anthropic-version", "2023-06-01").json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let text = r.text().await.unwrap_or_else(|e| format!("<cut: {e}>"));
+        (text, Instant::now())
+    })
+}
+
+/// Whether a new connection to the gateway is accepted at all.
+async fn accepting(gw: &Gateway) -> bool {
+    tokio::net::TcpStream::connect(gw.url.trim_start_matches("http://")).await.is_ok()
+}
+
+async fn get_status(gw: &Gateway, path: &str) -> u16 {
+    Gateway::client().get(format!("{}{path}", gw.url)).send().await.map_or(0, |r| r.status().as_u16())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_then_cuts_what_is_still_open_as_shutdown() {
+    const DRAIN_MS: u64 = 1500;
+    const GRACE_MS: u64 = 4000;
+    let mock = MockUpstream::start().await;
+    let a = mock.account("key-a");
+    // A second between events: both streams outlast the grace period.
+    a.push(Step::SlowStream { chunk_delay_ms: 1000 });
+    a.push(Step::SlowStream { chunk_delay_ms: 1000 });
+    let cfg = config(&mock.base_url(), &[("a", "KEY_A")], "")
+        .replace("[server]\n", &format!("[server]\ndrain_ms = {DRAIN_MS}\nshutdown_grace_ms = {GRACE_MS}\n"));
+    let mut gw = Gateway::start(&cfg, &env3());
+    let messages = stream(&gw.url, "/v1/messages", message("claude-sonnet-4-5", true));
+    let chat = stream(
+        &gw.url,
+        "/v1/chat/completions",
+        json!({"model": "claude-sonnet-4-5", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    support::eventually("both streams are open", Duration::from_secs(10), async || {
+        status(&gw).await["accounts"][0]["in_flight"] == 2
+    })
+    .await;
+    assert_eq!(get_status(&gw, "/readyz").await, 200);
+
+    let signalled = Instant::now();
+    gw.terminate();
+    // At once: not ready, so a load balancer stops sending…
+    support::eventually("/readyz answers 503", Duration::from_secs(2), async || {
+        get_status(&gw, "/readyz").await == 503
+    })
+    .await;
+    // …but what it still sends during drain_ms is served, on connections that
+    // then close (the client reconnects elsewhere).
+    let r = post(&gw, &message("claude-sonnet-4-5", false)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "connection"), "close");
+    assert_eq!(get_status(&gw, "/healthz").await, 200);
+    assert!(signalled.elapsed() < Duration::from_millis(DRAIN_MS), "within the drain window");
+    // Then the listener closes.
+    support::eventually("the listener closes", Duration::from_secs(10), async || !accepting(&gw).await).await;
+    assert!(signalled.elapsed() >= Duration::from_millis(DRAIN_MS), "not before drain_ms: {:?}", signalled.elapsed());
+
+    // The streams go on until the grace period ends, then end with an error
+    // event — Anthropic's, and on the OpenAI route OpenAI's error chunk.
+    let (text, ended) = messages.await.unwrap();
+    assert!(ended - signalled >= Duration::from_millis(GRACE_MS), "cut at the grace's end: {:?}", ended - signalled);
+    assert!(text.contains("event: content_block_delta"), "it streamed until then: {text}");
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    assert!(last.starts_with("event: error\ndata: "), "{text}");
+    let event: Value = serde_json::from_str(last.split_once("data: ").unwrap().1).unwrap();
+    assert_eq!(event["error"]["type"], "api_error");
+    assert!(event["error"]["message"].as_str().unwrap().contains("shutting down"), "{event}");
+    let (text, _) = chat.await.unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("data: ")).collect();
+    assert_eq!(lines.last(), Some(&"data: [DONE]"), "{text}");
+    let chunk: Value = serde_json::from_str(lines[lines.len() - 2].trim_start_matches("data: ")).unwrap();
+    assert_eq!(chunk["error"]["type"], "server_error", "{text}");
+    assert!(chunk["error"]["message"].as_str().unwrap().contains("shutting down"), "{chunk}");
+
+    let exit = tokio::task::spawn_blocking(move || {
+        let exit = gw.wait(Duration::from_secs(15));
+        (exit, gw)
+    });
+    let (exit, gw) = exit.await.unwrap();
+    assert!(exit.is_some_and(|s| s.success()), "exited cleanly");
+    // Recorded as cut by the shutdown, not as clients that went away.
+    let log = gw.log();
+    assert_eq!(log.matches("\"outcome\":\"shutdown\"").count(), 2, "{log}");
+    assert!(!log.contains("\"outcome\":\"client_gone\""), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_skips_the_drain_and_a_second_one_stops_at_once() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a").push(Step::SlowStream { chunk_delay_ms: 1000 });
+    // The default grace (30 s) would let the stream finish.
+    let mut gw = Gateway::start(&config(&mock.base_url(), &[("a", "KEY_A")], ""), &env3());
+    let messages = stream(&gw.url, "/v1/messages", message("claude-sonnet-4-5", true));
+    support::eventually("the stream is open", Duration::from_secs(10), async || {
+        status(&gw).await["accounts"][0]["in_flight"] == 1
+    })
+    .await;
+    gw.signal("INT");
+    // No load balancer at a terminal: the listener closes at once.
+    support::eventually("the listener closes", Duration::from_secs(3), async || !accepting(&gw).await).await;
+    assert!(!messages.is_finished(), "the open stream goes on");
+    let second = Instant::now();
+    gw.signal("INT");
+    let (text, ended) = messages.await.unwrap();
+    assert!(text.trim_end().ends_with("shutdown grace period\"}}"), "{text}");
+    // Far sooner than the grace period: at once, given a busy machine.
+    assert!(ended - second < Duration::from_secs(10), "{:?}", ended - second);
+    let exit = tokio::task::spawn_blocking(move || gw.wait(Duration::from_secs(15))).await.unwrap();
+    assert!(exit.is_some_and(|s| s.success()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemd_hears_ready_reloading_and_stopping() {
+    let dir = support::tempdir::Dir::new("notify");
+    let path = dir.0.join("notify.sock");
+    let socket = tokio::net::UnixDatagram::bind(&path).unwrap();
+    let next = async || {
+        let mut buf = [0u8; 512];
+        let n = tokio::time::timeout(Duration::from_secs(30), socket.recv(&mut buf))
+            .await
+            .expect("a notification")
+            .unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let mock = MockUpstream::start().await;
+    mock.account("key-a");
+    let cfg = config(&mock.base_url(), &[("a", "KEY_A")], "").replace("[server]\n", "[server]\ndrain_ms = 0\n");
+    let socket_path = path.to_str().unwrap().to_string();
+    let mut env: Vec<(&str, &str)> = env3();
+    env.push(("NOTIFY_SOCKET", &socket_path));
+    let mut gw = Gateway::start(&cfg, &env);
+    let ready = next().await;
+    assert!(ready.starts_with("READY=1\nSTATUS=poolgate listening on 127.0.0.1:"), "{ready}");
+    assert!(ready.ends_with(gw.url.trim_start_matches("http://")), "{ready} names {}", gw.url);
+    gw.signal("HUP");
+    let reloading = next().await;
+    assert!(reloading.starts_with("RELOADING=1\nMONOTONIC_USEC="), "{reloading}");
+    let ready = next().await;
+    assert!(ready.starts_with("READY=1\nSTATUS=serving configuration generation "), "{ready}");
+    gw.terminate();
+    assert!(next().await.starts_with("STOPPING=1\n"));
+    let exit = tokio::task::spawn_blocking(move || gw.wait(Duration::from_secs(15))).await.unwrap();
+    assert!(exit.is_some_and(|s| s.success()));
+}
+
+#[test]
+fn the_example_systemd_unit_verifies() {
+    let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/poolgate.service")).unwrap();
+    let value = |key: &str| {
+        unit.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix('=')).unwrap_or_else(|| panic!("no {key}"))
+    };
+    assert_eq!(value("Type"), "notify");
+    assert_eq!(value("KillSignal"), "SIGTERM");
+    // systemd must wait past the grace period, or it kills streams poolgate would end cleanly.
+    let stop_s: u64 = value("TimeoutStopSec").parse().unwrap();
+    let grace_ms = poolgate::config::Config::default().server.shutdown_grace_ms;
+    assert!(stop_s * 1000 > grace_ms + 5_000, "TimeoutStopSec={stop_s} vs shutdown_grace_ms={grace_ms}");
+    let Ok(version) = std::process::Command::new("systemd-analyze").arg("--version").output() else {
+        eprintln!("skipped: systemd-analyze is not installed, so the unit is not verified");
+        return;
+    };
+    assert!(version.status.success());
+    // As installed, with the binary where the unit expects it.
+    let dir = support::tempdir::Dir::new("unit");
+    let path = dir.0.join("poolgate.service");
+    std::fs::write(&path, unit.replace("/usr/local/bin/poolgate", env!("CARGO_BIN_EXE_poolgate"))).unwrap();
+    let out = std::process::Command::new("systemd-analyze").arg("verify").arg(&path).output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    // verify exits 0 on some problems (an unknown value is "ignored"): any
+    // line about the unit fails.
+    assert!(out.status.success(), "{said}");
+    assert!(!said.lines().any(|l| l.contains("poolgate.service")), "{said}");
 }

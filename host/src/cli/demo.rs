@@ -154,8 +154,8 @@ async fn demo(args: Args) -> Result<()> {
         }
         None
     };
-    running.stop();
-    running.wait().await?;
+    // Ctrl-C again while open streams finish: stop at once.
+    running.shutdown(server::Stop::Close, server::Signals::new()?).await?;
     let refreshes = sim.refreshes();
     sim.stop().await;
     write!(stdout, "{}", view.summary(counts.as_ref()))?;

@@ -56,7 +56,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
 /// Starts the gateway for `config` (loaded from `source`, if any: the file and
 /// what the command line overrides in it, which every reload reads the same
-/// way) and serves until SIGINT/SIGTERM.
+/// way) and serves until SIGTERM (which drains first: `server.drain_ms`) or
+/// SIGINT (which does not); a second signal stops at once.
 pub async fn serve(config: Config, source: Option<(PathBuf, Overrides)>) -> Result<()> {
     let engine = PolicyEngine::new(config.cache_dir())?;
     let path = source.as_ref().map(|(p, _)| p.clone());
@@ -110,6 +111,9 @@ pub async fn serve(config: Config, source: Option<(PathBuf, Overrides)>) -> Resu
             r
         }) as server::MakeReloader
     });
+    // Before anything can report ready: a SIGTERM from then on is handled (a
+    // signal's default action would kill the process without a drain).
+    let mut signals = server::Signals::new()?;
     let running = server::Running::start(config, engine, reloader).await?;
     if let (Some(path), Some(reload)) = (path, running.reloader.clone()) {
         watch::watch_files(&running.gateway, path, reload.clone());
@@ -134,7 +138,10 @@ pub async fn serve(config: Config, source: Option<(PathBuf, Overrides)>) -> Resu
         ],
     );
     drop(g);
-    server::termination().await;
-    running.stop();
-    running.wait().await
+    // Listening, and every signal handler in place (SIGHUP's default action
+    // would kill the process): ready.
+    crate::gateway::sd_notify::ready(&format!("poolgate listening on {}", running.addr));
+    let first = signals.next().await;
+    tracing::info!(signal = first.name(), "shutting down");
+    running.shutdown(first.stop(), signals).await
 }

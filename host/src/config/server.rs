@@ -15,8 +15,25 @@ pub struct ServerConfig {
     /// Largest request head accepted, bytes: every header's name and value plus
     /// the 4 bytes of `: ` and CRLF, as on the wire. Larger heads get 431.
     pub max_header_bytes: usize,
-    /// How long a shutdown waits for in-flight requests and streams, ms.
+    /// How long a shutdown waits for in-flight requests and streams, ms,
+    /// counted from the signal; a stream still open then is ended with an
+    /// SSE `error` event.
     pub shutdown_grace_ms: u64,
+    /// After SIGTERM, how long the listener keeps accepting connections, ms,
+    /// while `/readyz` answers 503, so a load balancer can move traffic away.
+    /// Part of the grace period, so smaller than `shutdown_grace_ms`.
+    pub drain_ms: u64,
+    /// How long a client may take to send a request head, ms: from its first
+    /// byte (on a new connection, from the connect). Past it: 408.
+    pub header_timeout_ms: u64,
+    /// How long a client may take to send a request body, ms, from the end of
+    /// its head. Past it: 408.
+    pub body_timeout_ms: u64,
+    /// How long a keep-alive connection may stay idle between requests, ms.
+    pub idle_timeout_ms: u64,
+    /// The most client connections open at once; 0 derives it from the
+    /// open-file limit. Past it a connection gets a 503 and is closed.
+    pub max_connections: usize,
     /// Decision records kept for `GET /admin/decisions`.
     pub decisions_kept: usize,
     /// `text` or `json` log lines.
@@ -36,6 +53,11 @@ impl Default for ServerConfig {
             max_body_mb: 32,
             max_header_bytes: 32 << 10,
             shutdown_grace_ms: 30_000,
+            drain_ms: 5_000,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 60_000,
+            idle_timeout_ms: 75_000,
+            max_connections: 0,
             decisions_kept: 200,
             log_format: LogFormat::Text,
             admin_token_env: None,

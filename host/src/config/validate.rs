@@ -399,6 +399,17 @@ pub fn meaning(
             ),
         );
     }
+    let s = &config.server;
+    if s.drain_ms > 0 && s.drain_ms >= s.shutdown_grace_ms {
+        add(
+            "server.drain_ms".into(),
+            format!(
+                "{} is not below shutdown_grace_ms ({}): the grace period counts from the signal and the drain \
+                 window is part of it, so open streams would get no time after the listener closes",
+                s.drain_ms, s.shutdown_grace_ms
+            ),
+        );
+    }
     let b = &config.policy.breaker;
     if b.max_cooldown_ms < b.cooldown_ms {
         add(
@@ -625,6 +636,16 @@ plugin = "/nonexistent/x.wasm"
         assert!(all.contains("accounts[1].base_url@Some(9)"), "{all}");
         assert!(all.contains("policy.chain[0].plugin@Some(12): unknown built-in `builtin:nope`"), "{all}");
         assert!(all.contains("policy.chain[1].plugin@Some(15): no plugin file at /nonexistent/x.wasm"), "{all}");
+    }
+
+    #[test]
+    fn the_drain_window_fits_inside_the_grace_period() {
+        let p = problems("[server]\ndrain_ms = 30000\n");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].starts_with("server.drain_ms@Some(2): 30000 is not below shutdown_grace_ms (30000)"), "{p:?}");
+        assert!(problems("[server]\ndrain_ms = 0\nshutdown_grace_ms = 0\n").is_empty(), "no drain, no grace");
+        assert!(problems("[server]\ndrain_ms = 1000\nshutdown_grace_ms = 1001\n").is_empty());
+        assert_eq!(problems("[server]\ndrain_ms = 1\nshutdown_grace_ms = 0\n").len(), 1);
     }
 
     #[test]

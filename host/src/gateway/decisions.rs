@@ -39,6 +39,9 @@ pub enum Ending {
     StreamError,
     /// The client went away before the answer was whole.
     ClientGone,
+    /// The gateway was shutting down and the answer was still open when its
+    /// grace period ended: cut, with an SSE `error` event for a stream.
+    Shutdown,
     /// Some account waits out a quota and none could serve: a local 429.
     Parked,
     /// Credentials were refused and no account could serve: a local 503.
@@ -65,6 +68,7 @@ impl Ending {
             Ending::Complete => "complete",
             Ending::StreamError => "stream_error",
             Ending::ClientGone => "client_gone",
+            Ending::Shutdown => "shutdown",
             Ending::Parked => "parked",
             Ending::AuthRefused => "auth_refused",
             Ending::UpstreamFailed => "upstream_failed",

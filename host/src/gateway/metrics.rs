@@ -166,6 +166,8 @@ pub struct Metrics {
     fallback: Family<Backend, Counter>,
     unserved: Family<Cause, Counter>,
     refused: Family<Reason, Counter>,
+    idle_closed: Counter,
+    shutdown_cuts: Counter,
     reloads: Family<ReloadResult, Counter>,
     chain_duration: Histogram,
     upstream_latency: Family<Account, Histogram, fn() -> Histogram>,
@@ -191,6 +193,8 @@ impl Default for Metrics {
             fallback: Family::default(),
             unserved: Family::default(),
             refused: Family::default(),
+            idle_closed: Counter::default(),
+            shutdown_cuts: Counter::default(),
             reloads: Family::default(),
             chain_duration: latency_histogram(),
             upstream_latency: Family::new_with_constructor(latency_histogram),
@@ -250,6 +254,17 @@ impl Default for Metrics {
             m.unserved.clone(),
         );
         r.register("poolgate_refused", "Requests refused before any account was asked, by reason", m.refused.clone());
+        r.register(
+            "poolgate_idle_connections_closed",
+            "Client connections closed for sending nothing: idle past server.idle_timeout_ms between requests, or \
+             silent past server.header_timeout_ms after connecting",
+            m.idle_closed.clone(),
+        );
+        r.register(
+            "poolgate_shutdown_cuts",
+            "Answers still open when the shutdown grace period ended, cut (a stream with an SSE error event)",
+            m.shutdown_cuts.clone(),
+        );
         r.register(
             "poolgate_fallback",
             "Requests the pool could not serve that a fallback backend answered, by backend/model",
@@ -348,6 +363,16 @@ impl Metrics {
     /// A request was refused before reaching an account.
     pub fn refused(&self, reason: &'static str) {
         self.refused.get_or_create(&Reason { reason }).inc();
+    }
+
+    /// A client connection was closed for sending nothing.
+    pub fn idle_closed(&self) {
+        self.idle_closed.inc();
+    }
+
+    /// An answer was cut at the end of the shutdown grace period.
+    pub fn shutdown_cut(&self) {
+        self.shutdown_cuts.inc();
     }
 
     /// A shared state backend operation failed.

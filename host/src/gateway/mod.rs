@@ -11,7 +11,10 @@
 //!   when the stream ends.
 //! - [`accounts`], [`quota`], [`cooldown`], [`admission`]: learned state, the quota
 //!   signal, the cooldown plan, the in-flight limits and queue.
-//! - [`routes`], [`server`]: the HTTP surface and the listener.
+//! - [`routes`], [`server`]: the HTTP surface and the listener; [`conn`]
+//!   bounds what one client connection can hold; [`lifecycle`] is the
+//!   shutdown as requests see it (draining, streams cut); [`sd_notify`]
+//!   tells systemd.
 
 pub mod accounts;
 pub mod admission;
@@ -19,18 +22,21 @@ pub mod attempt;
 pub mod auth;
 pub mod change;
 pub mod chat;
+pub mod conn;
 pub mod cooldown;
 pub mod decisions;
 pub mod errors;
 pub mod fallback;
 pub mod finish;
 pub mod generation;
+pub mod lifecycle;
 pub mod metrics;
 pub mod proxy;
 pub mod quota;
 pub mod relay;
 pub mod request;
 pub mod routes;
+pub mod sd_notify;
 pub mod server;
 pub mod unserved;
 pub mod upstream;
@@ -143,6 +149,8 @@ pub struct Gateway {
     /// The address the listener is bound to (set once it is): a reload cannot
     /// move it, so reloads are judged against it.
     pub listening: std::sync::OnceLock<std::net::SocketAddr>,
+    /// Draining, streams cut at the end of the grace period, connections open.
+    pub lifecycle: Arc<lifecycle::Lifecycle>,
 }
 
 impl Gateway {
@@ -206,6 +214,7 @@ impl Gateway {
             started_ms: now_ms(),
             shared: shared.clone(),
             listening: std::sync::OnceLock::new(),
+            lifecycle: Arc::default(),
         });
         gateway.share_seats(&gateway.generation());
         shared.start(Arc::downgrade(&gateway));

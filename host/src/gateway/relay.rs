@@ -8,6 +8,12 @@
 //! connection; to make that possible the relay holds back the tail of a chunk
 //! that ends inside an event until the event is complete (chunks normally end on
 //! event boundaries, and then nothing is held or copied).
+//!
+//! A shutdown's grace period that ends while the answer is still open cuts it
+//! the same way — an SSE stream ends with an `error` event saying the gateway
+//! is shutting down (which the OpenAI translation turns into an OpenAI error
+//! chunk), any other body ends torn — and the request is recorded as
+//! `shutdown`, not as a client that went away.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,6 +32,10 @@ use crate::policy::types as wit;
 /// The SSE event sent when the upstream stream breaks after the first byte.
 pub const STREAM_ERROR_EVENT: &[u8] =
     b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"upstream stream interrupted (poolgate)\"}}\n\n";
+
+/// The SSE event that ends a stream still open when the shutdown grace
+/// period ends.
+pub const STREAM_SHUTDOWN_EVENT: &[u8] = b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"poolgate is shutting down: the stream was cut at the end of its shutdown grace period\"}}\n\n";
 
 /// Tells the chain how a request ended. The calls run at once when they finish
 /// in one go (microseconds: the common case), so that what they store — an
@@ -93,6 +103,8 @@ pub struct Relay {
     /// many bytes went out, so reaching it is the end.
     expected: Option<u64>,
     sent: u64,
+    /// Resolves when the shutdown grace period ends; made at the first wait.
+    cut: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
 impl Relay {
@@ -117,6 +129,7 @@ impl Relay {
             ended: false,
             expected: content_length,
             sent: 0,
+            cut: None,
         }
     }
 
@@ -134,6 +147,34 @@ impl Relay {
         if let Some(f) = self.finish.take() {
             f.complete(ending, self.status);
         }
+    }
+
+    /// Whether the shutdown grace period has ended; `cx` is woken when it
+    /// does (called only while the upstream has nothing ready, so a stream
+    /// that flows pays one atomic load a chunk).
+    fn poll_cut(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(finish) = &self.finish else { return false };
+        let lifecycle = &finish.gateway.lifecycle;
+        if lifecycle.is_cut() {
+            return true;
+        }
+        self.cut.get_or_insert_with(|| lifecycle.on_cut()).as_mut().poll(cx).is_ready()
+    }
+
+    /// Ends the answer at the end of the shutdown grace period.
+    fn cut(&mut self) -> Poll<Option<Result<Bytes, std::io::Error>>> {
+        self.ended = true;
+        if let Some(f) = &self.finish {
+            f.gateway.metrics.shutdown_cut();
+            tracing::warn!(request = f.record.id, "shutdown grace ended: answer cut while still open");
+        }
+        self.finish(Ending::Shutdown);
+        if self.sse {
+            // Drop a torn event; end with a well-formed error event.
+            self.framer.clear();
+            return Poll::Ready(Some(Ok(Bytes::from_static(STREAM_SHUTDOWN_EVENT))));
+        }
+        Poll::Ready(Some(Err(std::io::Error::other("poolgate is shutting down"))))
     }
 
     /// Passes `chunk` on, holding back an SSE event that is not yet complete.
@@ -157,9 +198,17 @@ impl Stream for Relay {
         if self.ended {
             return Poll::Ready(None);
         }
+        if self.finish.as_ref().is_some_and(|f| f.gateway.lifecycle.is_cut()) {
+            return self.cut();
+        }
         loop {
             match self.upstream.as_mut().poll_next(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    if self.poll_cut(cx) {
+                        return self.cut();
+                    }
+                    return Poll::Pending;
+                }
                 Poll::Ready(Some(Ok(chunk))) => {
                     if let Some(out) = self.pass(chunk) {
                         return self.out(out);
@@ -223,6 +272,15 @@ mod tests {
             "upstream stream interrupted (poolgate)",
         );
         assert_eq!(STREAM_ERROR_EVENT, event.as_bytes());
+    }
+
+    #[test]
+    fn the_shutdown_event_is_anthropics_and_says_why() {
+        let event = poolgate_wire::sse::error_event(
+            poolgate_wire::error::ErrorType::Api,
+            "poolgate is shutting down: the stream was cut at the end of its shutdown grace period",
+        );
+        assert_eq!(STREAM_SHUTDOWN_EVENT, event.as_bytes());
     }
 
     #[test]

@@ -100,9 +100,11 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
     {
         return early.refuse(&gw, "unsupported_media_type", refused);
     }
-    let body = match read_body(&headers, body, generation.config.server.max_body_mb << 20).await {
+    let server = &generation.config.server;
+    let timeout = std::time::Duration::from_millis(server.body_timeout_ms);
+    let body = match read_body(&headers, body, server.max_body_mb << 20, (early.started, timeout)).await {
         Ok(b) => b,
-        Err(refused) => return early.refuse(&gw, "body_too_large", refused),
+        Err((reason, refused)) => return early.refuse(&gw, reason, refused),
     };
     drop(generation);
     let id = early.id;
@@ -139,8 +141,19 @@ fn not_json(headers: &HeaderMap) -> Option<Response> {
     Some(final_error(StatusCode::UNSUPPORTED_MEDIA_TYPE, ErrorType::InvalidRequest, &msg))
 }
 
-/// Reads the whole body, at most `limit` bytes; past it, the 413.
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<bytes::Bytes, Response> {
+/// Reads the whole body, at most `limit` bytes, within `timeout` of `started`
+/// (when the head arrived; a client that
+/// sends slower holds a connection and a task: `server.body_timeout_ms`). Past
+/// the size, the 413; past the deadline, a 408 that closes the connection
+/// (the rest of the body may still be on its way). The refusal comes with its
+/// reason for `poolgate_refused_total`.
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    (started, timeout): (Instant, std::time::Duration),
+) -> Result<bytes::Bytes, (&'static str, Response)> {
+    let deadline = started + timeout;
     let declared =
         headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     let too_large = || {
@@ -150,17 +163,30 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<byte
             &format!("poolgate: request body exceeds the {} MiB limit (server.max_body_mb)", limit >> 20),
         )
     };
+    let close = |mut r: Response| {
+        r.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+        r
+    };
     if let Some(n) = declared.filter(|n| *n > limit) {
         // Read (and drop) a moderately oversized body first: answering while the
         // client is still sending makes many clients see a reset instead of 413.
         if n <= limit.saturating_mul(8) {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), axum::body::to_bytes(body, n)).await;
+            let drain = deadline.min(Instant::now() + std::time::Duration::from_secs(10));
+            let _ = tokio::time::timeout_at(drain.into(), axum::body::to_bytes(body, n)).await;
         }
-        let mut r = too_large();
-        r.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
-        return Err(r);
+        return Err(("body_too_large", close(too_large())));
     }
-    axum::body::to_bytes(body, limit).await.map_err(|_| too_large())
+    match tokio::time::timeout_at(deadline.into(), axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(_)) => Err(("body_too_large", too_large())),
+        Err(_) => {
+            let msg = format!(
+                "poolgate: the request body did not arrive within {} ms (server.body_timeout_ms)",
+                timeout.as_millis()
+            );
+            Err(("body_timeout", close(error(StatusCode::REQUEST_TIMEOUT, ErrorType::InvalidRequest, &msg))))
+        }
+    }
 }
 
 async fn messages(State(s): State<AppState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
@@ -212,6 +238,10 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(s): State<AppState>) -> Response {
+    // A shutdown began: a load balancer should send nothing new here.
+    if s.gateway.lifecycle.draining() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response();
+    }
     let g = s.gateway.generation();
     if g.accounts.is_empty() {
         return (StatusCode::SERVICE_UNAVAILABLE, "no accounts configured").into_response();
@@ -388,6 +418,16 @@ async fn metrics(State(s): State<AppState>) -> Response {
             vec![(Vec::new(), gw.admission.depth() as f64)],
         ),
         ("poolgate_config_generation", "The configuration generation in force.", vec![(Vec::new(), g.number as f64)]),
+        (
+            "poolgate_client_connections",
+            "Client connections open.",
+            vec![(Vec::new(), gw.lifecycle.connections() as f64)],
+        ),
+        (
+            "poolgate_client_connections_limit",
+            "The most client connections open at once (server.max_connections, or derived from the open-file limit).",
+            vec![(Vec::new(), gw.lifecycle.connection_limit(g.config.server.max_connections) as f64)],
+        ),
         (
             "poolgate_state_backend_up",
             "1 while this replica is in step with the shared state backend (always 1 for memory).",

@@ -1,30 +1,74 @@
-//! The listener: TCP_NODELAY on every connection, and a graceful shutdown that
-//! lets in-flight requests and streams finish — for a bounded time.
+//! The listener: every connection read through the connection guard
+//! ([`super::conn`]), at most `server.max_connections` of them, with
+//! TCP_NODELAY; and a shutdown in stages.
+//!
+//! On SIGTERM ([`Stop::Drain`]) `/readyz` answers 503 at once and the service
+//! manager hears `STOPPING=1`; connections already open close after their
+//! current request (HTTP/2 ones get GOAWAY); the listener keeps accepting for
+//! `server.drain_ms` — new connections are served, one request each — so a
+//! load balancer that still sends traffic is answered while it moves it; then
+//! the listener closes. Open requests and streams get until
+//! `server.shutdown_grace_ms` after the signal (the drain window is part of
+//! it); an answer still open then is cut, a stream with an SSE `error` event,
+//! and recorded as `shutdown`. SIGINT (Ctrl-C at a terminal: nobody balances
+//! load there) skips the drain window ([`Stop::Close`]); a second signal cuts
+//! everything at once ([`Stop::Now`]).
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use axum::body::Body;
+use axum::response::Response;
 use futures_util::future::Either;
 use hyper::body::Incoming;
 use hyper::service::{Service as _, service_fn};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use super::Gateway;
+use super::conn::track::{RequestBody, ResponseBody, Shared, Ticket};
+use super::conn::{self, Guard, Limits};
+use super::lifecycle::{self, OpenFiles};
 use super::routes::{self, AppState, Reloader, router};
+use super::sd_notify;
 use crate::config::Config;
 use crate::policy::PolicyEngine;
 
 /// Builds the reload hook once the gateway exists.
 pub type MakeReloader = Box<dyn FnOnce(&Arc<Gateway>) -> Reloader + Send>;
+
+/// How a shutdown goes; a stronger request overrides a weaker one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stop {
+    /// SIGTERM: `/readyz` 503, keep accepting for `server.drain_ms`, then
+    /// close the listener; open requests get the rest of the grace period.
+    Drain,
+    /// Close the listener at once; open requests get the grace period.
+    Close,
+    /// Cut whatever is open now.
+    Now,
+}
+
+/// How long cut answers get to write their last event before the process
+/// stops waiting for them.
+const CUT_FLUSH: Duration = Duration::from_secs(2);
+
+/// Connections over the limit being answered at once, at most: past it they
+/// are closed without an answer (each answer holds a descriptor for up to
+/// [`conn::refuse::LINGER`]).
+const MAX_REFUSALS: usize = 64;
+
+/// How often the "connection limit reached" warning may repeat.
+const LIMIT_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// A gateway serving in the background of the current tokio runtime.
 pub struct Running {
@@ -34,7 +78,7 @@ pub struct Running {
     pub gateway: Arc<Gateway>,
     /// The reload hook, when the gateway was started from a file.
     pub reloader: Option<Reloader>,
-    stop: watch::Sender<bool>,
+    stop: watch::Sender<Option<Stop>>,
     task: JoinHandle<Result<()>>,
 }
 
@@ -44,7 +88,6 @@ impl Running {
     /// `POST /admin/reload`.
     pub async fn start(config: Config, engine: Arc<PolicyEngine>, reloader: Option<MakeReloader>) -> Result<Running> {
         let listen = config.server.listen.clone();
-        let grace = Duration::from_millis(config.server.shutdown_grace_ms);
         let warm = engine.clone();
         let gateway = Gateway::new(config, engine).await?;
         // Replicas: in step with the others (or given up on it) before the
@@ -56,29 +99,106 @@ impl Running {
         crate::oauth::keep::spawn(&gateway);
         // After the first generation: the chain's own built-ins are in memory by now.
         warm.warm_builtins();
+        size_connections(&gateway, lifecycle::raise_open_files());
         let listener = bind(&listen).await?;
         let addr = listener.local_addr()?;
         check_exposure(&addr, !gateway.generation().client_keys.is_empty())?;
         // Where it listens is fixed until a restart; reloads are judged against it.
         let _ = gateway.listening.set(addr);
-        let reloader = reloader.map(|make| make(&gateway));
-        let (stop, mut stopped) = watch::channel(false);
+        let reloader = reloader.map(|make| announce_reloads(make(&gateway)));
+        let (stop, stopped) = watch::channel(None);
         let state = AppState { gateway: gateway.clone(), reloader: reloader.clone() };
-        let task = tokio::spawn(serve(listener, state, grace, async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }));
+        let task = tokio::spawn(serve(listener, state, stopped));
         Ok(Running { addr, gateway, reloader, stop, task })
     }
 
-    /// Starts a graceful shutdown.
+    /// Starts a shutdown without the drain window.
     pub fn stop(&self) {
-        let _ = self.stop.send(true);
+        self.request(Stop::Close);
+    }
+
+    /// Asks for a shutdown `how`, unless a stronger one was asked already.
+    pub fn request(&self, how: Stop) {
+        self.stop.send_if_modified(|now| {
+            let stronger = now.is_none_or(|n| how > n);
+            if stronger {
+                *now = Some(how);
+            }
+            stronger
+        });
     }
 
     /// Waits until the server has stopped.
     pub async fn wait(self) -> Result<()> {
         self.task.await?
     }
+
+    /// Shuts down `how` and waits until the server has stopped; a signal that
+    /// arrives meanwhile (`signals`) cuts whatever is still open at once.
+    pub async fn shutdown(self, how: Stop, mut signals: Signals) -> Result<()> {
+        self.request(how);
+        let Running { stop, mut task, .. } = self;
+        tokio::select! {
+            done = &mut task => return done?,
+            signal = signals.next() => {
+                tracing::warn!(signal = signal.name(), "second signal: stopping at once");
+                stop.send_replace(Some(Stop::Now));
+            }
+        }
+        task.await?
+    }
+}
+
+/// Sets the connection limit `server.max_connections = 0` stands for, from
+/// the open-file limit, and says what it is.
+fn size_connections(gateway: &Gateway, files: Option<OpenFiles>) {
+    let Some(files) = files else { return };
+    let auto = lifecycle::auto_connections(files.now);
+    gateway.lifecycle.set_auto_limit(auto);
+    let configured = gateway.generation().config.server.max_connections;
+    let limit = gateway.lifecycle.connection_limit(configured);
+    tracing::info!(
+        max_connections = limit,
+        configured = configured != 0,
+        open_files = files.now,
+        open_files_before = files.before,
+        "client connections: at most {limit} open; open-file limit {}{}",
+        files.now,
+        if files.now > files.before {
+            format!(" (raised from {} to the hard limit)", files.before)
+        } else {
+            String::new()
+        },
+    );
+    if configured > auto {
+        tracing::warn!(
+            max_connections = configured,
+            open_files = files.now,
+            "server.max_connections = {configured} is more than the open-file limit ({}) leaves room for (about \
+             {auto}, two descriptors a connection and {} in reserve): raise the limit (LimitNOFILE=, ulimit -n) or \
+             lower server.max_connections",
+            files.now,
+            lifecycle::RESERVED_FDS,
+        );
+    }
+}
+
+/// Tells the service manager about each reload (`RELOADING=1`, then
+/// `READY=1`).
+fn announce_reloads(inner: Reloader) -> Reloader {
+    Arc::new(move |request| {
+        let inner = inner.clone();
+        Box::pin(async move {
+            sd_notify::reloading();
+            let done = inner(request).await;
+            let status = match &done {
+                Ok(generation) => format!("serving configuration generation {generation}"),
+                Err(_) => "reload refused; the running configuration stays".to_string(),
+            };
+            sd_notify::ready(&status);
+            done
+        })
+    })
 }
 
 /// Binds `addr`.
@@ -98,80 +218,370 @@ pub fn check_exposure(addr: &SocketAddr, has_client_keys: bool) -> Result<()> {
     Ok(())
 }
 
-/// Serves until `shutdown` resolves, then stops accepting and waits up to
-/// `grace` for open requests and streams before returning.
+/// How far a shutdown has gone: a connection is asked to close (after its
+/// current request) once the stage it waits for is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Stage {
+    Serving,
+    Draining,
+    Closed,
+}
+
+/// Serves until `stop` asks for a shutdown, then shuts down in stages (see
+/// the module's documentation).
 ///
-/// Each connection is served by hyper directly (HTTP/1.1, and HTTP/2 with
-/// prior knowledge), with TCP_NODELAY, and with head limits above poolgate's
+/// Each connection is served by hyper (HTTP/1.1, and HTTP/2 with prior
+/// knowledge) through the connection guard, with head limits above poolgate's
 /// own ([`routes::MAX_HEADERS`], `server.max_header_bytes`; hyper's are
 /// [`routes::SERVER_HEAD_BYTES`]), so that a request with too large a head gets
 /// poolgate's 431 — in Anthropic's error shape, with a request id — rather
 /// than hyper's bare one.
-pub async fn serve(
-    listener: TcpListener,
-    state: AppState,
-    grace: Duration,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<()> {
+pub async fn serve(listener: TcpListener, state: AppState, mut stop: watch::Receiver<Option<Stop>>) -> Result<()> {
     let gateway = state.gateway.clone();
-    let app = TowerToHyperService::new(router(state));
-    let service = service_fn(move |req: http::Request<Incoming>| {
-        match routes::oversized_head(&gateway, req.method(), req.uri(), req.headers()) {
-            Some(refused) => Either::Left(std::future::ready(Ok(refused))),
-            None => Either::Right(app.call(req)),
+    let mut acceptor = Acceptor {
+        gateway: gateway.clone(),
+        app: TowerToHyperService::new(router(state)),
+        stage: watch::channel(Stage::Serving).0,
+        refusals: Arc::new(Semaphore::new(MAX_REFUSALS)),
+        warned: None,
+    };
+    let mut how = loop {
+        tokio::select! {
+            accepted = listener.accept() => acceptor.take(accepted, Stage::Draining).await,
+            asked = wait_for_stop(&mut stop, Stop::Drain) => break asked,
         }
-    });
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().max_headers(routes::MAX_HEADERS * 10).max_buf_size(routes::SERVER_HEAD_BYTES);
-    builder.http2().max_header_list_size(routes::SERVER_HEAD_BYTES as u32);
-    let graceful = GracefulShutdown::new();
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let tcp = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
-                Err(e) => {
-                    // Out of file descriptors, or a connection reset while queued:
-                    // the listener stays; pause a moment rather than spin.
-                    tracing::warn!(error = %e, "accepting a connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
+    };
+    let signalled = Instant::now();
+    let (grace, drain) = {
+        let g = gateway.generation();
+        let s = &g.config.server;
+        let drain = if how == Stop::Drain { s.drain_ms } else { 0 };
+        (Duration::from_millis(s.shutdown_grace_ms), Duration::from_millis(drain))
+    };
+    gateway.lifecycle.start_draining();
+    sd_notify::stopping("poolgate is shutting down");
+    acceptor.stage.send_replace(Stage::Draining);
+    if !drain.is_zero() && how < Stop::Now {
+        tracing::info!(
+            drain_ms = drain.as_millis() as u64,
+            grace_ms = grace.as_millis() as u64,
+            "shutting down: /readyz answers 503; still accepting connections for drain_ms"
+        );
+        let window = tokio::time::sleep(drain);
+        tokio::pin!(window);
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => acceptor.take(accepted, Stage::Closed).await,
+                () = &mut window => break,
+                asked = wait_for_stop(&mut stop, Stop::Now) => {
+                    how = asked;
+                    break;
                 }
-            },
-            () = &mut shutdown => break,
-        };
-        let _ = tcp.set_nodelay(true);
-        let conn = builder.serve_connection(TokioIo::new(tcp), service.clone()).into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
             }
-        });
+        }
     }
     drop(listener);
-    tracing::info!(
-        grace_ms = grace.as_millis() as u64,
-        "shutting down: no new connections; waiting for in-flight requests"
-    );
-    tokio::select! {
-        () = graceful.shutdown() => {}
-        () = tokio::time::sleep(grace) => tracing::warn!("shutdown grace expired; closing the connections still open"),
+    acceptor.stage.send_replace(Stage::Closed);
+    if how < Stop::Now {
+        let left = (signalled + grace).saturating_duration_since(Instant::now());
+        tracing::info!(
+            grace_left_ms = left.as_millis() as u64,
+            connections = gateway.lifecycle.connections(),
+            "shutting down: no new connections; waiting for open requests and streams"
+        );
+        tokio::select! {
+            () = gateway.lifecycle.all_closed() => return Ok(()),
+            () = tokio::time::sleep_until(signalled + grace) => {
+                tracing::warn!("shutdown grace expired; cutting what is still open");
+            }
+            _ = wait_for_stop(&mut stop, Stop::Now) => {}
+        }
     }
+    gateway.lifecycle.cut_streams();
+    // Cut streams end with their error event: let the connections write it.
+    let _ = tokio::time::timeout(CUT_FLUSH, gateway.lifecycle.all_closed()).await;
     Ok(())
+}
+
+/// Resolves with the shutdown asked for once it is at least `at_least`.
+async fn wait_for_stop(stop: &mut watch::Receiver<Option<Stop>>, at_least: Stop) -> Stop {
+    let asked = stop.wait_for(|s| s.is_some_and(|s| s >= at_least)).await.ok().and_then(|s| *s);
+    match asked {
+        Some(s) => s,
+        // The handle is gone: nobody can ask any more.
+        None => std::future::pending().await,
+    }
+}
+
+/// Takes accepted connections.
+struct Acceptor {
+    gateway: Arc<Gateway>,
+    app: TowerToHyperService<axum::Router>,
+    stage: watch::Sender<Stage>,
+    refusals: Arc<Semaphore>,
+    warned: Option<Instant>,
+}
+
+impl Acceptor {
+    /// Serves an accepted connection (asked to close once `closes_at` is
+    /// reached), or refuses it when the limit is reached.
+    async fn take(&mut self, accepted: std::io::Result<(TcpStream, SocketAddr)>, closes_at: Stage) {
+        let tcp = match accepted {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                // Out of file descriptors, or a connection reset while queued:
+                // the listener stays; pause a moment rather than spin.
+                tracing::warn!(error = %e, "accepting a connection failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return;
+            }
+        };
+        let (limits, limit) = {
+            let g = self.gateway.generation();
+            (Limits::of(&g.config.server), self.gateway.lifecycle.connection_limit(g.config.server.max_connections))
+        };
+        if self.gateway.lifecycle.connections() >= limit {
+            self.over_limit(tcp, limit);
+            return;
+        }
+        let _ = tcp.set_nodelay(true);
+        let slot = self.gateway.lifecycle.open_connection();
+        let shared = Arc::new(Shared::default());
+        let io = Guard::new(tcp, shared.clone(), self.gateway.clone(), limits);
+        let service = service(self.gateway.clone(), self.app.clone(), shared.clone());
+        let builder = builder(&limits, closes_at == Stage::Draining);
+        let conn = builder.serve_connection(TokioIo::new(io), service).into_owned();
+        let stage = self.stage.subscribe();
+        tokio::spawn(drive(conn, shared, stage, closes_at, limits.header_timeout, slot));
+    }
+
+    /// A connection over the limit: answered (and closed) on a task of its
+    /// own, bounded, so the listener goes on accepting.
+    fn over_limit(&mut self, tcp: TcpStream, limit: usize) {
+        let now = Instant::now();
+        if self.warned.is_none_or(|w| now.duration_since(w) >= LIMIT_WARN_EVERY) {
+            self.warned = Some(now);
+            tracing::warn!(
+                max_connections = limit,
+                "connection limit reached: new connections are refused (503) until some close"
+            );
+        }
+        match self.refusals.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let gateway = self.gateway.clone();
+                tokio::spawn(async move {
+                    conn::refuse::over_limit(tcp, &gateway, limit).await;
+                    drop(permit);
+                });
+            }
+            Err(_) => {
+                self.gateway.metrics.refused("too_many_connections");
+                drop(tcp);
+            }
+        }
+    }
+}
+
+/// Serves one connection to its end, asking it to close gracefully — after
+/// the request in progress; HTTP/2 with GOAWAY — when its guard finds it idle
+/// too long (it then gets `idle_grace` to finish closing), or when the
+/// shutdown reaches `closes_at`. A connection whose first bytes have not
+/// arrived is asked only once they have (the server would drop a request it
+/// has not read), or once the listener is closed.
+async fn drive<C>(
+    conn: C,
+    shared: Arc<Shared>,
+    mut stage: watch::Receiver<Stage>,
+    closes_at: Stage,
+    idle_grace: Duration,
+    slot: lifecycle::Slot,
+) where
+    C: GracefulConnection,
+{
+    let _slot = slot;
+    tokio::pin!(conn);
+    let mut listener_closed = stage.clone();
+    let mut closing = false;
+    let mut stage_reached = false;
+    // An HTTP/2 client must answer the GOAWAY's ping before the connection
+    // ends: one that never does must not keep it.
+    let mut forced: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            ended = conn.as_mut() => {
+                if let Err(e) = ended {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            () = tokio::time::sleep_until(forced.unwrap_or_else(Instant::now)), if forced.is_some() => {
+                tracing::debug!("an idle connection did not close when asked; dropped");
+                return;
+            }
+            () = shared.close_requested(), if !closing => {
+                conn.as_mut().graceful_close();
+                closing = true;
+                forced = Some(Instant::now() + idle_grace);
+            }
+            _ = stage.wait_for(|s| *s >= closes_at), if !closing && !stage_reached => stage_reached = true,
+            () = shared.protocol_known(), if stage_reached && !closing => {
+                conn.as_mut().graceful_close();
+                closing = true;
+            }
+            _ = listener_closed.wait_for(|s| *s >= Stage::Closed), if !closing => {
+                conn.as_mut().graceful_close();
+                closing = true;
+            }
+        }
+    }
+}
+
+/// A connection that can be asked to close gracefully.
+trait GracefulConnection: Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>> + Send + 'static {
+    fn graceful_close(self: std::pin::Pin<&mut Self>);
+}
+
+impl<I, S, B> GracefulConnection for auto::Connection<'static, I, S, TokioExecutor>
+where
+    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn graceful_close(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// The service for one connection: the router, behind the gateway's own head
+/// check, telling the guard when each request starts and ends.
+fn service(
+    gateway: Arc<Gateway>,
+    app: TowerToHyperService<axum::Router>,
+    shared: Arc<Shared>,
+) -> impl hyper::service::Service<
+    http::Request<Incoming>,
+    Response = Response,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response, Infallible>> + Send,
+> + Clone
++ Send
++ 'static {
+    service_fn(move |req: http::Request<Incoming>| {
+        use http_body::Body as _;
+        shared.request_started(req.body().is_end_stream());
+        let ticket = Ticket::new(shared.clone());
+        let refused = routes::oversized_head(&gateway, req.method(), req.uri(), req.headers());
+        let answer = match refused {
+            Some(r) => Either::Left(std::future::ready(Ok(r))),
+            None => {
+                let req = req.map(|b| Body::new(RequestBody::new(b, shared.clone())));
+                Either::Right(app.call(req))
+            }
+        };
+        async move {
+            let r: Response = answer.await?;
+            Ok(r.map(|b| Body::new(ResponseBody::new(b, ticket))))
+        }
+    })
+}
+
+/// The HTTP server for one connection. Its own head timer (hyper's) is a
+/// backstop behind the guard's: it runs from the start of a head read,
+/// kept-alive idleness included.
+fn builder(limits: &Limits, keep_alive: bool) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .max_headers(routes::MAX_HEADERS * 10)
+        .max_buf_size(routes::SERVER_HEAD_BYTES)
+        .keep_alive(keep_alive)
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.idle_timeout + limits.header_timeout + Duration::from_secs(5));
+    builder.http2().max_header_list_size(routes::SERVER_HEAD_BYTES as u32);
+    builder
+}
+
+/// A termination signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// SIGTERM: a service manager or orchestrator stopping the gateway.
+    Terminate,
+    /// SIGINT: Ctrl-C at a terminal.
+    Interrupt,
+}
+
+impl Signal {
+    /// The signal's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Signal::Terminate => "SIGTERM",
+            Signal::Interrupt => "SIGINT",
+        }
+    }
+
+    /// The shutdown it asks for: SIGTERM drains, SIGINT does not.
+    pub fn stop(self) -> Stop {
+        match self {
+            Signal::Terminate => Stop::Drain,
+            Signal::Interrupt => Stop::Close,
+        }
+    }
+}
+
+/// SIGINT and SIGTERM, listened to from creation on (a signal that arrives
+/// before [`Signals::next`] is called is not lost).
+pub struct Signals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Starts listening.
+    pub fn new() -> Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Signals {
+                term: signal(SignalKind::terminate()).context("listening for SIGTERM")?,
+                int: signal(SignalKind::interrupt()).context("listening for SIGINT")?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    /// The next signal.
+    pub async fn next(&mut self) -> Signal {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.term.recv() => Signal::Terminate,
+                _ = self.int.recv() => Signal::Interrupt,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            Signal::Interrupt
+        }
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.
 pub async fn termination() {
-    #[cfg(unix)]
-    {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+    match Signals::new() {
+        Ok(mut s) => {
+            s.next().await;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for signals; Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
         }
     }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
 }

@@ -96,8 +96,11 @@ pub fn watch_files(gateway: &Arc<Gateway>, config: PathBuf, reload: Reloader) ->
 #[cfg(unix)]
 pub fn reload_on_sighup(gateway: &Arc<Gateway>, reload: Reloader) -> tokio::task::JoinHandle<()> {
     let weak = Arc::downgrade(gateway);
+    // Listening before this returns, not when the task first runs: SIGHUP's
+    // default action kills the process, and systemd hears READY=1 next.
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
     tokio::spawn(async move {
-        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        let Ok(mut hup) = hup else {
             tracing::warn!("cannot listen for SIGHUP; reload by file change or POST /admin/reload");
             return;
         };

@@ -59,7 +59,22 @@ impl Gateway {
 
     /// Starts the binary on an existing config file.
     pub fn start_file(path: &std::path::Path, env: &[(&str, &str)], dir: tempdir::Dir) -> Gateway {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_poolgate"));
+        Self::spawn(Command::new(env!("CARGO_BIN_EXE_poolgate")), path, env, dir)
+    }
+
+    /// As [`Gateway::start`], under an open-file limit of `nofile` (`ulimit
+    /// -n` sets the soft and the hard limit, so the gateway cannot raise it).
+    pub fn start_with_open_files(config: &str, env: &[(&str, &str)], nofile: u64) -> Gateway {
+        let dir = tempdir::Dir::new("gw");
+        let path = dir.0.join("poolgate.toml");
+        std::fs::write(&path, config).unwrap();
+        let mut cmd = Command::new("sh");
+        // `exec` keeps the pid: signals reach the gateway itself.
+        cmd.arg("-c").arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\"")).arg(env!("CARGO_BIN_EXE_poolgate"));
+        Self::spawn(cmd, &path, env, dir)
+    }
+
+    fn spawn(mut cmd: Command, path: &std::path::Path, env: &[(&str, &str)], dir: tempdir::Dir) -> Gateway {
         cmd.arg("serve").arg("--config").arg(path).arg("--listen").arg("127.0.0.1:0");
         Self::spawn(cmd, env, dir, path)
     }
@@ -157,7 +172,12 @@ impl Gateway {
 
     /// Sends SIGTERM.
     pub fn terminate(&self) {
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        self.signal("TERM");
+    }
+
+    /// Sends the signal `name` (`TERM`, `INT`, `HUP`).
+    pub fn signal(&self, name: &str) {
+        let _ = Command::new("kill").arg(format!("-{name}")).arg(self.child.id().to_string()).status();
     }
 
     /// Waits for the process to exit.
