@@ -59,7 +59,7 @@ impl Gateway {
 
     /// Starts the binary on an existing config file.
     pub fn start_file(path: &std::path::Path, env: &[(&str, &str)], dir: tempdir::Dir) -> Gateway {
-        Self::spawn(Command::new(env!("CARGO_BIN_EXE_poolgate")), path, env, dir)
+        Self::serve(Command::new(env!("CARGO_BIN_EXE_poolgate")), path, env, dir)
     }
 
     /// As [`Gateway::start`], under an open-file limit of `nofile` (`ulimit
@@ -71,10 +71,12 @@ impl Gateway {
         let mut cmd = Command::new("sh");
         // `exec` keeps the pid: signals reach the gateway itself.
         cmd.arg("-c").arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\"")).arg(env!("CARGO_BIN_EXE_poolgate"));
-        Self::spawn(cmd, &path, env, dir)
+        Self::serve(cmd, &path, env, dir)
     }
 
-    fn spawn(mut cmd: Command, path: &std::path::Path, env: &[(&str, &str)], dir: tempdir::Dir) -> Gateway {
+    /// `cmd` (the binary, or a wrapper that execs it) told to serve `path`
+    /// on an ephemeral loopback port.
+    fn serve(mut cmd: Command, path: &std::path::Path, env: &[(&str, &str)], dir: tempdir::Dir) -> Gateway {
         cmd.arg("serve").arg("--config").arg(path).arg("--listen").arg("127.0.0.1:0");
         Self::spawn(cmd, env, dir, path)
     }
