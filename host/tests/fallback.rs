@@ -198,3 +198,52 @@ async fn r_account(gw: &Gateway) -> String {
     let r = post_messages(gw, &message("claude-sonnet-4-5", false)).await;
     r.headers().get("x-poolgate-account").and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
 }
+
+/// A backend whose stream sends its first chunk, then nothing for a minute.
+async fn stalling_backend() -> String {
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(|| async {
+            let first = format!(
+                "data: {}\n\n",
+                json!({"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"from the "},"finish_reason":null}]})
+            );
+            let stream = futures_util::stream::unfold(0, move |i| {
+                let first = first.clone();
+                async move {
+                    if i > 0 {
+                        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+                    }
+                    Some((Ok::<_, std::io::Error>(first), i + 1))
+                }
+            });
+            ([(http::header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(stream)).into_response()
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// A fallback backend's stream still open when the shutdown grace period
+/// ends is cut like an account's: with Anthropic's `error` event saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_stream_open_at_the_end_of_the_grace_ends_with_an_error_event() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a").set_default(Step::RateLimited { unified: true, retry_after: None });
+    let url = stalling_backend().await;
+    let mut gw = Gateway::start(&config(&mock, &url, true), &env());
+    let r = post_messages(&gw, &message("claude-sonnet-4-5", true)).await;
+    assert_eq!(r.headers()["x-poolgate-fallback"], "backup/gpt-backup");
+    let reading = tokio::spawn(async move { r.text().await.unwrap() });
+    // Ctrl-C, then a second one: the grace ends at once.
+    gw.signal("INT");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    gw.signal("INT");
+    let text = tokio::time::timeout(std::time::Duration::from_secs(20), reading).await.unwrap().unwrap();
+    assert!(text.contains("from the "), "{text}");
+    assert!(text.trim_end().ends_with("shutdown grace period\"}}"), "{text}");
+    let exit = tokio::task::spawn_blocking(move || gw.wait(std::time::Duration::from_secs(15))).await.unwrap();
+    assert!(exit.is_some_and(|s| s.success()));
+}

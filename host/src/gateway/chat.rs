@@ -130,7 +130,7 @@ pub async fn translate_response(r: Response, facts: ChatFacts) -> Response {
         let mut stream = ChatStream::new(&facts.model, now_s(), facts.include_usage);
         let mut upstream = body.into_data_stream();
         let keepalive = facts.keepalive.map(|every| (every, OPENAI_KEEPALIVE));
-        let translated = async_stream_lines(keepalive, move |tx| async move {
+        let translated = async_stream_lines(keepalive, None, move |tx| async move {
             while let Some(chunk) = upstream.next().await {
                 let Ok(chunk) = chunk else { break };
                 for line in stream.feed(&chunk) {
@@ -159,22 +159,68 @@ pub async fn translate_response(r: Response, facts: ChatFacts) -> Response {
     Response::from_parts(parts, Body::from(out.to_string()))
 }
 
+/// A future that resolves when the shutdown grace period ends.
+pub type OnCut = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 /// A body whose lines a producer task sends as they come, each sent at once
 /// (the fallback's translated streams use it too), with `keepalive`'s bytes
-/// written whenever nothing went out for its interval.
-pub(crate) fn async_stream_lines<F, Fut>(keepalive: Option<(Duration, &'static [u8])>, produce: F) -> Body
+/// written whenever nothing went out for its interval, and — when `cut`
+/// resolves (the shutdown grace period ended) — its event written last and
+/// the body ended.
+pub(crate) fn async_stream_lines<F, Fut>(
+    keepalive: Option<(Duration, &'static [u8])>,
+    cut: Option<(OnCut, &'static [u8])>,
+    produce: F,
+) -> Body
 where
     F: FnOnce(tokio::sync::mpsc::Sender<String>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = tokio::sync::mpsc::channel::<String>(16);
     tokio::spawn(produce(tx));
-    let lines = tokio_stream_from(rx).map(Bytes::from);
+    let lines = CutOff::new(tokio_stream_from(rx).map(Bytes::from), cut);
     match keepalive {
         Some((every, ping)) if !every.is_zero() => {
             Body::from_stream(KeepAlive::new(lines, every, Bytes::from_static(ping)).map(Ok::<_, std::io::Error>))
         }
         _ => Body::from_stream(lines.map(Ok::<_, std::io::Error>)),
+    }
+}
+
+/// A stream that ends when `cut` resolves, with `event` as its last item (a
+/// well-formed SSE `error` event: a client reads why its stream ended).
+pub struct CutOff<S> {
+    inner: S,
+    cut: Option<(OnCut, &'static [u8])>,
+    done: bool,
+}
+
+impl<S> CutOff<S> {
+    /// `inner`, ended by `cut` (`None`: never).
+    pub fn new(inner: S, cut: Option<(OnCut, &'static [u8])>) -> Self {
+        CutOff { inner, cut, done: false }
+    }
+}
+
+impl<S: futures_util::Stream<Item = Bytes> + Unpin> futures_util::Stream for CutOff<S> {
+    type Item = Bytes;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Bytes>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if let Some((cut, event)) = &mut this.cut
+            && cut.as_mut().poll(cx).is_ready()
+        {
+            this.done = true;
+            return Poll::Ready(Some(Bytes::from_static(event)));
+        }
+        std::pin::Pin::new(&mut this.inner).poll_next(cx)
     }
 }
 

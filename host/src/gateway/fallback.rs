@@ -78,7 +78,14 @@ impl Fallbacks {
     /// Serves the Messages request `body` through the first backend that
     /// answers 2xx; `None` when none does. The response carries the marker
     /// header; the second value names the backend for the record.
-    pub async fn serve(&self, body: &Bytes, timeout: Duration) -> Option<(Response, String)> {
+    /// `cut` resolves when the shutdown grace period ends: a translated stream
+    /// still open then ends with an SSE `error` event.
+    pub async fn serve(
+        &self,
+        body: &Bytes,
+        timeout: Duration,
+        cut: impl Fn() -> super::chat::OnCut,
+    ) -> Option<(Response, String)> {
         let http = self.http.as_ref()?;
         let request: serde_json::Value = serde_json::from_slice(body).ok()?;
         let client_model = request.get("model").and_then(|m| m.as_str()).unwrap_or("").to_string();
@@ -88,7 +95,7 @@ impl Fallbacks {
                 continue;
             }
             let marker = format!("{}/{}", b.config.name, b.config.model);
-            match b.ask(http, &request, &client_model, timeout, self.keepalive).await {
+            match b.ask(http, &request, &client_model, timeout, self.keepalive, cut()).await {
                 Ok(mut r) => {
                     if let Ok(v) = HeaderValue::from_str(&marker) {
                         r.headers_mut().insert("x-poolgate-fallback", v);
@@ -115,6 +122,7 @@ impl Backend {
         client_model: &str,
         timeout: Duration,
         keepalive: Option<Duration>,
+        cut: super::chat::OnCut,
     ) -> Result<Response, String> {
         let chat = openai::messages_to_chat_request(request, &self.config.model)?;
         let url = format!("{}/v1/chat/completions", self.config.base_url.trim_end_matches('/'));
@@ -144,7 +152,8 @@ impl Backend {
             let mut stream = MessagesStream::new(client_model);
             let mut body = response.into_body().into_data_stream();
             let keepalive = keepalive.map(|every| (every, super::chat::ANTHROPIC_PING));
-            let translated = super::chat::async_stream_lines(keepalive, move |tx| async move {
+            let cut = Some((cut, super::relay::STREAM_SHUTDOWN_EVENT));
+            let translated = super::chat::async_stream_lines(keepalive, cut, move |tx| async move {
                 while let Some(Ok(chunk)) = body.next().await {
                     for line in stream.feed(&chunk) {
                         if tx.send(line).await.is_err() {

@@ -331,7 +331,8 @@ impl Exchange {
         let substitutable = matches!(self.api, Api::Messages | Api::ChatCompletions);
         if substitutable && !self.generation.accounts.is_empty() && !self.generation.fallbacks.is_empty() {
             let timeout = Duration::from_millis(self.generation.config.gateway.response_timeout_ms);
-            if let Some((answer, marker)) = self.generation.fallbacks.serve(&self.incoming.body, timeout).await {
+            let cut = || self.gw.lifecycle.on_cut();
+            if let Some((answer, marker)) = self.generation.fallbacks.serve(&self.incoming.body, timeout, cut).await {
                 self.gw.metrics.fallback(&marker);
                 self.record.blocked = blocked;
                 self.record.fallback = Some(marker);
