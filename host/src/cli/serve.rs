@@ -113,7 +113,11 @@ pub async fn serve(config: Config, path: Option<PathBuf>) -> Result<()> {
         g.chain.len()
     );
     drop(g);
+    let gateway = running.gateway.clone();
     server::termination().await;
     running.stop();
-    running.wait().await
+    let served = running.wait().await;
+    // After the last request: what it taught is in the file too.
+    gateway.save_state().await;
+    served
 }

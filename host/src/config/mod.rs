@@ -270,6 +270,7 @@ impl Config {
     pub fn load_text(path: &Path, text: &str) -> Result<(Config, validate::LineIndex)> {
         let (mut config, index) = validate::parse(text, &path.display().to_string())?;
         config.resolve_paths(path.parent().unwrap_or(Path::new(".")));
+        config.state.locate_file(path);
         let resolved = validate::meaning(&config, &index, &path.display().to_string())?;
         config.resolved = Some(std::sync::Arc::new(resolved));
         Ok((config, index))

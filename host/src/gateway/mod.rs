@@ -12,8 +12,11 @@
 //! - [`accounts`], [`quota`], [`cooldown`], [`admission`]: learned state, the quota
 //!   signal, the cooldown plan, the in-flight limits and queue.
 //! - [`routes`], [`server`]: the HTTP surface and the listener.
+//! - [`admin`]: operators acting on accounts at run time; [`persist`]: what
+//!   was learned, kept across a restart in the state file.
 
 pub mod accounts;
+pub mod admin;
 pub mod admission;
 pub mod attempt;
 pub mod auth;
@@ -26,6 +29,7 @@ pub mod fallback;
 pub mod finish;
 pub mod generation;
 pub mod metrics;
+pub mod persist;
 pub mod proxy;
 pub mod quota;
 pub mod relay;
@@ -121,6 +125,10 @@ pub struct Gateway {
     /// Where learned state is shared with other replicas (the embedded
     /// backend shares nothing): `crate::shared`.
     pub shared: Arc<dyn crate::shared::StateBackend>,
+    /// The state file, when there is one (`[state] file`).
+    pub persist: Option<Arc<persist::Persist>>,
+    /// The operators' actions on accounts, for `/status`.
+    pub admin: admin::AdminLog,
 }
 
 impl Gateway {
@@ -169,6 +177,11 @@ impl Gateway {
         let first = Generation::build(1, config, &engine, &plugin_state, &states, &metrics, None).await?;
         plugin_state.retain_scopes(&first.chain.scopes());
         let decisions = decisions::DecisionLog::new(first.config.server.decisions_kept);
+        let state = &first.config.state;
+        let persist = state
+            .file_path
+            .clone()
+            .map(|p| Arc::new(persist::Persist::new(p, Duration::from_millis(state.file_write_ms))));
         let gateway = Arc::new(Gateway {
             current: ArcSwap::from_pointee(first),
             states,
@@ -183,8 +196,16 @@ impl Gateway {
             reloading: tokio::sync::Mutex::new(()),
             started_ms: now_ms(),
             shared: shared.clone(),
+            persist,
+            admin: admin::AdminLog::default(),
         });
         gateway.share_seats(&gateway.generation());
+        // What this gateway learned before a restart, before it serves and
+        // before replicas merge their records into it.
+        if let Some(p) = &gateway.persist {
+            p.restore(&gateway).await;
+            p.clone().spawn(Arc::downgrade(&gateway));
+        }
         shared.start(Arc::downgrade(&gateway));
         Ok(gateway)
     }
@@ -292,6 +313,7 @@ impl Gateway {
                 self.plugin_state.retain_scopes(&generation.chain.scopes());
                 self.share_seats(&generation);
                 self.current.store(Arc::new(generation));
+                admin::note_reload(self);
                 self.metrics.reload(true);
                 *self.last_reload.lock() = Some(ReloadStatus {
                     at_ms: now_ms(),
@@ -331,6 +353,22 @@ impl Gateway {
             errors: message.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect(),
             consecutive_failures: failures + 1,
         });
+    }
+
+    /// Writes the state file now if anything changed (at shutdown, after the
+    /// last request); nothing without one.
+    pub async fn save_state(&self) {
+        if let Some(p) = &self.persist {
+            p.save(self).await;
+        }
+    }
+
+    /// Writes the state file in the background, now rather than at the next
+    /// check (after an operator's action).
+    pub fn save_state_soon(self: &Arc<Self>) {
+        let Some(p) = self.persist.clone() else { return };
+        let gw = self.clone();
+        tokio::spawn(async move { p.save(&gw).await });
     }
 
     /// A new request number.

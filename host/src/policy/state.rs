@@ -28,8 +28,10 @@
 //! plugins never share state unless the operator gives them one `scope`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 
 /// Default entry limit of a scope until the plugin sets its own.
 pub const DEFAULT_LIMIT: u32 = 10_000;
@@ -65,6 +67,24 @@ impl Default for StateLimits {
     }
 }
 
+/// One live entry, as kept across a restart (the gateway's state file) or
+/// written back to a shared backend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateEntry {
+    /// The plugin's scope.
+    pub scope: String,
+    /// The key.
+    pub key: String,
+    /// The value.
+    pub value: String,
+    /// When it expires (ms since the epoch), if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
+    /// When it was written (the writer's `now`).
+    pub written: u64,
+}
+
 /// Where plugin state is kept. The in-process [`MemoryState`] is the default.
 pub trait StateStore: Send + Sync {
     /// The live value of `key` in `scope` at `now_ms`.
@@ -85,6 +105,20 @@ pub trait StateStore: Send + Sync {
     fn retain_scopes(&self, _keep: &[&str]) {}
     /// Replaces the byte bounds.
     fn set_limits(&self, _limits: StateLimits) {}
+    /// Counts the writes and deletes so far: a change shows as a new number
+    /// (what tells the gateway's state file that it has something to write).
+    fn changes(&self) -> u64 {
+        0
+    }
+    /// Every live entry at `now`, in every scope.
+    fn dump(&self, _now: u64) -> Vec<StateEntry> {
+        Vec::new()
+    }
+    /// Takes an entry back (read from the state file after a restart): kept
+    /// unless it has expired or the key was written later. Whether it was.
+    fn restore(&self, _entry: &StateEntry, _now: u64) -> bool {
+        false
+    }
 }
 
 struct Entry {
@@ -167,6 +201,8 @@ struct Inner {
 /// Plugin state held in this process.
 pub struct MemoryState {
     inner: Mutex<Inner>,
+    /// Writes and deletes so far ([`StateStore::changes`]).
+    changes: AtomicU64,
 }
 
 impl Default for MemoryState {
@@ -178,7 +214,10 @@ impl Default for MemoryState {
 impl MemoryState {
     /// An empty store with these bounds.
     pub fn with_limits(limits: StateLimits) -> Self {
-        MemoryState { inner: Mutex::new(Inner { scopes: HashMap::new(), total: 0, limits, dropped_writes: 0 }) }
+        MemoryState {
+            inner: Mutex::new(Inner { scopes: HashMap::new(), total: 0, limits, dropped_writes: 0 }),
+            changes: AtomicU64::new(0),
+        }
     }
 
     /// Bytes held across all scopes.
@@ -218,6 +257,7 @@ impl MemoryState {
             return false;
         }
         inner.total -= s.remove(key);
+        self.changes.fetch_add(1, Ordering::Relaxed);
         true
     }
 
@@ -304,6 +344,7 @@ impl MemoryState {
         s.entries.insert(key.to_string(), Entry { value: value.to_string(), expires_at, seq, written });
         s.bytes += need;
         inner.total += need;
+        self.changes.fetch_add(1, Ordering::Relaxed);
         true
     }
 }
@@ -330,6 +371,7 @@ impl StateStore for MemoryState {
         let inner = &mut *inner;
         if let Some(s) = inner.scopes.get_mut(scope) {
             inner.total -= s.remove(key);
+            self.changes.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -369,6 +411,24 @@ impl StateStore for MemoryState {
 
     fn set_limits(&self, limits: StateLimits) {
         self.inner.lock().limits = limits;
+    }
+
+    fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Relaxed)
+    }
+
+    fn dump(&self, now: u64) -> Vec<StateEntry> {
+        let mut all = Vec::new();
+        for scope in self.scope_names() {
+            for (key, value, expires_at, written) in self.entries(&scope, now) {
+                all.push(StateEntry { scope: scope.clone(), key, value, expires_at, written });
+            }
+        }
+        all
+    }
+
+    fn restore(&self, e: &StateEntry, now: u64) -> bool {
+        self.merge_write(&e.scope, &e.key, &e.value, e.expires_at, e.written, now)
     }
 }
 
