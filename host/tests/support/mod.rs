@@ -61,6 +61,9 @@ impl Gateway {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_poolgate"));
         cmd.arg("serve").arg("--config").arg(path).arg("--listen").arg("127.0.0.1:0");
         cmd.env("POOLGATE_LOG", "info,poolgate=debug").env_remove("POOLGATE_CONFIG");
+        // The default state file goes in the state directory: the test's own,
+        // not the user's (a test that restarts names its file in `[state]`).
+        cmd.env("XDG_STATE_HOME", dir.0.join("xdg-state")).env_remove("STATE_DIRECTORY");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -139,6 +142,18 @@ impl Drop for Gateway {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// POSTs the admin action `path` (e.g. `/admin/accounts/a/disable`) with
+/// `body` as `token` (none: no credential); the status and the JSON answer.
+pub async fn admin_post(base: &str, path: &str, token: Option<&str>, body: &str) -> (u16, serde_json::Value) {
+    let mut req = Gateway::client().post(format!("{base}{path}")).body(body.to_string());
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or_default())
 }
 
 /// A config with one `[[accounts]]` per `(id, env var)` pointing at `base_url`,
