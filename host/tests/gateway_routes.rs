@@ -160,7 +160,8 @@ async fn operators_clear_disable_and_enable_accounts_with_the_admin_token() {
     let path = dir.0.join("poolgate.toml");
     std::fs::write(&path, primary_first(&mock.base_url(), "first")).unwrap();
     let gw = Gateway::start_file(&path, &env2(), dir);
-    let post = async |path: &str, token: Option<&str>, body: &str| support::admin_post(&gw.url, path, token, body).await;
+    let post =
+        async |path: &str, token: Option<&str>, body: &str| support::admin_post(&gw.url, path, token, body).await;
 
     // a answers 529 and cools for a while: b serves.
     a.push(Step::Overloaded);
@@ -211,7 +212,10 @@ async fn operators_clear_disable_and_enable_accounts_with_the_admin_token() {
 
     // Enable: the primary serves again.
     let (status, body) = post("/admin/accounts/a/enable", Some(ADMIN), r#"{"by":"alice"}"#).await;
-    assert_eq!((status, body["changed"].as_bool(), body["was"]["note"].as_str()), (200, Some(true), Some("key under review")));
+    assert_eq!(
+        (status, body["changed"].as_bool(), body["was"]["note"].as_str()),
+        (200, Some(true), Some("key under review"))
+    );
     assert_eq!(served_by(&gw).await, "a");
     assert!(account_status(&gw, "a").await.get("runtime_disabled").is_none());
 
