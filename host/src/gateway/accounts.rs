@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -43,6 +43,8 @@ pub struct AccountState {
     binding: Mutex<Option<String>>,
     /// Set while an operator has taken the account out of routing.
     runtime_disabled: Mutex<Option<RuntimeDisable>>,
+    /// Whether `runtime_disabled` is set: read by every rank, without a lock.
+    out_of_routing: AtomicBool,
 }
 
 /// An operator's runtime disable of an account: not routed to until enabled
@@ -156,6 +158,7 @@ impl AccountState {
             version: AtomicU64::new(0),
             binding: Mutex::new(None),
             runtime_disabled: Mutex::new(None),
+            out_of_routing: AtomicBool::new(false),
         }
     }
 
@@ -173,6 +176,7 @@ impl AccountState {
         }
         let set = RuntimeDisable { at_ms: now, by: by.to_string(), note };
         *d = Some(set.clone());
+        self.out_of_routing.store(true, Ordering::Release);
         // The state file records it (`persist`).
         self.changed();
         Ok(set)
@@ -180,7 +184,10 @@ impl AccountState {
 
     /// Routes to the account again; the disable that was in force, if any.
     pub fn enable(&self) -> Option<RuntimeDisable> {
-        let was = self.runtime_disabled.lock().take();
+        let mut d = self.runtime_disabled.lock();
+        let was = d.take();
+        self.out_of_routing.store(false, Ordering::Release);
+        drop(d);
         if was.is_some() {
             self.changed();
         }
@@ -194,12 +201,13 @@ impl AccountState {
 
     /// Whether an operator has taken the account out of routing.
     pub fn is_runtime_disabled(&self) -> bool {
-        self.runtime_disabled.lock().is_some()
+        self.out_of_routing.load(Ordering::Acquire)
     }
 
     /// Restores a disable read back from the state file.
     pub(crate) fn restore_disable(&self, d: RuntimeDisable) {
         *self.runtime_disabled.lock() = Some(d);
+        self.out_of_routing.store(true, Ordering::Release);
     }
 
     /// An operator's clear at `now`: lifts the cooldown in force (with

@@ -45,9 +45,10 @@ use crate::shared::facts::{self, Absorbed, AccountFacts};
 pub const VERSION: u32 = 1;
 
 /// The most plugin-state bytes (keys and values) the file holds; past it the
-/// newest entries are kept. Plugin state is bounded in memory
-/// (`[policy.state]`); this bounds what is written every second.
-pub const PLUGIN_BYTES_MAX: usize = 32 << 20;
+/// rest is left out. Plugin state is bounded in memory (`[policy.state]`,
+/// 128 MiB in all by default); this bounds what is copied and written every
+/// `file_write_ms` when a plugin floods its state.
+pub const PLUGIN_BYTES_MAX: usize = 16 << 20;
 
 /// The state file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -114,15 +115,7 @@ pub fn snapshot<'a>(
             out.insert(id.to_string(), AccountRecord { facts, disabled });
         }
     }
-    let mut entries = plugin.dump(now);
-    // Newest first within the byte bound, then back in a stable order.
-    entries.sort_by_key(|e| std::cmp::Reverse(e.written));
-    let mut bytes = 0;
-    entries.retain(|e| {
-        bytes += e.scope.len() + e.key.len() + e.value.len();
-        bytes <= PLUGIN_BYTES_MAX
-    });
-    entries.sort_by(|a, b| (&a.scope, &a.key).cmp(&(&b.scope, &b.key)));
+    let entries = plugin.dump(now, PLUGIN_BYTES_MAX);
     StateFile { v: VERSION, written_ms: now, accounts: out, plugin: entries }
 }
 
@@ -350,7 +343,9 @@ impl Persist {
         self.status.lock().restored = Some(restored);
     }
 
-    /// Writes the file if anything changed since the last write.
+    /// Writes the file if anything changed since the last write. The copy,
+    /// the JSON and the write run on the blocking pool: a large plugin store
+    /// costs a thread there, never a request's worker.
     pub async fn save(&self, gw: &Gateway) {
         let _turn = self.writing.lock().await;
         let seen = Self::fingerprint(gw);
@@ -359,21 +354,23 @@ impl Persist {
         }
         let now = now_ms();
         let generation = gw.generation();
-        let accounts = generation
+        let accounts: Vec<(String, Arc<AccountState>)> = generation
             .accounts
             .iter()
-            .map(|a| (a.config.id.as_str(), &*a.state))
-            .chain(generation.disabled.iter().map(|(c, s)| (c.id.as_str(), &**s)));
-        let file = snapshot(accounts, &*gw.plugin_state, now);
+            .map(|a| (a.config.id.clone(), a.state.clone()))
+            .chain(generation.disabled.iter().map(|(c, s)| (c.id.clone(), s.clone())))
+            .collect();
         drop(generation);
-        let bytes = match serde_json::to_vec(&file) {
-            Ok(b) => b,
-            Err(e) => return self.failed(&format!("cannot serialize it: {e}")),
-        };
-        let path = self.path.clone();
-        let wrote = tokio::task::spawn_blocking(move || write_atomic(&path, &bytes)).await;
+        let (plugin, path) = (gw.plugin_state.clone(), self.path.clone());
+        let wrote = tokio::task::spawn_blocking(move || {
+            let file = snapshot(accounts.iter().map(|(id, s)| (id.as_str(), &**s)), &*plugin, now);
+            let bytes = serde_json::to_vec(&file).map_err(|e| format!("cannot serialize it: {e}"))?;
+            write_atomic(&path, &bytes).map_err(|e| e.to_string())
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
         match wrote {
-            Ok(Ok(())) => {
+            Ok(()) => {
                 *self.written.lock() = Some(seen);
                 let mut st = self.status.lock();
                 if st.last_error.take().is_some() {
@@ -382,8 +379,7 @@ impl Persist {
                 st.last_write_ms = Some(now);
                 st.writes += 1;
             }
-            Ok(Err(e)) => self.failed(&e.to_string()),
-            Err(e) => self.failed(&e.to_string()),
+            Err(e) => self.failed(&e),
         }
     }
 

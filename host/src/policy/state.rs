@@ -110,8 +110,9 @@ pub trait StateStore: Send + Sync {
     fn changes(&self) -> u64 {
         0
     }
-    /// Every live entry at `now`, in every scope.
-    fn dump(&self, _now: u64) -> Vec<StateEntry> {
+    /// The live entries at `now`, in every scope, up to `max_bytes` of keys
+    /// and values (past it the rest is left out).
+    fn dump(&self, _now: u64, _max_bytes: usize) -> Vec<StateEntry> {
         Vec::new()
     }
     /// Takes an entry back (read from the state file after a restart): kept
@@ -273,6 +274,38 @@ impl MemoryState {
             .collect()
     }
 
+    /// The live entries at `now` among the next `n` keys of `scope` after
+    /// `after` (from the first, with `None`), in key order, and the key to go
+    /// on from (`None`: the scope is done) — a bounded piece of work under the
+    /// lock, so that copying out a full scope never holds up the plugin calls
+    /// that share it.
+    pub fn entries_after(
+        &self,
+        scope: &str,
+        after: Option<&str>,
+        n: usize,
+        now: u64,
+    ) -> (Vec<StateEntry>, Option<String>) {
+        use std::ops::Bound;
+        let inner = self.inner.lock();
+        let Some(s) = inner.scopes.get(scope) else { return (Vec::new(), None) };
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let batch: Vec<(&String, &Entry)> = s.entries.range::<str, _>((from, Bound::Unbounded)).take(n).collect();
+        let next = if batch.len() == n { batch.last().map(|(k, _)| (*k).clone()) } else { None };
+        let live = batch
+            .into_iter()
+            .filter(|(_, e)| e.expires_at.is_none_or(|t| t > now))
+            .map(|(k, e)| StateEntry {
+                scope: scope.to_string(),
+                key: k.clone(),
+                value: e.value.clone(),
+                expires_at: e.expires_at,
+                written: e.written,
+            })
+            .collect();
+        (live, next)
+    }
+
     /// The scopes held now.
     pub fn scope_names(&self) -> Vec<String> {
         self.inner.lock().scopes.keys().cloned().collect()
@@ -417,11 +450,24 @@ impl StateStore for MemoryState {
         self.changes.load(Ordering::Relaxed)
     }
 
-    fn dump(&self, now: u64) -> Vec<StateEntry> {
+    fn dump(&self, now: u64, max_bytes: usize) -> Vec<StateEntry> {
         let mut all = Vec::new();
+        let mut bytes = 0;
         for scope in self.scope_names() {
-            for (key, value, expires_at, written) in self.entries(&scope, now) {
-                all.push(StateEntry { scope: scope.clone(), key, value, expires_at, written });
+            let mut after: Option<String> = None;
+            loop {
+                let (batch, next) = self.entries_after(&scope, after.as_deref(), EVICT_PER_CALL, now);
+                for e in batch {
+                    bytes += e.key.len() + e.value.len();
+                    if bytes > max_bytes {
+                        return all;
+                    }
+                    all.push(e);
+                }
+                match next {
+                    Some(k) => after = Some(k),
+                    None => break,
+                }
             }
         }
         all
@@ -521,6 +567,24 @@ mod tests {
         assert_eq!(st.get("p", "new9", 0).as_deref(), Some(""));
         assert_eq!(st.bytes("p"), cost("new9", ""));
         assert_eq!(st.total_bytes(), cost("new9", ""));
+    }
+
+    #[test]
+    fn a_dump_copies_a_full_scope_a_batch_at_a_time_and_stops_at_its_bound() {
+        let st = MemoryState::default();
+        st.limit("p", MAX_LIMIT);
+        let n = 3 * EVICT_PER_CALL + 7;
+        for i in 0..n {
+            st.set("p", &format!("k{i:05}"), "v", if i % 2 == 0 { Some(10) } else { None }, 0);
+        }
+        st.set("q", "k", "v", None, 0);
+        let all = st.dump(20, usize::MAX);
+        assert_eq!(all.len(), n / 2 + 1, "every live entry once, the expired ones left out");
+        let (first, next) = st.entries_after("p", None, EVICT_PER_CALL, 20);
+        assert_eq!((first.len(), next.as_deref()), (EVICT_PER_CALL / 2, Some("k01023")));
+        let bytes: usize = st.dump(20, 60).iter().map(|e| e.key.len() + e.value.len()).sum();
+        assert!((55..=60).contains(&bytes), "up to the bound, one entry short of past it: {bytes}");
+        assert_eq!(st.changes(), n as u64 + 1);
     }
 
     #[test]

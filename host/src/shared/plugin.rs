@@ -203,8 +203,8 @@ impl StateStore for SharedPluginState {
         self.local.changes()
     }
 
-    fn dump(&self, now: u64) -> Vec<StateEntry> {
-        self.local.dump(now)
+    fn dump(&self, now: u64, max_bytes: usize) -> Vec<StateEntry> {
+        self.local.dump(now, max_bytes)
     }
 
     /// Into this replica's store only: the backend gets every entry when it
