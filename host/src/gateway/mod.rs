@@ -359,7 +359,7 @@ impl Gateway {
     /// last request); nothing without one.
     pub async fn save_state(&self) {
         if let Some(p) = &self.persist {
-            p.save(self).await;
+            p.save(self, true).await;
         }
     }
 
@@ -368,7 +368,7 @@ impl Gateway {
     pub fn save_state_soon(self: &Arc<Self>) {
         let Some(p) = self.persist.clone() else { return };
         let gw = self.clone();
-        tokio::spawn(async move { p.save(&gw).await });
+        tokio::spawn(async move { p.save(&gw, false).await });
     }
 
     /// A new request number.

@@ -52,6 +52,11 @@ pub const DEFAULT_TOTAL_MB: usize = 128;
 /// 0.3 ms of work); the rest of the excess goes with the following calls.
 pub const EVICT_PER_CALL: usize = 1024;
 
+/// What one entry costs in a dump beyond its scope, key and value (its
+/// framing when written out as JSON), so that many tiny entries count for
+/// what they take.
+pub const DUMP_ENTRY_OVERHEAD: usize = 64;
+
 /// The byte bounds of a state store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateLimits {
@@ -110,8 +115,9 @@ pub trait StateStore: Send + Sync {
     fn changes(&self) -> u64 {
         0
     }
-    /// The live entries at `now`, in every scope, up to `max_bytes` of keys
-    /// and values (past it the rest is left out).
+    /// The live entries at `now`, in every scope, up to `max_bytes` (each
+    /// entry's scope, key and value, plus [`DUMP_ENTRY_OVERHEAD`]: about what
+    /// it takes written out); past it the rest is left out.
     fn dump(&self, _now: u64, _max_bytes: usize) -> Vec<StateEntry> {
         Vec::new()
     }
@@ -458,7 +464,7 @@ impl StateStore for MemoryState {
             loop {
                 let (batch, next) = self.entries_after(&scope, after.as_deref(), EVICT_PER_CALL, now);
                 for e in batch {
-                    bytes += e.key.len() + e.value.len();
+                    bytes += e.scope.len() + e.key.len() + e.value.len() + DUMP_ENTRY_OVERHEAD;
                     if bytes > max_bytes {
                         return all;
                     }
@@ -582,8 +588,10 @@ mod tests {
         assert_eq!(all.len(), n / 2 + 1, "every live entry once, the expired ones left out");
         let (first, next) = st.entries_after("p", None, EVICT_PER_CALL, 20);
         assert_eq!((first.len(), next.as_deref()), (EVICT_PER_CALL / 2, Some("k01023")));
-        let bytes: usize = st.dump(20, 60).iter().map(|e| e.key.len() + e.value.len()).sum();
-        assert!((55..=60).contains(&bytes), "up to the bound, one entry short of past it: {bytes}");
+        let cost = |e: &StateEntry| e.scope.len() + e.key.len() + e.value.len() + DUMP_ENTRY_OVERHEAD;
+        let bound = 10 * (1 + 6 + DUMP_ENTRY_OVERHEAD);
+        let bytes: usize = st.dump(20, bound).iter().map(cost).sum();
+        assert!(bytes <= bound && bytes > bound - (1 + 6 + DUMP_ENTRY_OVERHEAD), "up to the bound: {bytes}");
         assert_eq!(st.changes(), n as u64 + 1);
     }
 
