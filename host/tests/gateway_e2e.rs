@@ -682,3 +682,62 @@ fn the_example_systemd_unit_verifies() {
     assert!(out.status.success(), "{said}");
     assert!(!said.lines().any(|l| l.contains("poolgate.service")), "{said}");
 }
+
+/// The primary first (`prefer-primary`), with one slot; a second account.
+fn primary_with_one_slot(base: &str) -> String {
+    format!(
+        "[server]\nadmin_token_env = \"PG_ADMIN\"\n\n\
+         [[policy.chain]]\nplugin = \"builtin:prefer-primary\"\n\n\
+         [[accounts]]\nid = \"a\"\nprimary = true\nmax_in_flight = 1\napi_key_env = \"KEY_A\"\nbase_url = \"{base}\"\n\n\
+         [[accounts]]\nid = \"b\"\napi_key_env = \"KEY_B\"\nbase_url = \"{base}\"\n"
+    )
+}
+
+/// The newest decision record.
+async fn last_record(gw: &Gateway) -> Value {
+    gw.admin_json("/admin/decisions?limit=1", ADMIN).await[0].clone()
+}
+
+/// When the chain's head cannot take a request and another account serves,
+/// the reason says why the head was passed over, and so does the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_from_the_second_account_says_why_the_first_was_passed_over() {
+    let mock = MockUpstream::start().await;
+    let (a, b) = (mock.account("key-a"), mock.account("key-b"));
+    a.push(Step::Delay { ms: 3_000, then: Box::new(Step::Ok) });
+    let gw = Gateway::start(&primary_with_one_slot(&mock.base_url()), &env3());
+
+    // The primary's only slot is held by a slow request.
+    let slow = tokio::spawn({
+        let url = gw.url.clone();
+        async move { Gateway::client().post(format!("{url}/v1/messages")).json(&message("m", false)).send().await }
+    });
+    support::eventually("the slow request holds a's slot", Duration::from_secs(10), async || {
+        status(&gw).await["accounts"][0]["in_flight"] == 1
+    })
+    .await;
+    let r = post(&gw, &message("claude-sonnet-4-5", false)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-poolgate-account"), "b");
+    assert_eq!(header(&r, "x-poolgate-reason"), "preferred_primary; passed over a full");
+    let record = last_record(&gw).await;
+    assert_eq!(record["account"], "b");
+    assert_eq!(record["passed_over"], json!([{ "account": "a", "attempt": 0, "cause": "full" }]), "{record}");
+    assert_eq!(slow.await.unwrap().unwrap().status(), 200);
+
+    // The primary refuses (529): the answer is b's, and says a failed over.
+    a.push(Step::Overloaded);
+    let r = post(&gw, &message("claude-sonnet-4-5", false)).await;
+    assert_eq!((r.status().as_u16(), header(&r, "x-poolgate-account")), (200, "b"));
+    let reason = header(&r, "x-poolgate-reason");
+    assert!(reason.ends_with("; passed over a failed-over:529"), "{reason}");
+    let record = last_record(&gw).await;
+    assert_eq!(record["passed_over"], json!([{ "account": "a", "attempt": 0, "cause": "failed-over:529" }]));
+
+    // Now a cools and the chain ranks b first: nothing is passed over.
+    let r = post(&gw, &message("claude-sonnet-4-5", false)).await;
+    assert_eq!(header(&r, "x-poolgate-account"), "b");
+    assert!(!header(&r, "x-poolgate-reason").contains("passed over"), "{:?}", r.headers());
+    assert!(last_record(&gw).await.get("passed_over").is_none());
+    assert_eq!(b.count(), 3);
+}

@@ -131,3 +131,104 @@ async fn json_logs_carry_the_decision_record() {
     assert_eq!(record["status"], 200);
     assert_eq!(record["outcome"], "complete");
 }
+
+/// a (the primary) first, then b; `alias` lets a reload change a.
+fn primary_first(base: &str, alias: &str) -> String {
+    format!(
+        "[server]\nadmin_token_env = \"PG_ADMIN\"\n\n\
+         [[policy.chain]]\nplugin = \"builtin:prefer-primary\"\n\n\
+         [[accounts]]\nid = \"a\"\nalias = \"{alias}\"\nprimary = true\napi_key_env = \"KEY_A\"\nbase_url = \"{base}\"\n\n\
+         [[accounts]]\nid = \"b\"\napi_key_env = \"KEY_B\"\nbase_url = \"{base}\"\n"
+    )
+}
+
+/// Which account answered a Messages request.
+async fn served_by(gw: &Gateway) -> String {
+    let r = Gateway::client().post(format!("{}/v1/messages", gw.url)).json(&message("m", false)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    r.headers()["x-poolgate-account"].to_str().unwrap().to_string()
+}
+
+/// An operator lifts a stale cooldown, takes an account out of routing and
+/// puts it back, with the admin token; a reload that changes the account
+/// keeps it out; every action is logged and in `/status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_clear_disable_and_enable_accounts_with_the_admin_token() {
+    let mock = MockUpstream::start().await;
+    let (a, b) = (mock.account("key-a"), mock.account("key-b"));
+    let dir = support::tempdir::Dir::new("admin");
+    let path = dir.0.join("poolgate.toml");
+    std::fs::write(&path, primary_first(&mock.base_url(), "first")).unwrap();
+    let gw = Gateway::start_file(&path, &env2(), dir);
+    let post =
+        async |path: &str, token: Option<&str>, body: &str| support::admin_post(&gw.url, path, token, body).await;
+
+    // a answers 529 and cools for a while: b serves.
+    a.push(Step::Overloaded);
+    assert_eq!(served_by(&gw).await, "b");
+    assert_eq!(account_status(&gw, "a").await["cooldown"]["reason"], "overloaded");
+
+    // Refused without the token, or with another; an unknown account or
+    // action is a 404 and a body that says nothing sensible a 400, each in the
+    // API's error shape; none of them changes anything.
+    for token in [None, Some("not-the-token")] {
+        let (status, body) = post("/admin/accounts/a/clear", token, "").await;
+        assert_eq!((status, body["error"]["type"].as_str()), (401, Some("authentication_error")), "{body}");
+    }
+    let (status, body) = post("/admin/accounts/nobody/disable", Some(ADMIN), "").await;
+    assert_eq!((status, body["error"]["type"].as_str()), (404, Some("not_found_error")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("`nobody`"));
+    assert_eq!(post("/admin/accounts/a/explode", Some(ADMIN), "").await.0, 404);
+    let (status, body) = post("/admin/accounts/a/disable", Some(ADMIN), "{\"cooldown\":true}").await;
+    assert_eq!((status, body["error"]["type"].as_str()), (400, Some("invalid_request_error")), "{body}");
+    assert_eq!(account_status(&gw, "a").await["cooldown"]["reason"], "overloaded");
+
+    // Clear: the cooldown is lifted, and the primary serves again.
+    let (status, body) = post("/admin/accounts/a/clear", Some(ADMIN), "").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["cleared"]["cooldown"]["reason"], "overloaded");
+    assert!(account_status(&gw, "a").await["cooldown"].is_null());
+    assert_eq!(served_by(&gw).await, "a");
+
+    // Disable: nothing goes to a, even as the primary.
+    let (status, body) =
+        post("/admin/accounts/a/disable", Some(ADMIN), r#"{"by":"alice","note":"key under review"}"#).await;
+    assert_eq!((status, body["changed"].as_bool()), (200, Some(true)), "{body}");
+    let before = a.count();
+    for _ in 0..3 {
+        assert_eq!(served_by(&gw).await, "b");
+    }
+    let st = account_status(&gw, "a").await;
+    assert_eq!((st["runtime_disabled"]["by"].as_str(), st["enabled"].as_bool()), (Some("alice"), Some(true)));
+
+    // A reload that changes a keeps it out, and says so.
+    std::fs::write(&path, primary_first(&mock.base_url(), "renamed")).unwrap();
+    let (status, body) = post("/admin/reload", Some(ADMIN), "").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(account_status(&gw, "a").await["alias"], "renamed");
+    assert_eq!(served_by(&gw).await, "b");
+    assert_eq!(a.count(), before, "a disabled account gets no request");
+    assert!(gw.log().contains("stays disabled at run time across the reload"), "{}", gw.log());
+
+    // Enable: the primary serves again.
+    let (status, body) = post("/admin/accounts/a/enable", Some(ADMIN), r#"{"by":"alice"}"#).await;
+    assert_eq!(
+        (status, body["changed"].as_bool(), body["was"]["note"].as_str()),
+        (200, Some(true), Some("key under review"))
+    );
+    assert_eq!(served_by(&gw).await, "a");
+    assert!(account_status(&gw, "a").await.get("runtime_disabled").is_none());
+
+    // Every action, newest first, with who did it.
+    let st = gw.admin_json("/status", ADMIN).await;
+    let actions: Vec<(&str, &str)> = st["admin_actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| (x["action"].as_str().unwrap(), x["by"].as_str().unwrap()))
+        .collect();
+    assert_eq!(actions, [("enable", "alice"), ("disable", "alice"), ("clear", "admin")]);
+    let log = gw.log();
+    assert!(log.lines().any(|l| l.contains("admin action") && l.contains("disable") && l.contains("alice")), "{log}");
+    assert!(b.count() >= 5);
+}

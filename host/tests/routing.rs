@@ -237,3 +237,73 @@ async fn answers_cut_mid_way_cool_their_account_after_three() {
     let r = support::turn(&gw, "", "claude-sonnet-4-5").await;
     assert_eq!((r.status().as_u16(), account_of(&r)), (200, "b".into()));
 }
+
+/// A 7-day window spent: the unified headers of a seat that is out for the week.
+fn spent_for_the_week() -> Quota {
+    let reset = now_s() + 3 * 24 * 3600;
+    let spent = Window { utilization: 1.0, status: "rejected".into(), reset_s: reset };
+    let ok = Window { utilization: 0.2, status: "allowed".into(), reset_s: reset };
+    Quota {
+        status: Some("rejected".into()),
+        reset_s: Some(reset),
+        five_hour: Some(ok),
+        seven_day: Some(spent),
+        ..Default::default()
+    }
+}
+
+/// A restart (SIGTERM, then the same config) keeps what the gateway learned:
+/// a seat out for the week is not probed again, and a session stays on the
+/// account that served it rather than moving to the one headroom prefers. A
+/// state file that cannot be read is set aside and the gateway starts anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_keeps_a_spent_seat_parked_and_sessions_on_their_accounts() {
+    let mock = MockUpstream::start().await;
+    let (c, a, b) = (mock.account("key-c"), mock.account("key-a"), mock.account("key-b"));
+    c.set_quota(spent_for_the_week());
+    c.push(Step::RateLimited { unified: true, retry_after: None });
+    a.set_quota(quota(0.6, 0.2));
+    b.set_quota(quota(0.1, 0.1));
+    let state = support::tempdir::Dir::new("state");
+    let file = state.0.join("learned.json");
+    let cfg = config(
+        &mock.base_url(),
+        &[("c", "api-key", "KEY_C"), ("a", "api-key", "KEY_A"), ("b", "api-key", "KEY_B")],
+        &format!("[state]\nfile = \"{}\"\n", file.display()),
+    );
+    let env = [("KEY_A", "key-a"), ("KEY_B", "key-b"), ("KEY_C", "key-c"), ("PG_ADMIN", ADMIN)];
+
+    // Nothing known yet: c (first in the pool) answers 429 for the week, and
+    // a serves the session's first turn.
+    let mut gw = Gateway::start(&cfg, &env);
+    let r = support::turn(&gw, "session-1", "claude-sonnet-4-5").await;
+    assert_eq!((r.status().as_u16(), account_of(&r)), (200, "a".into()));
+    observed(&gw, 1).await;
+    assert_eq!(account_status(&status(&gw).await, "c")["cooldown"]["reason"], "weekly_exhausted");
+    assert_eq!(mock.served_by(), ["key-c", "key-a"]);
+    gw.terminate();
+    assert!(gw.wait(Duration::from_secs(30)).is_some_and(|s| s.success()), "{}", gw.log());
+    drop(gw);
+
+    mock.clear_requests();
+    let gw = Gateway::start(&cfg, &env);
+    let st = status(&gw).await;
+    assert_eq!(account_status(&st, "c")["cooldown"]["reason"], "weekly_exhausted", "{}", gw.log());
+    assert_eq!(st["state_file"]["restored"]["cooling"], 1, "{}", st["state_file"]);
+    // The session stays on a; a new one goes where headroom says (b, never
+    // tried, ranks before a at 60 %) — and c is not asked at all.
+    let r = support::turn(&gw, "session-1", "claude-sonnet-4-5").await;
+    assert_eq!(account_of(&r), "a", "{}", gw.log());
+    let r = support::turn(&gw, "session-2", "claude-sonnet-4-5").await;
+    assert_eq!(account_of(&r), "b");
+    assert_eq!(mock.served_by(), ["key-a", "key-b"], "the spent seat was not probed");
+    drop(gw);
+
+    // A file that is not a state file: set aside, and the gateway serves.
+    std::fs::write(&file, "{\"v\":1,\"written_ms\":").unwrap();
+    let gw = Gateway::start(&cfg, &env);
+    assert_eq!(support::turn(&gw, "session-3", "claude-sonnet-4-5").await.status(), 200);
+    let st = status(&gw).await;
+    assert!(st["state_file"]["restore_error"].as_str().is_some_and(|e| e.contains("not a state file")), "{st}");
+    assert!(state.0.join("learned.json.corrupt").exists());
+}

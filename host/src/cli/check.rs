@@ -63,6 +63,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
                     g.config.state.key_prefix
                 );
             }
+            match &g.config.state.file_path {
+                Some(p) => println!("  learned:  kept across restarts in {}", p.display()),
+                None if g.config.state.shared() => println!("  learned:  kept across restarts in Redis"),
+                None => println!("  learned:  forgotten at restart ([state] file = \"\")"),
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {

@@ -141,7 +141,11 @@ pub async fn serve(config: Config, source: Option<(PathBuf, Overrides)>) -> Resu
     // Listening, and every signal handler in place (SIGHUP's default action
     // would kill the process): ready.
     crate::gateway::sd_notify::ready(&format!("poolgate listening on {}", running.addr));
+    let gateway = running.gateway.clone();
     let first = signals.next().await;
     tracing::info!(signal = first.name(), "shutting down");
-    running.shutdown(first.stop(), signals).await
+    let served = running.shutdown(first.stop(), signals).await;
+    // After the last request: what it taught is in the file too.
+    gateway.save_state().await;
+    served
 }

@@ -303,6 +303,7 @@ impl Config {
         let (mut config, index) = validate::parse(text, &path.display().to_string())?;
         config.resolve_paths(path.parent().unwrap_or(Path::new(".")));
         overrides.apply(&mut config);
+        config.state.locate_file(path);
         let resolved = validate::meaning(&config, &index, &path.display().to_string(), Some(overrides))?;
         config.resolved = Some(std::sync::Arc::new(resolved));
         Ok((config, index))

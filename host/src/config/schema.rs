@@ -179,6 +179,8 @@ pub const SHARED_STATE: &[Field] = &[
     f("lease_ttl_ms", Kind::Int(1_000, 3_600_000)),
     f("refresh_lock_ms", Kind::Int(1_000, 600_000)),
     f("share_credentials", Kind::Bool),
+    f("file", Kind::Str),
+    f("file_write_ms", Kind::Int(100, 600_000)),
 ];
 
 /// `[[fallback]]`.
@@ -235,6 +237,7 @@ mod tests {
         config.policy.instances = Some(1);
         config.state.url = Some("redis://127.0.0.1:1".into());
         config.state.replica = Some("r".into());
+        config.state.file = Some("state.json".into());
         config.policy.chain.push(crate::config::StageConfig {
             plugin: "p".into(),
             name: Some("n".into()),

@@ -2,8 +2,17 @@
 //! default, nothing shared), or in Redis, shared by every replica that names
 //! the same server and key prefix. What is shared and how fresh it is:
 //! `crate::shared`.
+//!
+//! And the state file, which carries a single gateway's learned state across
+//! a restart (`gateway::persist`): on by default with the `memory` backend,
+//! in the state directory rather than beside the config (which may be
+//! read-only), named after the config file so that two gateways on one
+//! machine never share one.
+
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 /// Which state backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -50,6 +59,15 @@ pub struct StateConfig {
     /// replicas on different machines adopt one refresh); off, replicas
     /// share a refresh only through a shared credentials file.
     pub share_credentials: bool,
+    /// The state file: unset, the default ([`StateConfig::locate_file`]);
+    /// `""`, none; else this path (relative to the config file's directory).
+    pub file: Option<String>,
+    /// How often the state file is written when something changed, ms (and
+    /// once more at shutdown).
+    pub file_write_ms: u64,
+    /// The state file in force, resolved when the config file was loaded.
+    #[serde(skip)]
+    pub file_path: Option<PathBuf>,
 }
 
 impl Default for StateConfig {
@@ -66,6 +84,9 @@ impl Default for StateConfig {
             lease_ttl_ms: 15_000,
             refresh_lock_ms: 60_000,
             share_credentials: true,
+            file: None,
+            file_write_ms: 1_000,
+            file_path: None,
         }
     }
 }
@@ -76,10 +97,52 @@ impl StateConfig {
         self.backend == Backend::Redis
     }
 
+    /// Resolves [`StateConfig::file`] for a config loaded from `config_path`:
+    /// a path given is taken relative to the config file's directory; `""`
+    /// means none; unset means `state-<hash>.json` in [`default_dir`], the
+    /// hash being of the config file's absolute path — with the `memory`
+    /// backend only. With `redis` the default is none: Redis keeps what
+    /// replicas learn (records a day, plugin state with its TTLs), and a
+    /// replica that restarts reads it back before it serves, so a file would
+    /// only hold it twice.
+    pub fn locate_file(&mut self, config_path: &Path) {
+        self.file_path = match self.file.as_deref() {
+            Some("") => None,
+            Some(f) => {
+                let f = Path::new(f);
+                Some(if f.is_relative() { config_path.parent().unwrap_or(Path::new(".")).join(f) } else { f.into() })
+            }
+            None if self.shared() => None,
+            None => default_dir().map(|d| d.join(default_name(config_path))),
+        };
+    }
+
     /// The URL with its password replaced, for logs and `/status`.
     pub fn redacted_url(&self) -> String {
         redact(self.url.as_deref().unwrap_or(""))
     }
+}
+
+/// Where state files go by default: systemd's `$STATE_DIRECTORY` (a unit
+/// with `StateDirectory=poolgate`), else `$XDG_STATE_HOME/poolgate`
+/// (`~/.local/state/poolgate`), else the user's cache directory (systems
+/// without a state directory).
+pub fn default_dir() -> Option<PathBuf> {
+    let systemd = std::env::var_os("STATE_DIRECTORY")
+        .and_then(|v| v.to_str().and_then(|s| s.split(':').next()).map(PathBuf::from))
+        .filter(|p| p.is_absolute());
+    systemd.or_else(|| dirs::state_dir().or_else(dirs::cache_dir).map(|d| d.join("poolgate")))
+}
+
+/// `state-<16 hex digits>.json`, of the SHA-256 of the config file's
+/// absolute path: one file per configuration, however many gateways share
+/// the directory.
+fn default_name(config_path: &Path) -> String {
+    let absolute = std::fs::canonicalize(config_path)
+        .or_else(|_| std::path::absolute(config_path))
+        .unwrap_or_else(|_| config_path.to_path_buf());
+    let digest = Sha256::digest(absolute.as_os_str().as_encoded_bytes());
+    format!("state-{}.json", &hex::encode(digest)[..16])
 }
 
 /// `url` with its password hidden: the user info before the last `@` (a
@@ -174,6 +237,31 @@ mod tests {
         assert_eq!(redact("redis://:pa/ss?w#rd@h:1/2"), "redis://:***@h:1/2");
         assert_eq!(redact("unix:///run/redis.sock?pass=hunter2"), "unix:///run/redis.sock?***");
         assert_eq!(redact("not a url hunter2"), "***");
+    }
+
+    #[test]
+    fn the_state_file_is_off_with_an_empty_path_relative_to_the_config_and_by_default_per_config() {
+        let mut s = StateConfig { file: Some("".into()), ..StateConfig::default() };
+        s.locate_file(Path::new("/etc/poolgate/poolgate.toml"));
+        assert_eq!(s.file_path, None);
+        s.file = Some("state/learned.json".into());
+        s.locate_file(Path::new("/etc/poolgate/poolgate.toml"));
+        assert_eq!(s.file_path.as_deref(), Some(Path::new("/etc/poolgate/state/learned.json")));
+        s.file = None;
+        s.locate_file(Path::new("/etc/poolgate/a.toml"));
+        let a = s.file_path.clone();
+        s.locate_file(Path::new("/etc/poolgate/b.toml"));
+        if let (Some(a), Some(b)) = (a, s.file_path.clone()) {
+            assert_ne!(a, b, "two configs, two files");
+            assert!(a.file_name().unwrap().to_str().unwrap().starts_with("state-"));
+        }
+        // Replicas keep it in Redis.
+        let mut r = StateConfig { backend: Backend::Redis, ..StateConfig::default() };
+        r.locate_file(Path::new("/etc/poolgate/a.toml"));
+        assert_eq!(r.file_path, None);
+        r.file = Some("/var/lib/poolgate/state.json".into());
+        r.locate_file(Path::new("/etc/poolgate/a.toml"));
+        assert!(r.file_path.is_some(), "unless the operator names one");
     }
 
     #[test]

@@ -4,10 +4,14 @@
 //! This state is keyed by account id and outlives configuration generations: a
 //! reload that keeps an account keeps what was learned about it, and a request
 //! that started on an old generation releases its lease on the same counter.
+//!
+//! So does an operator's runtime disable (`POST /admin/accounts/{id}/disable`):
+//! it holds until the operator enables the account again, whatever a reload
+//! changes about it (see [`AccountState::disable`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -37,6 +41,33 @@ pub struct AccountState {
     version: AtomicU64,
     /// Who the account's credential belongs to (see [`AccountState::identity`]).
     binding: Mutex<Option<String>>,
+    /// Set while an operator has taken the account out of routing.
+    runtime_disabled: Mutex<Option<RuntimeDisable>>,
+    /// Whether `runtime_disabled` is set: read by every rank, without a lock.
+    out_of_routing: AtomicBool,
+}
+
+/// An operator's runtime disable of an account: not routed to until enabled
+/// again (`POST /admin/accounts/{id}/enable`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeDisable {
+    /// When (ms since the epoch).
+    pub at_ms: u64,
+    /// Who, as the operator named themselves (`admin` when they did not).
+    pub by: String,
+    /// Why, as they said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// What an operator's clear lifted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Cleared {
+    /// The cooldown in force, if one was lifted.
+    pub cooldown: Option<Cooldown>,
+    /// The model gates in force that were lifted.
+    pub gates: Vec<ModelGate>,
 }
 
 /// What is learned about an account. Every fact a replica may share carries
@@ -55,6 +86,9 @@ pub(crate) struct Learned {
     pub(crate) cooldown: Option<Cooldown>,
     /// When the cooldown in force was set.
     pub(crate) cooldown_set_ms: u64,
+    /// The last operator's clear: every cooldown set before it is over,
+    /// whatever its cause, on every replica.
+    pub(crate) cleared_all_ms: u64,
     /// The last 2xx: cooldowns a success lifts that were set before it are over.
     pub(crate) cleared_ms: u64,
     /// The last new token of a seat: auth cooldowns set before it are over.
@@ -82,7 +116,7 @@ impl Learned {
     fn effective_streaks(&self, now: u64) -> Streaks {
         let mut s = self.streaks;
         for (r, at) in self.remote_streaks.values() {
-            if *at > self.cleared_ms && now.saturating_sub(*at) < REMOTE_STREAK_MS {
+            if *at > self.cleared_ms.max(self.cleared_all_ms) && now.saturating_sub(*at) < REMOTE_STREAK_MS {
                 s.auth = s.auth.saturating_add(r.auth);
                 s.overloaded = s.overloaded.saturating_add(r.overloaded);
                 s.upstream_error = s.upstream_error.saturating_add(r.upstream_error);
@@ -123,7 +157,89 @@ impl AccountState {
             seat: Mutex::new(None),
             version: AtomicU64::new(0),
             binding: Mutex::new(None),
+            runtime_disabled: Mutex::new(None),
+            out_of_routing: AtomicBool::new(false),
         }
+    }
+
+    /// Takes the account out of routing until [`AccountState::enable`]; the
+    /// disable already in force, if there was one (it stays as it was).
+    ///
+    /// A reload keeps it, even one that changes the account's credential: the
+    /// operator took it out for a reason the file does not know, and an
+    /// unrelated edit silently sending traffic back to it is the surprise to
+    /// avoid. Enabling it is one request.
+    pub fn disable(&self, by: &str, note: Option<String>, now: u64) -> Result<RuntimeDisable, RuntimeDisable> {
+        let mut d = self.runtime_disabled.lock();
+        if let Some(existing) = d.clone() {
+            return Err(existing);
+        }
+        let set = RuntimeDisable { at_ms: now, by: by.to_string(), note };
+        *d = Some(set.clone());
+        self.out_of_routing.store(true, Ordering::Release);
+        // The state file records it (`persist`).
+        self.changed();
+        Ok(set)
+    }
+
+    /// Routes to the account again; the disable that was in force, if any.
+    pub fn enable(&self) -> Option<RuntimeDisable> {
+        let mut d = self.runtime_disabled.lock();
+        let was = d.take();
+        self.out_of_routing.store(false, Ordering::Release);
+        drop(d);
+        if was.is_some() {
+            self.changed();
+        }
+        was
+    }
+
+    /// The operator's disable in force, if any.
+    pub fn runtime_disabled(&self) -> Option<RuntimeDisable> {
+        self.runtime_disabled.lock().clone()
+    }
+
+    /// Whether an operator has taken the account out of routing.
+    pub fn is_runtime_disabled(&self) -> bool {
+        self.out_of_routing.load(Ordering::Acquire)
+    }
+
+    /// Restores a disable read back from the state file.
+    pub(crate) fn restore_disable(&self, d: RuntimeDisable) {
+        *self.runtime_disabled.lock() = Some(d);
+        self.out_of_routing.store(true, Ordering::Release);
+    }
+
+    /// An operator's clear at `now`: lifts the cooldown in force (with
+    /// `cooldown`) and the model gates of `gates` (`None`: every gate),
+    /// resets the failure streaks a cleared cooldown escalated from, and
+    /// stamps the clear so that other replicas' records set before it cannot
+    /// bring any of it back (`shared::facts`).
+    pub fn clear(&self, cooldown: bool, gates: Option<&[String]>, now: u64) -> Cleared {
+        let mut l = self.learned.lock();
+        self.changed();
+        let mut cleared = Cleared::default();
+        if cooldown {
+            cleared.cooldown = l.cooldown.filter(|c| c.until_ms > now);
+            l.cooldown = None;
+            l.cleared_all_ms = now;
+            l.streaks = Streaks::default();
+            l.streaks_ms = now;
+        }
+        let lift = |family: &str| gates.is_none_or(|g| g.iter().any(|f| f == family));
+        let (lifted, kept): (Vec<ModelGate>, Vec<ModelGate>) = l.model_gates.drain(..).partition(|g| lift(&g.family));
+        l.model_gates = kept;
+        for g in &lifted {
+            l.gates_cleared_ms.insert(g.family.clone(), now);
+        }
+        if let Some(families) = gates {
+            // A gate another replica set before now, not here yet, is lifted too.
+            for f in families {
+                l.gates_cleared_ms.insert(f.clone(), now);
+            }
+        }
+        cleared.gates = lifted.into_iter().filter(|g| g.until_ms > now).collect();
+        cleared
     }
 
     /// Sets who a static credential belongs to: an API key's fingerprint
@@ -481,6 +597,7 @@ impl AccountState {
             last_status: l.last_status,
             same_subscription_as: Vec::new(),
             oauth: seat.map(|s| s.status(now)),
+            runtime_disabled: self.runtime_disabled(),
             attempts: self.attempts.load(Ordering::Relaxed),
             successes: self.successes.load(Ordering::Relaxed),
         }
@@ -550,6 +667,9 @@ pub struct AccountStatus {
     /// An OAuth seat's token: expiry, refreshes, identity, `needs_login`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oauth: Option<crate::oauth::SeatStatus>,
+    /// Set while an operator has taken the account out of routing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime_disabled: Option<RuntimeDisable>,
     /// Attempts sent.
     pub attempts: u64,
     /// Attempts answered 2xx.
@@ -661,6 +781,44 @@ mod tests {
         assert_eq!(with_seat(Some(weekly), Some(NOW + 5_000)), Some(weekly));
         let short = Cooldown { until_ms: NOW + 10, reason: CooldownReason::Transient };
         assert_eq!(with_seat(Some(short), Some(NOW + 5_000)), Some(seat));
+    }
+
+    #[test]
+    fn an_operators_clear_lifts_any_cooldown_and_the_gates_asked_for() {
+        let a = AccountState::new("a");
+        let cfg = CooldownConfig::default();
+        let r = QuotaReading::default();
+        for _ in 0..3 {
+            a.record(Answer::Status(529), &r, None, &cfg, NOW);
+        }
+        a.cool(NOW + 3_600_000, CooldownReason::Overage);
+        {
+            let mut l = a.learned();
+            AccountState::gate(&mut l, "opus", NOW + 60_000, NOW);
+            AccountState::gate(&mut l, "fable", NOW + 60_000, NOW);
+        }
+        let only_opus = a.clear(false, Some(&["opus".to_string()]), NOW + 1);
+        assert_eq!((only_opus.cooldown, only_opus.gates.len()), (None, 1));
+        assert!(a.cooldown(NOW + 1).is_some(), "the cooldown was not asked for");
+        let all = a.clear(true, None, NOW + 2);
+        assert_eq!(all.cooldown.map(|c| c.reason), Some(CooldownReason::Overage), "not one a success lifts");
+        assert_eq!(all.gates.iter().map(|g| g.family.as_str()).collect::<Vec<_>>(), ["fable"]);
+        assert!(a.cooldown(NOW + 2).is_none());
+        // The streak it escalated from is gone: the next 529 starts over.
+        a.record(Answer::Status(529), &r, None, &cfg, NOW + 3);
+        assert_eq!(a.cooldown(NOW + 3).unwrap().until_ms, NOW + 3 + cfg.overloaded_ms);
+    }
+
+    #[test]
+    fn a_runtime_disable_holds_until_enabled() {
+        let a = AccountState::new("a");
+        let v = a.version();
+        let d = a.disable("alice", Some("key leaked".into()), NOW).unwrap();
+        assert!(a.is_runtime_disabled() && a.version() > v, "a change the state file writes");
+        assert_eq!(a.disable("bob", None, NOW + 1).unwrap_err(), d, "the first disable stands");
+        assert_eq!(a.enable(), Some(d));
+        assert_eq!(a.enable(), None);
+        assert!(!a.is_runtime_disabled());
     }
 
     #[test]

@@ -8,6 +8,10 @@
 //! keeps its place at the front, so a freed slot is never lost and order is kept.
 //! Leases release on drop — when the response or stream ends, or when the client
 //! goes away and the body is dropped.
+//!
+//! Admission says which accounts it skipped as full ([`Admitted::full`]), so
+//! that a request served by the second account says the first was at its
+//! limit rather than repeating why the chain put the first one first.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -55,6 +59,17 @@ impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Lease({})", self.account.id)
     }
+}
+
+/// A slot taken, and the accounts passed over on the way to it.
+#[derive(Debug)]
+pub struct Admitted {
+    /// The slot.
+    pub lease: Lease,
+    /// Positions in the slots given to [`Admission::acquire`] of the
+    /// accounts ahead of the leased one that were full (on this replica, or
+    /// across replicas), in order.
+    pub full: Vec<usize>,
 }
 
 /// Why admission failed.
@@ -106,16 +121,18 @@ impl Admission {
     /// The first account of `slots` with room: on this replica, and across
     /// replicas for a limited account when the backend counts them (within
     /// `[state] lease_wait_ms`; past it, or with the backend away, this
-    /// replica's count decides). Also whether a slot of a limit shared by
-    /// replicas was full (the caller must look again: its release may
-    /// happen on another replica).
-    async fn try_take(self: &Arc<Self>, slots: &[Slot<'_>]) -> (Option<Lease>, bool) {
+    /// replica's count decides), with the positions of the full ones before
+    /// it. Also whether a slot of a limit shared by replicas was full (the
+    /// caller must look again: its release may happen on another replica).
+    async fn try_take(self: &Arc<Self>, slots: &[Slot<'_>]) -> (Option<Admitted>, bool) {
         let mut remote_full = false;
-        for (a, max) in slots {
+        let mut full = Vec::new();
+        for (i, (a, max)) in slots.iter().enumerate() {
             if !a.try_take(*max) {
                 // A slot of a limit shared by replicas frees without a
                 // wake-up here when it is another replica's.
                 remote_full |= max.is_some() && self.backend.shares_leases();
+                full.push(i);
                 continue;
             }
             // From here the local slot is a lease: if the request goes away
@@ -129,12 +146,13 @@ impl Admission {
                     LeaseAnswer::Full => {
                         remote_full = true;
                         lease.quiet = true;
+                        full.push(i);
                         continue;
                     }
                     LeaseAnswer::Unavailable => {}
                 }
             }
-            return (Some(lease), remote_full);
+            return (Some(Admitted { lease, full }), remote_full);
         }
         (None, remote_full)
     }
@@ -150,19 +168,20 @@ impl Admission {
     }
 
     /// Takes a slot on the first account of `slots` (in order) with room, waiting
-    /// in line up to `timeout` when all are full. An empty `slots` is refused at
-    /// once by the caller, never queued.
+    /// in line up to `timeout` when all are full; says which accounts ahead of
+    /// it were full when it was taken. An empty `slots` is refused at once by
+    /// the caller, never queued.
     pub async fn acquire(
         self: &Arc<Self>,
         slots: &[Slot<'_>],
         max_queued: usize,
         timeout: Duration,
-    ) -> Result<Lease, Refused> {
+    ) -> Result<Admitted, Refused> {
         // Newcomers go behind anyone already waiting.
         if self.depth() == 0
-            && let (Some(lease), _) = self.try_take(slots).await
+            && let (Some(admitted), _) = self.try_take(slots).await
         {
-            return Ok(lease);
+            return Ok(admitted);
         }
         let deadline = tokio::time::Instant::now() + timeout;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -178,18 +197,18 @@ impl Admission {
                 if front { q.push_front(w) } else { q.push_back(w) }
             }
             // A slot may have been freed between the failed attempt and queueing.
-            let (lease, remote_full) = self.try_take(slots).await;
-            if let Some(lease) = lease {
+            let (admitted, remote_full) = self.try_take(slots).await;
+            if let Some(admitted) = admitted {
                 self.waiters.lock().retain(|w| w.id != id);
-                return Ok(lease);
+                return Ok(admitted);
             }
             // A slot another replica holds frees without waking anyone here.
             let wait_until =
                 if remote_full { deadline.min(tokio::time::Instant::now() + REMOTE_RETRY) } else { deadline };
             match tokio::time::timeout_at(wait_until, rx).await {
                 Ok(Ok(())) => {
-                    if let (Some(lease), _) = self.try_take(slots).await {
-                        return Ok(lease);
+                    if let (Some(admitted), _) = self.try_take(slots).await {
+                        return Ok(admitted);
                     }
                     // Not for us: pass the wake-up on and keep our place.
                     self.wake_one();
@@ -249,7 +268,9 @@ mod tests {
     async fn an_account_full_on_other_replicas_is_passed_over_and_its_slot_given_back() {
         let q = Admission::with_backend(Arc::new(Leases(Some(false))));
         let (a, b) = (Arc::new(AccountState::new("a")), Arc::new(AccountState::new("b")));
-        let lease = q.acquire(&[(&a, Some(1)), (&b, None)], 10, Duration::from_secs(1)).await.unwrap();
+        let admitted = q.acquire(&[(&a, Some(1)), (&b, None)], 10, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(admitted.full, [0], "a was passed over as full");
+        let lease = admitted.lease;
         assert_eq!((lease.account().id.as_str(), a.in_flight()), ("b", 0));
         drop(lease);
         let r = q.acquire(&[(&a, Some(1))], 10, Duration::from_millis(60)).await;
@@ -264,7 +285,9 @@ mod tests {
         let slots = [(&a, Some(1)), (&b, Some(1))];
         let l1 = q.acquire(&slots, 10, Duration::from_secs(1)).await.unwrap();
         let l2 = q.acquire(&slots, 10, Duration::from_secs(1)).await.unwrap();
-        assert_eq!((l1.account().id.as_str(), l2.account().id.as_str()), ("a", "b"));
+        assert_eq!((l1.lease.account().id.as_str(), l2.lease.account().id.as_str()), ("a", "b"));
+        assert_eq!((l1.full.as_slice(), l2.full.as_slice()), (&[][..], &[0][..]), "the second skipped a, full");
+        let l1 = l1.lease;
         drop(l1);
         assert_eq!(a.in_flight(), 0);
     }
@@ -273,13 +296,13 @@ mod tests {
     async fn waits_in_fifo_order_and_times_out() {
         let q = Admission::new();
         let a = Arc::new(AccountState::new("a"));
-        let held = q.acquire(&[(&a, Some(1))], 10, Duration::from_secs(1)).await.unwrap();
+        let held = q.acquire(&[(&a, Some(1))], 10, Duration::from_secs(1)).await.unwrap().lease;
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for n in 0..3 {
             let (q, a, order) = (q.clone(), a.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let lease = q.acquire(&[(&a, Some(1))], 10, Duration::from_secs(5)).await.unwrap();
+                let lease = q.acquire(&[(&a, Some(1))], 10, Duration::from_secs(5)).await.unwrap().lease;
                 order.lock().push(n);
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 drop(lease);
@@ -292,7 +315,7 @@ mod tests {
             t.await.unwrap();
         }
         assert_eq!(*order.lock(), vec![0, 1, 2]);
-        let _held = q.acquire(&[(&a, Some(1))], 10, Duration::from_secs(1)).await.unwrap();
+        let _held = q.acquire(&[(&a, Some(1))], 10, Duration::from_secs(1)).await.unwrap().lease;
         let r = q.acquire(&[(&a, Some(1))], 10, Duration::from_millis(30)).await;
         assert_eq!(r.unwrap_err(), Refused::Timeout);
         assert_eq!(q.depth(), 0);
@@ -302,7 +325,7 @@ mod tests {
     async fn a_full_queue_refuses_at_once() {
         let q = Admission::new();
         let a = Arc::new(AccountState::new("a"));
-        let _held = q.acquire(&[(&a, Some(1))], 1, Duration::from_secs(1)).await.unwrap();
+        let _held = q.acquire(&[(&a, Some(1))], 1, Duration::from_secs(1)).await.unwrap().lease;
         let q2 = q.clone();
         let a2 = a.clone();
         let waiting =
@@ -316,8 +339,8 @@ mod tests {
     async fn a_wake_up_for_an_account_a_waiter_cannot_use_is_passed_on() {
         let q = Admission::new();
         let (a, b) = (Arc::new(AccountState::new("a")), Arc::new(AccountState::new("b")));
-        let hold_a = q.acquire(&[(&a, Some(1))], 10, Duration::from_secs(1)).await.unwrap();
-        let hold_b = q.acquire(&[(&b, Some(1))], 10, Duration::from_secs(1)).await.unwrap();
+        let hold_a = q.acquire(&[(&a, Some(1))], 10, Duration::from_secs(1)).await.unwrap().lease;
+        let hold_b = q.acquire(&[(&b, Some(1))], 10, Duration::from_secs(1)).await.unwrap().lease;
         // First waiter can only use b; second can use a.
         let (q1, b1) = (q.clone(), b.clone());
         let only_b =

@@ -1,5 +1,12 @@
 //! The request record — what was decided for one client request and how it went
 //! — and the ring of the last N records behind `GET /admin/decisions`.
+//!
+//! When the account that served was not the one the chain put first, the
+//! record says why: every account ranked ahead of it, on every attempt, is in
+//! `passed_over` with its cause (at its in-flight limit, cooling, gated, an
+//! overflow account, failed over …), and `x-poolgate-reason` carries the same
+//! list in one bounded ASCII line ([`reason_header`]). Without that an operator
+//! reads `preferred_primary` on an answer the primary never saw.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -7,6 +14,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use crate::account::{AccountSnapshot, CooldownReason};
 use crate::policy::Decision;
 
 /// How one attempt went.
@@ -133,6 +141,11 @@ pub struct RequestRecord {
     /// When no account served: what stood in each one's way.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub blocked: Vec<super::unserved::Blocked>,
+    /// Every account ranked ahead of the one tried, on every attempt, and why
+    /// it was passed over (an account once: its first cause). Empty when the
+    /// chain's head served.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub passed_over: Vec<PassedOver>,
     /// The account that served (or failed last).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub account: Option<String>,
@@ -147,6 +160,156 @@ pub struct RequestRecord {
     pub outcome: Ending,
     /// Total time, ms.
     pub duration_ms: u64,
+}
+
+/// Why an account ranked ahead of the one tried did not take the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PassCause {
+    /// At its `max_in_flight` (here, or across replicas): admission went on.
+    Full,
+    /// Cooling down for this reason (not usable).
+    Cooling(CooldownReason),
+    /// Its model family is gated (not usable for this request).
+    Gated(String),
+    /// Disabled: an OAuth seat that needs a login.
+    Disabled,
+    /// Not usable, for a reason no longer in force when it was looked at.
+    NotUsable,
+    /// An overflow account (see `[[accounts]] overflow`): tried only after
+    /// every usable account that is not.
+    Overflow,
+    /// Tried, and its answer failed over with this status (429, 529, 5xx, 401, 403).
+    FailedOver(u16),
+    /// Tried, and no answer came (no connection, a timeout).
+    NoAnswer,
+    /// Tried, and its body broke before the first byte.
+    Broke,
+}
+
+impl PassCause {
+    /// Whether the account was tried on this request (its answer failed over).
+    pub fn tried(&self) -> bool {
+        matches!(self, PassCause::FailedOver(_) | PassCause::NoAnswer | PassCause::Broke)
+    }
+}
+
+impl std::fmt::Display for PassCause {
+    /// One token, no spaces: `full`, `cooling:<reason>`, `gated:<family>`,
+    /// `disabled`, `not-usable`, `overflow`, `failed-over:<status>`,
+    /// `no-answer`, `broke`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PassCause::Full => f.write_str("full"),
+            PassCause::Cooling(r) => write!(f, "cooling:{}", r.as_str()),
+            PassCause::Gated(family) => write!(f, "gated:{}", token(family)),
+            PassCause::Disabled => f.write_str("disabled"),
+            PassCause::NotUsable => f.write_str("not-usable"),
+            PassCause::Overflow => f.write_str("overflow"),
+            PassCause::FailedOver(s) => write!(f, "failed-over:{s}"),
+            PassCause::NoAnswer => f.write_str("no-answer"),
+            PassCause::Broke => f.write_str("broke"),
+        }
+    }
+}
+
+impl Serialize for PassCause {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Why an account the chain ranked is not usable for a request of model
+/// `family` at `now`, and until when.
+pub fn unusable_cause(snapshot: &AccountSnapshot, family: Option<&str>, now: u64) -> (PassCause, Option<u64>) {
+    if let Some(c) = snapshot.active_cooldown(now) {
+        return match c.reason {
+            CooldownReason::Disabled => (PassCause::Disabled, None),
+            reason => (PassCause::Cooling(reason), Some(c.until_ms)),
+        };
+    }
+    match snapshot.active_gate(family, now) {
+        Some(g) => (PassCause::Gated(g.family.clone()), Some(g.until_ms)),
+        None => (PassCause::NotUsable, None),
+    }
+}
+
+/// One account passed over for a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PassedOver {
+    /// The account id.
+    pub account: String,
+    /// The attempt (0 for the first) whose rank put it ahead.
+    pub attempt: u32,
+    /// Why it did not take the request.
+    pub cause: PassCause,
+    /// When its cooldown or gate ends, if that was the cause.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<u64>,
+}
+
+/// Adds `p` unless its account is listed already (its first cause stands:
+/// what stood in the way first is what moved the request on).
+pub fn pass_over(list: &mut Vec<PassedOver>, p: PassedOver) {
+    if !list.iter().any(|q| q.account == p.account) {
+        list.push(p);
+    }
+}
+
+/// The most bytes the passed-over part of `x-poolgate-reason` takes; past
+/// it the rest is counted (`+3 more`). The record has them all.
+pub const PASSED_OVER_HEADER_BYTES: usize = 256;
+
+/// The longest an account id or a family takes in the header (encoded).
+const TOKEN_BYTES: usize = 64;
+
+/// `text` as one header token: bytes outside printable ASCII, and the list's
+/// own separators (space, `,`, `;`, `%`), percent-encoded; past
+/// [`TOKEN_BYTES`], cut and ended with `...`.
+fn token(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_graphic() && !matches!(b, b',' | b';' | b'%') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if out.len() > TOKEN_BYTES {
+        // Cut before any escape the cut would split.
+        let mut cut = TOKEN_BYTES - 3;
+        if let Some(p) = out[cut.saturating_sub(2)..cut].find('%') {
+            cut = cut - 2 + p;
+        }
+        out.truncate(cut);
+        out.push_str("...");
+    }
+    out
+}
+
+/// The value of `x-poolgate-reason`: the chain's reason, and — when accounts
+/// were passed over — `; passed over <id> <cause>, <id> <cause>` (ids
+/// percent-encoded where they hold anything but printable ASCII or a
+/// separator), at most [`PASSED_OVER_HEADER_BYTES`] of it, then `, +N more`.
+/// One line, ASCII only.
+pub fn reason_header(reason: &str, passed_over: &[PassedOver]) -> String {
+    if passed_over.is_empty() {
+        return reason.to_string();
+    }
+    let mut list = String::new();
+    for (i, p) in passed_over.iter().enumerate() {
+        let item = format!("{} {}", token(&p.account), p.cause);
+        let sep = if list.is_empty() { "" } else { ", " };
+        let rest = passed_over.len() - i;
+        // Room for this item, and for the count of the rest if more follow.
+        let tail = if rest > 1 { format!(", +{} more", rest - 1).len() } else { 0 };
+        if !list.is_empty() && list.len() + sep.len() + item.len() + tail > PASSED_OVER_HEADER_BYTES {
+            list.push_str(&format!(", +{rest} more"));
+            break;
+        }
+        list.push_str(sep);
+        list.push_str(&item);
+    }
+    format!("{reason}; passed over {list}")
 }
 
 /// The last N request records.
@@ -191,5 +354,78 @@ impl DecisionLog {
     /// The newest `limit` records, newest first.
     pub fn latest(&self, limit: usize) -> Vec<Arc<RequestRecord>> {
         self.kept.lock().1.iter().rev().take(limit).cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::account::{Cooldown, ModelGate};
+
+    fn p(account: &str, cause: PassCause) -> PassedOver {
+        PassedOver { account: account.into(), attempt: 0, cause, until_ms: None }
+    }
+
+    #[test]
+    fn the_reason_names_every_account_passed_over_and_why() {
+        assert_eq!(reason_header("headroom", &[]), "headroom");
+        let list = [
+            p("a0", PassCause::Full),
+            p("a1", PassCause::FailedOver(529)),
+            p("a2", PassCause::Cooling(CooldownReason::WeeklyExhausted)),
+            p("a3", PassCause::Gated("opus".into())),
+            p("a4", PassCause::NoAnswer),
+        ];
+        assert_eq!(
+            reason_header("preferred_primary", &list),
+            "preferred_primary; passed over a0 full, a1 failed-over:529, a2 cooling:weekly_exhausted, a3 gated:opus, a4 no-answer"
+        );
+    }
+
+    #[test]
+    fn the_header_stays_one_bounded_ascii_line_whatever_the_ids_hold() {
+        let odd = [p("team a, eu;1", PassCause::Full), p("é\r\nx-evil: 1", PassCause::Overflow)];
+        let h = reason_header("r", &odd);
+        assert_eq!(h, "r; passed over team%20a%2C%20eu%3B1 full, %C3%A9%0D%0Ax-evil:%201 overflow");
+        assert!(http::HeaderValue::from_str(&h).is_ok());
+        let many: Vec<PassedOver> = (0..100).map(|i| p(&format!("account-{i:03}"), PassCause::Full)).collect();
+        let h = reason_header("r", &many);
+        let list = h.strip_prefix("r; passed over ").unwrap();
+        assert!(list.len() <= PASSED_OVER_HEADER_BYTES, "{} bytes", list.len());
+        let shown = list.matches(" full").count();
+        assert!(list.ends_with(&format!(", +{} more", 100 - shown)), "{list}");
+        let long = [p(&"x".repeat(5000), PassCause::Full), p("b", PassCause::Full)];
+        let h = reason_header("r", &long);
+        assert!(h.len() < 200 && h.contains("x...") && h.ends_with("b full"), "{h}");
+        // A cut never splits an escape.
+        let t = token(&format!("{}é", "y".repeat(59)));
+        assert!(t.ends_with("y...") && t.len() <= TOKEN_BYTES, "{t}");
+    }
+
+    #[test]
+    fn an_account_is_listed_once_with_its_first_cause() {
+        let mut list = Vec::new();
+        pass_over(&mut list, p("a", PassCause::Full));
+        pass_over(&mut list, p("a", PassCause::Cooling(CooldownReason::Overloaded)));
+        pass_over(&mut list, p("b", PassCause::Broke));
+        assert_eq!(list, [p("a", PassCause::Full), p("b", PassCause::Broke)]);
+        assert_eq!(serde_json::to_value(&list[0]).unwrap()["cause"], "full");
+        assert!(PassCause::Broke.tried() && !PassCause::Full.tried());
+    }
+
+    #[test]
+    fn an_unusable_account_says_what_keeps_it() {
+        let now = 1_000;
+        let mut s = AccountSnapshot { id: "a".into(), ..Default::default() };
+        assert_eq!(unusable_cause(&s, Some("opus"), now), (PassCause::NotUsable, None));
+        s.model_gates = vec![ModelGate { family: "opus".into(), until_ms: 5_000 }];
+        assert_eq!(unusable_cause(&s, Some("opus"), now), (PassCause::Gated("opus".into()), Some(5_000)));
+        s.cooldown = Some(Cooldown { until_ms: 9_000, reason: CooldownReason::Overloaded });
+        assert_eq!(
+            unusable_cause(&s, Some("opus"), now),
+            (PassCause::Cooling(CooldownReason::Overloaded), Some(9_000))
+        );
+        s.disabled = true;
+        assert_eq!(unusable_cause(&s, None, now), (PassCause::Disabled, None));
     }
 }

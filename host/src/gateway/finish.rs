@@ -13,7 +13,9 @@
 //!   (its alias is in the record) — an answer relayed — and never on an
 //!   answer the gateway writes itself;
 //! - `x-poolgate-reason` and `x-poolgate-policy-error`: whenever the chain
-//!   decided something for the request, local answers included;
+//!   decided something for the request, local answers included; on an
+//!   account's answer that was not the chain's first choice, the reason goes
+//!   on with `; passed over <id> <cause>, …`;
 //! - `x-poolgate-attempts`: how many times the chain ranked for it.
 
 use std::sync::Arc;
@@ -77,7 +79,13 @@ impl Finish {
         {
             h.insert("x-poolgate-account", v);
         }
-        if let Some(v) = Some(&record.reason).filter(|r| !r.is_empty()).and_then(|r| HeaderValue::from_str(r).ok()) {
+        // On an account's answer, also the accounts passed over on the way
+        // to it and why (`decisions::reason_header`).
+        let reason = match self.account_answers && !record.passed_over.is_empty() {
+            true => std::borrow::Cow::Owned(super::decisions::reason_header(&record.reason, &record.passed_over)),
+            false => std::borrow::Cow::Borrowed(&record.reason),
+        };
+        if let Some(v) = Some(&reason).filter(|r| !r.is_empty()).and_then(|r| HeaderValue::from_str(r).ok()) {
             h.insert("x-poolgate-reason", v);
         }
         let policy_error = record

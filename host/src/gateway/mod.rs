@@ -15,8 +15,11 @@
 //!   bounds what one client connection can hold; [`lifecycle`] is the
 //!   shutdown as requests see it (draining, streams cut); [`sd_notify`]
 //!   tells systemd.
+//! - [`admin`]: operators acting on accounts at run time; [`persist`]: what
+//!   was learned, kept across a restart in the state file.
 
 pub mod accounts;
+pub mod admin;
 pub mod admission;
 pub mod attempt;
 pub mod auth;
@@ -31,6 +34,7 @@ pub mod finish;
 pub mod generation;
 pub mod lifecycle;
 pub mod metrics;
+pub mod persist;
 pub mod proxy;
 pub mod quota;
 pub mod relay;
@@ -151,6 +155,10 @@ pub struct Gateway {
     pub listening: std::sync::OnceLock<std::net::SocketAddr>,
     /// Draining, streams cut at the end of the grace period, connections open.
     pub lifecycle: Arc<lifecycle::Lifecycle>,
+    /// The state file, when there is one (`[state] file`).
+    pub persist: Option<Arc<persist::Persist>>,
+    /// The operators' actions on accounts, for `/status`.
+    pub admin: admin::AdminLog,
 }
 
 impl Gateway {
@@ -199,6 +207,11 @@ impl Gateway {
         let first = Generation::build(1, config, &engine, &plugin_state, &states, &metrics, None).await?;
         plugin_state.retain_scopes(&first.chain.scopes());
         let decisions = decisions::DecisionLog::new(first.config.server.decisions_kept);
+        let state = &first.config.state;
+        let persist = state
+            .file_path
+            .clone()
+            .map(|p| Arc::new(persist::Persist::new(p, Duration::from_millis(state.file_write_ms))));
         let gateway = Arc::new(Gateway {
             current: ArcSwap::from_pointee(first),
             states,
@@ -215,8 +228,16 @@ impl Gateway {
             shared: shared.clone(),
             listening: std::sync::OnceLock::new(),
             lifecycle: Arc::default(),
+            persist,
+            admin: admin::AdminLog::default(),
         });
         gateway.share_seats(&gateway.generation());
+        // What this gateway learned before a restart, before it serves and
+        // before replicas merge their records into it.
+        if let Some(p) = &gateway.persist {
+            p.restore(&gateway).await;
+            p.clone().spawn(Arc::downgrade(&gateway));
+        }
         shared.start(Arc::downgrade(&gateway));
         Ok(gateway)
     }
@@ -332,6 +353,7 @@ impl Gateway {
                 self.plugin_state.retain_scopes(&generation.chain.scopes());
                 self.share_seats(&generation);
                 self.current.store(Arc::new(generation));
+                admin::note_reload(self);
                 self.metrics.reload(true);
                 *self.last_reload.lock() = Some(ReloadStatus {
                     at_ms: now_ms(),
@@ -384,6 +406,22 @@ impl Gateway {
             errors,
             consecutive_failures: failures + 1,
         });
+    }
+
+    /// Writes the state file now if anything changed (at shutdown, after the
+    /// last request); nothing without one.
+    pub async fn save_state(&self) {
+        if let Some(p) = &self.persist {
+            p.save(self, true).await;
+        }
+    }
+
+    /// Writes the state file in the background, now rather than at the next
+    /// check (after an operator's action).
+    pub fn save_state_soon(self: &Arc<Self>) {
+        let Some(p) = self.persist.clone() else { return };
+        let gw = self.clone();
+        tokio::spawn(async move { p.save(&gw, false).await });
     }
 
     /// A new request id, unique across restarts ([`first_request_id`]).

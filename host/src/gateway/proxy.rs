@@ -16,6 +16,11 @@
 //! attempt fails over is a pure function of how it went ([`next`]). When no
 //! usable account remains, the answer is local; a cooling account is never
 //! probed. Every way a request ends goes through [`Finish`].
+//!
+//! Each attempt records the accounts ranked ahead of the one it tried and why
+//! they were passed over ([`ahead_of`]): not usable (cooling, gated), at their
+//! in-flight limit (admission says which), an overflow account, or tried and
+//! failed over. An account an operator disabled is no candidate at all.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,8 +31,10 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 
 use super::admission::{Lease, Refused, Slot};
-use super::attempt::{self, Answered, Attempted, Failure, Next, next};
-use super::decisions::{Attempt, AttemptOutcome, Ending, RequestRecord};
+use super::attempt::{self, Answered, Attempted, Failure, How, Next, next};
+use super::decisions::{
+    Attempt, AttemptOutcome, Ending, PassCause, PassedOver, RequestRecord, pass_over, unusable_cause,
+};
 use super::errors::{ErrorType, error, final_error, rate_limited};
 use super::finish::{Early, Finish, Observe};
 use super::generation::Generation;
@@ -95,12 +102,12 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
         Err(answer) => return *answer,
     };
     while let Some(ranked) = x.rank().await {
-        let (lease, queued_ms) = match x.admit(&ranked).await {
+        let (lease, queued_ms, full) = match x.admit(&ranked).await {
             Ok(admitted) => admitted,
             Err(refused) => return x.refused(ranked, refused),
         };
         let attempted = x.attempt(lease, queued_ms).await;
-        let request = x.learn(ranked, &attempted);
+        let request = x.learn(ranked, &full, &attempted);
         match next(attempted) {
             Next::Commit(answered) => return x.commit(request, answered),
             Next::FailOver(failure) => x.last = Some((failure, request)),
@@ -117,7 +124,14 @@ pub struct Ranked {
     decision: Decision,
     /// Pool indices of the usable accounts, best first.
     order: Vec<u32>,
+    /// The accounts of the chain's order that are not usable, with why (and
+    /// until when), as they were when it ranked.
+    unusable: Vec<Unusable>,
 }
+
+/// An account the chain ranked that could not take the request: its pool
+/// index, why, and until when.
+pub type Unusable = (u32, PassCause, Option<u64>);
 
 /// Everything one request carries from phase to phase.
 pub struct Exchange {
@@ -173,6 +187,7 @@ impl Exchange {
             stream: facts.stream,
             client: incoming.client.clone(),
             attempts: Vec::new(),
+            passed_over: Vec::new(),
             account: None,
             fallback: None,
             reason: String::new(),
@@ -203,7 +218,14 @@ impl Exchange {
             return None;
         }
         let now = now_ms();
-        let candidates = self.generation.candidates(self.family, now, &self.tried);
+        // An account an operator disabled is no candidate, like one the file
+        // disables; the accounts already tried are no longer candidates.
+        let disabled = self.generation.accounts.iter().filter(|a| a.state.is_runtime_disabled()).map(|a| a.index);
+        let mut exclude = std::borrow::Cow::Borrowed(&self.tried);
+        for i in disabled {
+            exclude.to_mut().push(i);
+        }
+        let candidates = self.generation.candidates(self.family, now, &exclude);
         if candidates.accounts.is_empty() {
             return None;
         }
@@ -230,23 +252,34 @@ impl Exchange {
             self.record.attempts.push(local_attempt(attempt, decision, AttemptOutcome::NoUsableAccount));
             return None;
         }
-        Some(Ranked { attempt, request, decision, order })
+        // Usually none: stage 1 puts usable accounts first and most stages
+        // keep them there.
+        let unusable = decision
+            .order
+            .indices()
+            .iter()
+            .filter(|i| !usable.contains(i))
+            .filter_map(|&i| {
+                let a = self.generation.account(i)?;
+                let (cause, until) = unusable_cause(&a.state.snapshot(&a.config), self.family, now);
+                Some((i, cause, until))
+            })
+            .collect();
+        Some(Ranked { attempt, request, decision, order, unusable })
     }
 
     /// Phase *admit*: an in-flight slot on the first ranked account with room,
-    /// waiting in the queue if none has; with the time waited, ms.
-    async fn admit(&self, ranked: &Ranked) -> Result<(Lease, u64), Refused> {
+    /// waiting in the queue if none has; with the time waited, ms, and the
+    /// pool indices of the accounts ahead of it that were full.
+    async fn admit(&self, ranked: &Ranked) -> Result<(Lease, u64, Vec<u32>), Refused> {
         let cfg = &self.generation.config.gateway;
-        let slots: Vec<Slot<'_>> = ranked
-            .order
-            .iter()
-            .filter_map(|&i| self.generation.account(i))
-            .map(|a| (&a.state, a.config.max_in_flight))
-            .collect();
+        let accounts: Vec<_> = ranked.order.iter().filter_map(|&i| self.generation.account(i)).collect();
+        let slots: Vec<Slot<'_>> = accounts.iter().map(|a| (&a.state, a.config.max_in_flight)).collect();
         let queued = Instant::now();
         let timeout = Duration::from_millis(cfg.queue_timeout_ms);
-        let lease = self.gw.admission.acquire(&slots, cfg.queue_max, timeout).await?;
-        Ok((lease, queued.elapsed().as_millis() as u64))
+        let admitted = self.gw.admission.acquire(&slots, cfg.queue_max, timeout).await?;
+        let full = admitted.full.iter().filter_map(|&p| accounts.get(p).map(|a| a.index)).collect();
+        Ok((admitted.lease, queued.elapsed().as_millis() as u64, full))
     }
 
     /// Phase *attempt*: the request goes to the leased account, and the answer
@@ -263,10 +296,24 @@ impl Exchange {
     }
 
     /// Phase *learn*: what the answer says about the account (quota, cooldown,
-    /// streaks) and the attempt's entry in the record. Gives back the request
-    /// the chain saw, for `observe`.
-    fn learn(&mut self, ranked: Ranked, attempted: &Attempted) -> wit::Request {
+    /// streaks), the attempt's entry in the record, and the accounts passed
+    /// over on the way to it (`full`: those admission found at their limit).
+    /// Gives back the request the chain saw, for `observe`.
+    fn learn(&mut self, ranked: Ranked, full: &[u32], attempted: &Attempted) -> wit::Request {
         let (outcome, status) = attempt::learn(&self.gw, &self.generation, self.family, attempted);
+        let tried = match &attempted.how {
+            How::Answered(_) => None,
+            How::Refused { status, .. } => Some(PassCause::FailedOver(status.as_u16())),
+            How::Unreachable(_) => Some(PassCause::NoAnswer),
+            How::Broke { .. } => Some(PassCause::Broke),
+        };
+        let ahead = ahead_of(&ranked, full, attempted.account);
+        for (i, cause, until_ms) in ahead.into_iter().chain(tried.map(|c| (attempted.account, c, None))) {
+            if let Some(a) = self.generation.account(i) {
+                let p = PassedOver { account: a.config.id.clone(), attempt: ranked.attempt, cause, until_ms };
+                pass_over(&mut self.record.passed_over, p);
+            }
+        }
         let account = self.generation.account(attempted.account).map(|a| a.config.id.clone());
         self.record.account.clone_from(&account);
         self.record.attempts.push(Attempt {
@@ -376,7 +423,72 @@ impl Exchange {
     }
 }
 
+/// The accounts the chain ranked ahead of `tried` in `ranked`, each with why
+/// it was passed over: not usable (as it was when ranked), at its in-flight
+/// limit (`full`, as admission found it), or an overflow account moved
+/// behind the others. In the chain's order.
+pub fn ahead_of(ranked: &Ranked, full: &[u32], tried: u32) -> Vec<Unusable> {
+    let chain = ranked.decision.order.indices();
+    let Some(at) = chain.iter().position(|&i| i == tried) else { return Vec::new() };
+    chain[..at]
+        .iter()
+        .map(|&i| {
+            if let Some((_, cause, until)) = ranked.unusable.iter().find(|(u, _, _)| *u == i) {
+                (i, cause.clone(), *until)
+            } else if full.contains(&i) {
+                (i, PassCause::Full, None)
+            } else if ranked.order.contains(&i) {
+                // Usable, not full, ranked ahead by the chain yet after the
+                // account tried: the overflow partition moved it.
+                (i, PassCause::Overflow, None)
+            } else {
+                (i, PassCause::NotUsable, None)
+            }
+        })
+        .collect()
+}
+
 /// The record entry of a rank that reached no account.
 fn local_attempt(attempt: u32, decision: Decision, outcome: AttemptOutcome) -> Attempt {
     Attempt { attempt, decision, account: None, status: None, outcome, queued_ms: 0, upstream_ms: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Order;
+
+    fn ranked(chain: &[u32], usable_order: &[u32], unusable: Vec<Unusable>) -> Ranked {
+        let ids: Arc<[String]> = (0..6).map(|i| format!("a{i}")).collect::<Vec<_>>().into();
+        let decision = Decision {
+            order: Order::new(chain.to_vec(), ids),
+            reason: "r".into(),
+            detail: None,
+            policy_errors: Vec::new(),
+            background_errors: Vec::new(),
+            stages: Vec::new(),
+            duration_us: 0.0,
+        };
+        let request = wit::Request {
+            id: 1,
+            now_ms: 0,
+            model: String::new(),
+            session: None,
+            api: wit::ApiShape::Messages,
+            attempt: 0,
+            replayable: true,
+            decided_by: None,
+        };
+        Ranked { attempt: 0, request, decision, order: usable_order.to_vec(), unusable }
+    }
+
+    #[test]
+    fn accounts_ahead_of_the_one_tried_are_full_unusable_or_overflow() {
+        let cooling = (1, PassCause::Cooling(crate::account::CooldownReason::Overloaded), Some(9));
+        // Chain: a0 a1 a2 a3 a4; a1 cooling; a2 an overflow key moved last.
+        let r = ranked(&[0, 1, 2, 3, 4], &[0, 3, 4, 2], vec![cooling.clone()]);
+        assert_eq!(ahead_of(&r, &[0], 3), vec![(0, PassCause::Full, None), cooling, (2, PassCause::Overflow, None)]);
+        assert_eq!(ahead_of(&r, &[], 0), vec![], "the head served: nothing passed over");
+        assert_eq!(ahead_of(&r, &[], 5), vec![], "not in the order: nothing to say");
+    }
 }

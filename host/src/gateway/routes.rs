@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -71,6 +71,7 @@ pub fn router(state: AppState) -> Router {
         .route("/status", get(status))
         .route("/admin/decisions", get(decisions))
         .route("/admin/reload", post(reload))
+        .route("/admin/accounts/{id}/{action}", post(account_action))
         .fallback(not_found)
         .method_not_allowed_fallback(wrong_method)
         .with_state(state)
@@ -350,8 +351,44 @@ async fn status(State(s): State<AppState>, headers: HeaderMap) -> Response {
         "builtins_ready": gw.engine.builtins_ready(),
         "queue_depth": gw.admission.depth(),
         "state_backend": gw.shared.status(),
+        "state_file": gw.persist.as_ref().map(|p| p.status()),
+        "admin_actions": gw.admin.latest(),
         "accounts": accounts,
     }))
+}
+
+/// The most an admin action's body may hold (a few fields of text).
+const ADMIN_BODY_BYTES: usize = 64 * 1024;
+
+/// `POST /admin/accounts/{id}/clear|disable|enable` (`super::admin`).
+async fn account_action(
+    State(s): State<AppState>,
+    Path((id, action)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Some(r) = admin_refused(&s, &headers) {
+        return r;
+    }
+    let Some(act) = super::admin::Act::parse(&action) else {
+        let msg = format!("poolgate: no admin action `{action}`: use clear, disable or enable");
+        return error(StatusCode::NOT_FOUND, ErrorType::NotFound, &msg);
+    };
+    let Ok(bytes) = axum::body::to_bytes(body, ADMIN_BODY_BYTES).await else {
+        let msg = format!("poolgate: the body exceeds {} KiB", ADMIN_BODY_BYTES >> 10);
+        return error(StatusCode::PAYLOAD_TOO_LARGE, ErrorType::RequestTooLarge, &msg);
+    };
+    let parsed = match super::admin::parse_body(act, &bytes) {
+        Ok(b) => b,
+        Err(msg) => return error(StatusCode::BAD_REQUEST, ErrorType::InvalidRequest, &msg),
+    };
+    match super::admin::act(&s.gateway, act, &id, parsed, now_ms()) {
+        Ok(answer) => json(&answer),
+        Err(super::admin::Refusal::UnknownAccount(id)) => {
+            let msg = format!("poolgate: no configured account `{}` (GET /status lists them)", id.escape_debug());
+            error(StatusCode::NOT_FOUND, ErrorType::NotFound, &msg)
+        }
+    }
 }
 
 #[derive(Deserialize)]

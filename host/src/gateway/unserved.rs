@@ -131,7 +131,9 @@ pub fn blocked_by(snapshot: &AccountSnapshot, family: Option<&str>, attempts: &[
 pub fn survey(generation: &Generation, family: Option<&str>, attempts: &[Attempt], now: u64) -> (Vec<Blocked>, bool) {
     let mut usable = false;
     let mut blocked = Vec::new();
-    for a in &generation.accounts {
+    // An account an operator disabled is out of the pool, as one the file
+    // disables: nothing about it is for the client to wait out.
+    for a in generation.accounts.iter().filter(|a| !a.state.is_runtime_disabled()) {
         match blocked_by(&a.state.snapshot(&a.config), family, attempts, now) {
             Some(b) => blocked.push(b),
             None => usable = true,

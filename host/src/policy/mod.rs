@@ -56,7 +56,7 @@ pub use engine::PolicyEngine;
 pub use events::FaultSink;
 pub use fault::{Cause, Fault};
 pub use plugin::{Limits, Plugin, PluginRef, PluginSpec, builtin_names};
-pub use state::{MemoryState, StateLimits, StateStore};
+pub use state::{MemoryState, StateEntry, StateLimits, StateStore};
 
 /// Default deadline of one plugin call, in ms: its CPU budget (see
 /// [`engine::FUEL_PER_MS`]). Chosen from measurements (see docs/benchmarks.md):

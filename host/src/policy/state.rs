@@ -28,8 +28,10 @@
 //! plugins never share state unless the operator gives them one `scope`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 
 /// Default entry limit of a scope until the plugin sets its own.
 pub const DEFAULT_LIMIT: u32 = 10_000;
@@ -50,6 +52,11 @@ pub const DEFAULT_TOTAL_MB: usize = 128;
 /// 0.3 ms of work); the rest of the excess goes with the following calls.
 pub const EVICT_PER_CALL: usize = 1024;
 
+/// What one entry costs in a dump beyond its scope, key and value (its
+/// framing when written out as JSON), so that many tiny entries count for
+/// what they take.
+pub const DUMP_ENTRY_OVERHEAD: usize = 64;
+
 /// The byte bounds of a state store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateLimits {
@@ -63,6 +70,24 @@ impl Default for StateLimits {
     fn default() -> Self {
         StateLimits { scope_bytes: DEFAULT_SCOPE_MB << 20, total_bytes: DEFAULT_TOTAL_MB << 20 }
     }
+}
+
+/// One live entry, as kept across a restart (the gateway's state file) or
+/// written back to a shared backend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateEntry {
+    /// The plugin's scope.
+    pub scope: String,
+    /// The key.
+    pub key: String,
+    /// The value.
+    pub value: String,
+    /// When it expires (ms since the epoch), if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
+    /// When it was written (the writer's `now`).
+    pub written: u64,
 }
 
 /// Where plugin state is kept. The in-process [`MemoryState`] is the default.
@@ -85,6 +110,22 @@ pub trait StateStore: Send + Sync {
     fn retain_scopes(&self, _keep: &[&str]) {}
     /// Replaces the byte bounds.
     fn set_limits(&self, _limits: StateLimits) {}
+    /// Counts the writes and deletes so far: a change shows as a new number
+    /// (what tells the gateway's state file that it has something to write).
+    fn changes(&self) -> u64 {
+        0
+    }
+    /// The live entries at `now`, in every scope, up to `max_bytes` (each
+    /// entry's scope, key and value, plus [`DUMP_ENTRY_OVERHEAD`]: about what
+    /// it takes written out); past it the rest is left out.
+    fn dump(&self, _now: u64, _max_bytes: usize) -> Vec<StateEntry> {
+        Vec::new()
+    }
+    /// Takes an entry back (read from the state file after a restart): kept
+    /// unless it has expired or the key was written later. Whether it was.
+    fn restore(&self, _entry: &StateEntry, _now: u64) -> bool {
+        false
+    }
 }
 
 struct Entry {
@@ -167,6 +208,8 @@ struct Inner {
 /// Plugin state held in this process.
 pub struct MemoryState {
     inner: Mutex<Inner>,
+    /// Writes and deletes so far ([`StateStore::changes`]).
+    changes: AtomicU64,
 }
 
 impl Default for MemoryState {
@@ -178,7 +221,10 @@ impl Default for MemoryState {
 impl MemoryState {
     /// An empty store with these bounds.
     pub fn with_limits(limits: StateLimits) -> Self {
-        MemoryState { inner: Mutex::new(Inner { scopes: HashMap::new(), total: 0, limits, dropped_writes: 0 }) }
+        MemoryState {
+            inner: Mutex::new(Inner { scopes: HashMap::new(), total: 0, limits, dropped_writes: 0 }),
+            changes: AtomicU64::new(0),
+        }
     }
 
     /// Bytes held across all scopes.
@@ -218,6 +264,7 @@ impl MemoryState {
             return false;
         }
         inner.total -= s.remove(key);
+        self.changes.fetch_add(1, Ordering::Relaxed);
         true
     }
 
@@ -231,6 +278,38 @@ impl MemoryState {
             .filter(|(_, e)| e.expires_at.is_none_or(|t| t > now))
             .map(|(k, e)| (k.clone(), e.value.clone(), e.expires_at, e.written))
             .collect()
+    }
+
+    /// The live entries at `now` among the next `n` keys of `scope` after
+    /// `after` (from the first, with `None`), in key order, and the key to go
+    /// on from (`None`: the scope is done) — a bounded piece of work under the
+    /// lock, so that copying out a full scope never holds up the plugin calls
+    /// that share it.
+    pub fn entries_after(
+        &self,
+        scope: &str,
+        after: Option<&str>,
+        n: usize,
+        now: u64,
+    ) -> (Vec<StateEntry>, Option<String>) {
+        use std::ops::Bound;
+        let inner = self.inner.lock();
+        let Some(s) = inner.scopes.get(scope) else { return (Vec::new(), None) };
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let batch: Vec<(&String, &Entry)> = s.entries.range::<str, _>((from, Bound::Unbounded)).take(n).collect();
+        let next = if batch.len() == n { batch.last().map(|(k, _)| (*k).clone()) } else { None };
+        let live = batch
+            .into_iter()
+            .filter(|(_, e)| e.expires_at.is_none_or(|t| t > now))
+            .map(|(k, e)| StateEntry {
+                scope: scope.to_string(),
+                key: k.clone(),
+                value: e.value.clone(),
+                expires_at: e.expires_at,
+                written: e.written,
+            })
+            .collect();
+        (live, next)
     }
 
     /// The scopes held now.
@@ -304,6 +383,7 @@ impl MemoryState {
         s.entries.insert(key.to_string(), Entry { value: value.to_string(), expires_at, seq, written });
         s.bytes += need;
         inner.total += need;
+        self.changes.fetch_add(1, Ordering::Relaxed);
         true
     }
 }
@@ -330,6 +410,7 @@ impl StateStore for MemoryState {
         let inner = &mut *inner;
         if let Some(s) = inner.scopes.get_mut(scope) {
             inner.total -= s.remove(key);
+            self.changes.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -369,6 +450,37 @@ impl StateStore for MemoryState {
 
     fn set_limits(&self, limits: StateLimits) {
         self.inner.lock().limits = limits;
+    }
+
+    fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Relaxed)
+    }
+
+    fn dump(&self, now: u64, max_bytes: usize) -> Vec<StateEntry> {
+        let mut all = Vec::new();
+        let mut bytes = 0;
+        for scope in self.scope_names() {
+            let mut after: Option<String> = None;
+            loop {
+                let (batch, next) = self.entries_after(&scope, after.as_deref(), EVICT_PER_CALL, now);
+                for e in batch {
+                    bytes += e.scope.len() + e.key.len() + e.value.len() + DUMP_ENTRY_OVERHEAD;
+                    if bytes > max_bytes {
+                        return all;
+                    }
+                    all.push(e);
+                }
+                match next {
+                    Some(k) => after = Some(k),
+                    None => break,
+                }
+            }
+        }
+        all
+    }
+
+    fn restore(&self, e: &StateEntry, now: u64) -> bool {
+        self.merge_write(&e.scope, &e.key, &e.value, e.expires_at, e.written, now)
     }
 }
 
@@ -461,6 +573,26 @@ mod tests {
         assert_eq!(st.get("p", "new9", 0).as_deref(), Some(""));
         assert_eq!(st.bytes("p"), cost("new9", ""));
         assert_eq!(st.total_bytes(), cost("new9", ""));
+    }
+
+    #[test]
+    fn a_dump_copies_a_full_scope_a_batch_at_a_time_and_stops_at_its_bound() {
+        let st = MemoryState::default();
+        st.limit("p", MAX_LIMIT);
+        let n = 3 * EVICT_PER_CALL + 7;
+        for i in 0..n {
+            st.set("p", &format!("k{i:05}"), "v", if i % 2 == 0 { Some(10) } else { None }, 0);
+        }
+        st.set("q", "k", "v", None, 0);
+        let all = st.dump(20, usize::MAX);
+        assert_eq!(all.len(), n / 2 + 1, "every live entry once, the expired ones left out");
+        let (first, next) = st.entries_after("p", None, EVICT_PER_CALL, 20);
+        assert_eq!((first.len(), next.as_deref()), (EVICT_PER_CALL / 2, Some("k01023")));
+        let cost = |e: &StateEntry| e.scope.len() + e.key.len() + e.value.len() + DUMP_ENTRY_OVERHEAD;
+        let bound = 10 * (1 + 6 + DUMP_ENTRY_OVERHEAD);
+        let bytes: usize = st.dump(20, bound).iter().map(cost).sum();
+        assert!(bytes <= bound && bytes > bound - (1 + 6 + DUMP_ENTRY_OVERHEAD), "up to the bound: {bytes}");
+        assert_eq!(st.changes(), n as u64 + 1);
     }
 
     #[test]

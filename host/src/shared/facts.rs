@@ -15,7 +15,8 @@
 //!   newest reading wins;
 //! - cooldowns: of those still in force and not lifted by a later success,
 //!   the one that ends last wins (a 2xx clears as it does on one gateway:
-//!   every cooldown a success lifts that was set before it);
+//!   every cooldown a success lifts that was set before it; an operator's
+//!   clear, every cooldown set before it);
 //! - model gates: the same, per family;
 //! - failure streaks: each replica's own count, summed by the reader while no
 //!   success came after them (see `Learned::effective_streaks`).
@@ -25,6 +26,10 @@
 //! seat re-logged into another organization) is ignored, and so is one whose
 //! times lie in the future beyond [`MAX_SKEW_MS`] (a broken clock would
 //! otherwise win every merge for ever).
+//!
+//! The same record is what a single gateway keeps in its state file across a
+//! restart (`gateway::persist`): [`restore`] merges it like a replica's, and
+//! takes its streaks back as this gateway's own.
 
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +69,11 @@ pub struct AccountFacts {
     /// The last new token of a seat.
     #[serde(default)]
     pub auth_cleared_ms: u64,
+    /// The last operator's clear (every cooldown set before it is over).
+    /// Left out while there was none, so that records stay readable by
+    /// replicas that predate it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cleared_all_ms: u64,
     /// Model gates in force, with when each was set.
     #[serde(default)]
     pub gates: Vec<Gate>,
@@ -124,6 +134,10 @@ pub struct Gate {
     pub set_ms: u64,
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// What merging a record did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Absorbed {
@@ -170,6 +184,7 @@ pub(crate) fn export(l: &Learned, identity: &str, now: u64) -> AccountFacts {
         }),
         cleared_ms: l.cleared_ms,
         auth_cleared_ms: l.auth_cleared_ms,
+        cleared_all_ms: l.cleared_all_ms,
         gates,
         gates_cleared: l.gates_cleared_ms.iter().map(|(f, t)| (f.clone(), *t)).collect(),
         streaks: l.streaks,
@@ -183,7 +198,7 @@ pub fn implausible(f: &AccountFacts, now: u64) -> Option<&'static str> {
         return Some("another record version");
     }
     let future = |t: u64| t > now.saturating_add(MAX_SKEW_MS);
-    let stamps = [f.written_ms, f.cleared_ms, f.auth_cleared_ms, f.streaks_ms]
+    let stamps = [f.written_ms, f.cleared_ms, f.auth_cleared_ms, f.cleared_all_ms, f.streaks_ms]
         .into_iter()
         .chain(f.top.as_ref().map(|t| t.at_ms))
         .chain(f.cooldown.map(|c| c.set_ms))
@@ -200,18 +215,43 @@ pub fn implausible(f: &AccountFacts, now: u64) -> Option<&'static str> {
 }
 
 /// Whether cooldown `c`, set at `set_ms`, is still in force at `now` after
-/// the clears `cleared_ms` (a success) and `auth_cleared_ms` (a new token).
-/// A clear lifts what was set before it, not what was set in the same
-/// millisecond (an answer that clears and then sets, in that order).
-fn alive(c: Stamped, cleared_ms: u64, auth_cleared_ms: u64, now: u64) -> bool {
+/// the clears of `l`: `cleared_ms` (a success), `auth_cleared_ms` (a new
+/// token) and `cleared_all_ms` (an operator's). A clear lifts what was set
+/// before it, not what was set in the same millisecond (an answer that clears
+/// and then sets, in that order).
+fn alive(c: Stamped, l: &Learned, now: u64) -> bool {
     c.until_ms > now
-        && !(lifted_by_success(c.reason) && c.set_ms < cleared_ms)
-        && !(c.reason == CooldownReason::Auth && c.set_ms < auth_cleared_ms)
+        && c.set_ms >= l.cleared_all_ms
+        && !(lifted_by_success(c.reason) && c.set_ms < l.cleared_ms)
+        && !(c.reason == CooldownReason::Auth && c.set_ms < l.auth_cleared_ms)
 }
 
 /// Merges `f`, written by `replica`, into `l` — the view of an account whose
 /// identity this replica takes to be `identity`.
 pub(crate) fn absorb(l: &mut Learned, f: &AccountFacts, replica: &str, identity: Option<&str>, now: u64) -> Absorbed {
+    let absorbed = merge(l, f, identity, now);
+    if matches!(absorbed, Absorbed::Merged(_)) {
+        absorb_streaks(l, f, replica, now);
+    }
+    absorbed
+}
+
+/// Merges `f` — this gateway's own record, read back from its state file
+/// after a restart — into `l`, as [`absorb`] does a replica's; its streaks
+/// become this gateway's own again (a cooldown's backoff goes on where it
+/// was), unless they are older than a replica's streaks would be counted.
+pub(crate) fn restore(l: &mut Learned, f: &AccountFacts, identity: Option<&str>, now: u64) -> Absorbed {
+    let absorbed = merge(l, f, identity, now);
+    let recent = now.saturating_sub(f.streaks_ms) < STREAK_MS;
+    if matches!(absorbed, Absorbed::Merged(_)) && recent && f.streaks_ms > l.streaks_ms {
+        l.streaks = f.streaks;
+        l.streaks_ms = f.streaks_ms.min(now);
+    }
+    absorbed
+}
+
+/// The join of `f` into `l`, streaks aside.
+fn merge(l: &mut Learned, f: &AccountFacts, identity: Option<&str>, now: u64) -> Absorbed {
     if let Some(why) = implausible(f, now) {
         return Absorbed::Garbage(why);
     }
@@ -242,7 +282,6 @@ pub(crate) fn absorb(l: &mut Learned, f: &AccountFacts, replica: &str, identity:
     }
     changed |= join_cooldowns(l, f, now);
     changed |= join_gates(l, f, now);
-    absorb_streaks(l, f, replica, now);
     Absorbed::Merged(changed)
 }
 
@@ -255,6 +294,9 @@ fn absorb_streaks(l: &mut Learned, f: &AccountFacts, replica: &str, now: u64) {
     if f.cleared_ms > l.streaks_ms {
         l.streaks = Streaks { stream_cuts: l.streaks.stream_cuts, ..Streaks::default() };
     }
+    if f.cleared_all_ms > l.streaks_ms {
+        l.streaks = Streaks::default();
+    }
     // Replicas that stopped writing (restarted under a new name, gone).
     l.remote_streaks.retain(|_, (_, at)| now.saturating_sub(*at) < STREAK_MS);
 }
@@ -263,12 +305,10 @@ fn join_cooldowns(l: &mut Learned, f: &AccountFacts, now: u64) -> bool {
     let before = (l.cooldown, l.cooldown_set_ms);
     l.cleared_ms = l.cleared_ms.max(f.cleared_ms);
     l.auth_cleared_ms = l.auth_cleared_ms.max(f.auth_cleared_ms);
+    l.cleared_all_ms = l.cleared_all_ms.max(f.cleared_all_ms);
     let mine = l.cooldown.map(|c| Stamped { until_ms: c.until_ms, reason: c.reason, set_ms: l.cooldown_set_ms });
-    let best = [mine, f.cooldown]
-        .into_iter()
-        .flatten()
-        .filter(|c| alive(*c, l.cleared_ms, l.auth_cleared_ms, now))
-        .max_by_key(|c| (c.until_ms, c.set_ms));
+    let best =
+        [mine, f.cooldown].into_iter().flatten().filter(|c| alive(*c, l, now)).max_by_key(|c| (c.until_ms, c.set_ms));
     (l.cooldown, l.cooldown_set_ms) = match best {
         Some(c) => (Some(Cooldown { until_ms: c.until_ms, reason: c.reason }), c.set_ms),
         None => (None, l.cooldown_set_ms),
@@ -329,6 +369,7 @@ mod tests {
             cooldown: None,
             cleared_ms: 0,
             auth_cleared_ms: 0,
+            cleared_all_ms: 0,
             gates: Vec::new(),
             gates_cleared: Vec::new(),
             streaks: Streaks::default(),
@@ -398,6 +439,42 @@ mod tests {
             Some(Stamped { until_ms: NOW + 60_000, reason: CooldownReason::WeeklyExhausted, set_ms: NOW - 50 });
         absorb(&mut l, &f, "b", ID, NOW);
         assert_eq!(l.cooldown, None);
+    }
+
+    #[test]
+    fn an_operators_clear_on_one_replica_lifts_every_older_cooldown_everywhere() {
+        // Replica b still carries an overage rest (not lifted by a success).
+        let mut here = Learned {
+            cooldown: Some(Cooldown { until_ms: NOW + 60_000, reason: CooldownReason::Overage }),
+            cooldown_set_ms: NOW - 100,
+            ..Learned::default()
+        };
+        let mut cleared = facts(vec![]);
+        cleared.cleared_all_ms = NOW - 10;
+        absorb(&mut here, &cleared, "a", ID, NOW);
+        assert_eq!(here.cooldown, None);
+        let mut stale = facts(vec![]);
+        stale.cooldown = Some(Stamped { until_ms: NOW + 60_000, reason: CooldownReason::Overage, set_ms: NOW - 100 });
+        absorb(&mut here, &stale, "b", ID, NOW);
+        assert_eq!(here.cooldown, None, "an older record cannot bring it back");
+        stale.cooldown = Some(Stamped { until_ms: NOW + 60_000, reason: CooldownReason::Overage, set_ms: NOW - 5 });
+        absorb(&mut here, &stale, "b", ID, NOW);
+        assert!(here.cooldown.is_some(), "one set after the clear stands");
+        let json = serde_json::to_string(&facts(vec![])).unwrap();
+        assert!(!json.contains("cleared_all_ms"), "left out until there is one: older replicas read the record");
+    }
+
+    #[test]
+    fn restoring_its_own_record_brings_back_its_streaks() {
+        let mut f = facts(vec![]);
+        f.streaks = Streaks { overloaded: 3, ..Streaks::default() };
+        f.streaks_ms = NOW - 1_000;
+        let mut l = Learned::default();
+        assert_eq!(restore(&mut l, &f, ID, NOW), Absorbed::Merged(false));
+        assert_eq!((l.streaks.overloaded, l.remote_streaks.len()), (3, 0));
+        let mut old = Learned::default();
+        restore(&mut old, &f, ID, NOW + STREAK_MS);
+        assert_eq!(old.streaks.overloaded, 0, "a streak too old to count is not restored");
     }
 
     #[test]

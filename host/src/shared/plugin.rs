@@ -11,7 +11,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
-use crate::policy::{MemoryState, StateLimits, StateStore};
+use crate::policy::{MemoryState, StateEntry, StateLimits, StateStore};
 
 /// One write to share: a value, or a delete when `value` is `None`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,6 +197,20 @@ impl StateStore for SharedPluginState {
 
     fn set_limits(&self, limits: StateLimits) {
         self.local.set_limits(limits);
+    }
+
+    fn changes(&self) -> u64 {
+        self.local.changes()
+    }
+
+    fn dump(&self, now: u64, max_bytes: usize) -> Vec<StateEntry> {
+        self.local.dump(now, max_bytes)
+    }
+
+    /// Into this replica's store only: the backend gets every entry when it
+    /// connects anyway (`redis::sync`, everything written back).
+    fn restore(&self, entry: &StateEntry, now: u64) -> bool {
+        self.local.restore(entry, now)
     }
 }
 

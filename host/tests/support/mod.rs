@@ -121,6 +121,9 @@ impl Gateway {
 
     fn spawn(mut cmd: Command, env: &[(&str, &str)], dir: tempdir::Dir, path: &std::path::Path) -> Gateway {
         cmd.env("POOLGATE_LOG", "info,poolgate=debug").env_remove("POOLGATE_CONFIG").env_remove("POOLGATE_LISTEN");
+        // The default state file goes in the state directory: the test's own,
+        // not the user's (a test that restarts names its file in `[state]`).
+        cmd.env("XDG_STATE_HOME", dir.0.join("xdg-state")).env_remove("STATE_DIRECTORY");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -209,6 +212,18 @@ impl Drop for Gateway {
 /// The address [`Gateway::start_in_netns`] listens on: not loopback, and
 /// private to the gateway's own network namespace.
 pub const NETNS_ADDR: &str = "10.9.0.1";
+
+/// POSTs the admin action `path` (e.g. `/admin/accounts/a/disable`) with
+/// `body` as `token` (none: no credential); the status and the JSON answer.
+pub async fn admin_post(base: &str, path: &str, token: Option<&str>, body: &str) -> (u16, serde_json::Value) {
+    let mut req = Gateway::client().post(format!("{base}{path}")).body(body.to_string());
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or_default())
+}
 
 /// A config with one `[[accounts]]` per `(id, env var)` pointing at `base_url`,
 /// plus `extra` TOML appended.
