@@ -19,7 +19,7 @@ use poolgate::gateway::request::body_facts;
 /// array, tools, and a conversation of text turns with some non-ASCII text.
 fn body(bytes: usize) -> Vec<u8> {
     let turn = |i: usize| {
-        serde_json::json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": [
+        serde_json::json!({"role": if i.is_multiple_of(2) { "user" } else { "assistant" }, "content": [
             {"type": "text", "text": format!("turn {i}: fn main() {{ println!(\"héllo wörld {i}\"); }} <system-reminder>keep going</system-reminder> {}", "lorem ipsum dolor sit amet ".repeat(8))}
         ]})
     };

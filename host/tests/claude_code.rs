@@ -527,9 +527,12 @@ async fn tap(target: String) -> (String, Arc<Mutex<Taped>>) {
     (url, taped)
 }
 
-/// The requests in `bytes` (HTTP/1.1, `content-length` bodies): each one's
-/// request line, header lines and body.
-fn requests_in(mut bytes: &[u8]) -> Vec<(String, Vec<(String, String)>, Vec<u8>)> {
+/// One raw HTTP request: its request line, header lines (names lowercased)
+/// and body.
+type RawRequest = (String, Vec<(String, String)>, Vec<u8>);
+
+/// The requests in `bytes` (HTTP/1.1, `content-length` bodies).
+fn requests_in(mut bytes: &[u8]) -> Vec<RawRequest> {
     let mut out = Vec::new();
     while let Some(split) = bytes.windows(4).position(|w| w == b"\r\n\r\n") {
         let head = String::from_utf8_lossy(&bytes[..split]).into_owned();
