@@ -400,14 +400,18 @@ async fn drive<C>(
 {
     let _slot = slot;
     tokio::pin!(conn);
-    let mut listener_closed = stage.clone();
     let mut closing = false;
     let mut stage_reached = false;
     // An HTTP/2 client must answer the GOAWAY's ping before the connection
     // ends: one that never does must not keep it.
     let mut forced: Option<Instant> = None;
     loop {
+        // Biased, the connection first: this loop is polled on every wake of
+        // a busy connection, and the other branches change only at a
+        // shutdown or an idle timeout. One wait on the shutdown's stage serves
+        // both of its thresholds.
         tokio::select! {
+            biased;
             ended = conn.as_mut() => {
                 if let Err(e) = ended {
                     tracing::debug!(error = %e, "connection ended with an error");
@@ -423,14 +427,18 @@ async fn drive<C>(
                 closing = true;
                 forced = Some(Instant::now() + idle_grace);
             }
-            _ = stage.wait_for(|s| *s >= closes_at), if !closing && !stage_reached => stage_reached = true,
             () = shared.protocol_known(), if stage_reached && !closing => {
                 conn.as_mut().graceful_close();
                 closing = true;
             }
-            _ = listener_closed.wait_for(|s| *s >= Stage::Closed), if !closing => {
-                conn.as_mut().graceful_close();
-                closing = true;
+            now = stage.wait_for(|s| *s >= if stage_reached { Stage::Closed } else { closes_at }), if !closing => {
+                if now.map_or(Stage::Closed, |s| *s) >= Stage::Closed {
+                    // The listener closed: every connection is asked to close.
+                    conn.as_mut().graceful_close();
+                    closing = true;
+                } else {
+                    stage_reached = true;
+                }
             }
         }
     }

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Instructions the gateway executes per request, counted by valgrind's
+# callgrind: unlike CPU time, the count holds on a busy or shared machine, so
+# two builds compare within a percent where the loadgen's CPU figure moves by
+# ±30 % from run to run.
+#
+#   bench/instructions.sh <bin dir A> <bin dir B> [requests] [body bytes]
+#
+# Each bin dir holds release builds of `poolgate` and `poolgate-mock-upstream`
+# (e.g. target/release, or a copy of an older build's). For each, it starts
+# the mock upstream and `poolgate serve` under callgrind (8 accounts,
+# skip-exhausted → headroom, as bench/loadgen's `--chain`), sends 100 warm-up
+# requests, zeroes the counters, sends <requests> (default 1000) Messages
+# requests with a <body bytes> body (default: a small one), one connection,
+# keep-alive, and prints instructions per request for A and B and B/A.
+# Needs valgrind and python3. Loopback only.
+set -euo pipefail
+a=${1:?bin dir A}
+b=${2:?bin dir B}
+n=${3:-1000}
+body_bytes=${4:-0}
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+
+free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+
+send() { # port count
+    python3 - "$1" "$2" "$body_bytes" <<'PY'
+import http.client, json, sys
+port, count, size = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+text = "hello" if size == 0 else ("lorem ipsum dolor sit amet " * (size // 27 + 1))[:size]
+body = json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 64,
+                   "messages": [{"role": "user", "content": text}]})
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+for _ in range(count):
+    c.request("POST", "/v1/messages", body, {"content-type": "application/json",
+              "anthropic-version": "2023-06-01", "x-api-key": "bench-client"})
+    r = c.getresponse()
+    r.read()
+    assert r.status == 200, r.status
+PY
+}
+
+measure() { # bin dir -> instructions per request
+    local bin=$1 mock_port gw_port
+    mock_port=$(free_port)
+    "$bin/poolgate-mock-upstream" --listen "127.0.0.1:$mock_port" --accept-any >"$work/mock.log" 2>&1 &
+    local mock=$!
+    gw_port=$(free_port)
+    {
+        echo "[server]"
+        echo "listen = \"127.0.0.1:$gw_port\""
+        echo "[state]"
+        echo "file = \"\""
+        for i in 0 1 2 3 4 5 6 7; do
+            printf '[[accounts]]\nid = "acct-%s"\napi_key_env = "BENCH_KEY"\nbase_url = "http://127.0.0.1:%s"\n' "$i" "$mock_port"
+        done
+        printf '[[policy.chain]]\nplugin = "builtin:skip-exhausted"\n[[policy.chain]]\nplugin = "builtin:headroom"\n'
+    } >"$work/poolgate.toml"
+    # An older build may not know `[state] file`: drop it if the file is refused.
+    if ! BENCH_KEY=k "$bin/poolgate" check --config "$work/poolgate.toml" >/dev/null 2>&1; then
+        sed -i '/^\[state\]$/,/^file = ""$/d' "$work/poolgate.toml"
+    fi
+    BENCH_KEY=k POOLGATE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$work/cg.%p" \
+        "$bin/poolgate" serve --config "$work/poolgate.toml" >"$work/gw.log" 2>&1 &
+    local gw=$!
+    for _ in $(seq 600); do
+        grep -q "listening on" "$work/gw.log" && break
+        sleep 0.5
+    done
+    grep -q "listening on" "$work/gw.log" || { cat "$work/gw.log" >&2; exit 1; }
+    send "$gw_port" 100
+    callgrind_control -z "$gw" >/dev/null 2>&1
+    send "$gw_port" "$n"
+    callgrind_control -d "$gw" >/dev/null 2>&1
+    local total
+    total=$(for f in "$work"/cg."$gw".*; do sed -n 's/^summary: //p' "$f"; done | awk '{s+=$1} END {printf "%d", s}')
+    kill "$gw" "$mock" 2>/dev/null || true
+    wait "$gw" "$mock" 2>/dev/null || true
+    [ -n "${KEEP_CALLGRIND:-}" ] && cp "$work"/cg."$gw".* "$KEEP_CALLGRIND/" 2>/dev/null
+    rm -f "$work"/cg.*
+    echo $((total / n))
+}
+
+ia=$(measure "$a")
+ib=$(measure "$b")
+echo "instructions per request ($n requests, body ${body_bytes:-small} bytes):"
+echo "  A $a: $ia"
+echo "  B $b: $ib"
+python3 -c "print(f'  B/A: {$ib/$ia:.3f}')"
