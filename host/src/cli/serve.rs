@@ -61,56 +61,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
 pub async fn serve(config: Config, source: Option<(PathBuf, Overrides)>) -> Result<()> {
     let engine = PolicyEngine::new(config.cache_dir())?;
     let path = source.as_ref().map(|(p, _)| p.clone());
-    let reloader = source.map(|(p, overrides)| {
-        Box::new(move |gw: &Arc<Gateway>| {
-            // Weak: the hook lives in the gateway's own routes.
-            let gw = Arc::downgrade(gw);
-            let r: Reloader = Arc::new(move |request: ReloadRequest| {
-                let (gw, p, overrides) = (gw.clone(), p.clone(), overrides.clone());
-                Box::pin(async move {
-                    let gw = gw.upgrade().ok_or("the gateway is shutting down")?;
-                    let trigger = request.trigger;
-                    let turn = gw.reload_turn().await;
-                    let file = p.display().to_string();
-                    let text = match std::fs::read_to_string(&p) {
-                        Ok(t) => t,
-                        Err(e) => {
-                            let message = format!("cannot read config {file}: {e}");
-                            gw.refuse_reload(trigger, &message);
-                            return Err(message);
-                        }
-                    };
-                    // An empty file is a write in progress (a truncate before
-                    // the new text), or a mistake: never a configuration that
-                    // should drop every account and the admin token.
-                    if text.trim().is_empty() {
-                        let message = format!("config {file} is empty; the running configuration stays");
-                        gw.refuse_reload(trigger, &message);
-                        return Err(message);
-                    }
-                    if let Some(want) = request.expect_sha256
-                        && <[u8; 32]>::from(Sha256::digest(text.as_bytes())) != want
-                    {
-                        // Rewritten since the watcher saw it settle: it will see
-                        // that change and come back once the file is whole.
-                        tracing::debug!(file, "config changed again before its reload ran; waiting for it to settle");
-                        return Ok(gw.generation().number);
-                    }
-                    match Config::load_with(&p, &text, &overrides) {
-                        Ok((config, index)) => {
-                            gw.reload_in_turn(&turn, config, trigger, &|m| validate::locate(m, &index, &file)).await
-                        }
-                        Err(e) => {
-                            let message = format!("{e:#}");
-                            gw.refuse_reload(trigger, &message);
-                            Err(message)
-                        }
-                    }
-                })
-            });
-            r
-        }) as server::MakeReloader
-    });
+    let reloader = source.map(|(p, overrides)| reloader(p, overrides));
     // Before anything can report ready: a SIGTERM from then on is handled (a
     // signal's default action would kill the process without a drain).
     let mut signals = server::Signals::new()?;
@@ -148,4 +99,58 @@ pub async fn serve(config: Config, source: Option<(PathBuf, Overrides)>) -> Resu
     // After the last request: what it taught is in the file too.
     gateway.save_state().await;
     served
+}
+
+/// The reload hook of a gateway started from the file `p`: each reload reads
+/// the file in its turn, with the same `overrides` the start applied, and is
+/// judged as a start would judge it (see `Gateway::reload_in_turn`).
+fn reloader(p: PathBuf, overrides: Overrides) -> server::MakeReloader {
+    Box::new(move |gw: &Arc<Gateway>| {
+        // Weak: the hook lives in the gateway's own routes.
+        let gw = Arc::downgrade(gw);
+        let r: Reloader = Arc::new(move |request: ReloadRequest| {
+            let (gw, p, overrides) = (gw.clone(), p.clone(), overrides.clone());
+            Box::pin(async move {
+                let gw = gw.upgrade().ok_or("the gateway is shutting down")?;
+                let trigger = request.trigger;
+                let turn = gw.reload_turn().await;
+                let file = p.display().to_string();
+                let text = match std::fs::read_to_string(&p) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        let message = format!("cannot read config {file}: {e}");
+                        gw.refuse_reload(trigger, &message);
+                        return Err(message);
+                    }
+                };
+                // An empty file is a write in progress (a truncate before
+                // the new text), or a mistake: never a configuration that
+                // should drop every account and the admin token.
+                if text.trim().is_empty() {
+                    let message = format!("config {file} is empty; the running configuration stays");
+                    gw.refuse_reload(trigger, &message);
+                    return Err(message);
+                }
+                if let Some(want) = request.expect_sha256
+                    && <[u8; 32]>::from(Sha256::digest(text.as_bytes())) != want
+                {
+                    // Rewritten since the watcher saw it settle: it will see
+                    // that change and come back once the file is whole.
+                    tracing::debug!(file, "config changed again before its reload ran; waiting for it to settle");
+                    return Ok(gw.generation().number);
+                }
+                match Config::load_with(&p, &text, &overrides) {
+                    Ok((config, index)) => {
+                        gw.reload_in_turn(&turn, config, trigger, &|m| validate::locate(m, &index, &file)).await
+                    }
+                    Err(e) => {
+                        let message = format!("{e:#}");
+                        gw.refuse_reload(trigger, &message);
+                        Err(message)
+                    }
+                }
+            })
+        });
+        r
+    }) as server::MakeReloader
 }

@@ -11,6 +11,7 @@ mod oauth;
 pub mod schema;
 mod secrets;
 mod server;
+pub mod serving;
 mod state;
 pub mod validate;
 

@@ -130,3 +130,18 @@ impl Default for GatewayConfig {
         }
     }
 }
+
+/// The meaning checks of `[server]` beyond its shape: the drain window fits
+/// inside the grace period.
+pub fn check(s: &ServerConfig, add: &mut impl FnMut(String, String)) {
+    if s.drain_ms > 0 && s.drain_ms >= s.shutdown_grace_ms {
+        add(
+            "server.drain_ms".into(),
+            format!(
+                "{} is not below shutdown_grace_ms ({}): the grace period counts from the signal and the drain \
+                 window is part of it, so open streams would get no time after the listener closes",
+                s.drain_ms, s.shutdown_grace_ms
+            ),
+        );
+    }
+}

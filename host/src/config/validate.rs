@@ -338,14 +338,7 @@ pub fn meaning(
         });
         items.push(Problem { path, line, message });
     };
-    match overrides {
-        Some(o) => serving(config, index, o, &mut add),
-        None if config.server.listen.parse::<std::net::SocketAddr>().is_err() => add(
-            "server.listen".into(),
-            format!("`{}` is not an address with a port (e.g. 127.0.0.1:8787)", config.server.listen),
-        ),
-        None => {}
-    }
+    super::serving::check(config, index, overrides, &mut add);
     for h in &config.gateway.forward_headers {
         if let Err(why) = super::headers::check_addition(h) {
             add("gateway.forward_headers".into(), why);
@@ -399,17 +392,7 @@ pub fn meaning(
             ),
         );
     }
-    let s = &config.server;
-    if s.drain_ms > 0 && s.drain_ms >= s.shutdown_grace_ms {
-        add(
-            "server.drain_ms".into(),
-            format!(
-                "{} is not below shutdown_grace_ms ({}): the grace period counts from the signal and the drain \
-                 window is part of it, so open streams would get no time after the listener closes",
-                s.drain_ms, s.shutdown_grace_ms
-            ),
-        );
-    }
+    super::server::check(&config.server, &mut add);
     let b = &config.policy.breaker;
     if b.max_cooldown_ms < b.cooldown_ms {
         add(
@@ -424,73 +407,6 @@ pub fn meaning(
             Err(Problems { file: file.to_string(), items })
         }
     }
-}
-
-/// The checks of what `serve` would run, which a reload must pass as the start
-/// did: an address to listen on; no listener beyond loopback without client
-/// keys (anyone who reaches it could spend the pool); and no chain written
-/// empty (`chain = []` would rank nothing — the default chain is had by
-/// leaving the key out, and a reload that empties the chain by mistake must
-/// not silently route by the default instead).
-fn serving(config: &Config, index: &LineIndex, overrides: &super::Overrides, add: &mut impl FnMut(String, String)) {
-    let s = &config.server;
-    let (key, from) = match overrides.listen {
-        Some(_) => ("--listen".to_string(), " (from --listen or POOLGATE_LISTEN)"),
-        None => ("server.listen".to_string(), ""),
-    };
-    match s.listen.parse::<std::net::SocketAddr>() {
-        Err(_) => add(key, format!("`{}`{from} is not an address with a port (e.g. 127.0.0.1:8787)", s.listen)),
-        Ok(addr) if !exposure_allowed(&addr, !s.client_keys.is_empty()) => add(
-            key,
-            format!(
-                "`{addr}`{from} is not a loopback address and no client keys are configured: anyone who can reach \
-                 it could spend the pool. Add [[server.client_keys]] or listen on 127.0.0.1"
-            ),
-        ),
-        Ok(_) => {}
-    }
-    if config.policy.chain.is_empty() && index.contains_key("policy.chain") {
-        add(
-            "policy.chain".into(),
-            format!(
-                "an empty chain ranks nothing; leave `chain` out for the default chain ({}), or list at least one \
-                 stage",
-                super::DEFAULT_CHAIN.join(" → ")
-            ),
-        );
-    }
-}
-
-/// Whether a gateway may listen on `addr`: beyond loopback only with client
-/// keys. (An IPv4 address mapped into IPv6 is judged as the IPv4 one.)
-pub fn exposure_allowed(addr: &std::net::SocketAddr, has_client_keys: bool) -> bool {
-    has_client_keys || addr.ip().to_canonical().is_loopback()
-}
-
-/// What a reload must not do to a running gateway, beyond what a start would
-/// refuse: leave the listener it cannot move (`bound`: where it listens)
-/// reachable beyond loopback without client keys, or drop the admin token —
-/// the operator's way in to `/status` and `POST /admin/reload` — which only a
-/// restart may do. Each problem as `key: why`, for the reload's refusal.
-pub fn reload_weakens(running: &Config, bound: Option<std::net::SocketAddr>, next: &Config) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(addr) = bound
-        && !exposure_allowed(&addr, !next.server.client_keys.is_empty())
-    {
-        out.push(format!(
-            "server.client_keys: the gateway listens on {addr}, beyond loopback, and this file has no client keys: \
-             anyone who can reach it could spend the pool. Keep at least one key, or restart it on a loopback address"
-        ));
-    }
-    let admin = |c: &Config| c.server.admin_token_env.is_some() || c.server.admin_token_sha256.is_some();
-    if admin(running) && !admin(next) {
-        out.push(
-            "server.admin_token_env: this file drops the admin token; a reload cannot close the admin routes it may \
-             have come through (/status, POST /admin/reload). Restart the gateway to run without one"
-                .to_string(),
-        );
-    }
-    out
 }
 
 /// Problems with the stages' names: each must be a valid name

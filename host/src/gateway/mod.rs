@@ -308,7 +308,7 @@ impl Gateway {
         let number = self.generation().number + 1;
         let started = std::time::Instant::now();
         let weakens =
-            crate::config::validate::reload_weakens(&self.generation().config, self.listening.get().copied(), &config);
+            crate::config::serving::reload_weakens(&self.generation().config, self.listening.get().copied(), &config);
         if !weakens.is_empty() {
             let message = weakens.iter().map(|w| locate(w)).collect::<Vec<_>>().join("\n");
             self.refuse_reload(trigger, &message);

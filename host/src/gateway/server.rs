@@ -35,7 +35,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::Gateway;
-use super::conn::track::{RequestBody, ResponseBody, Shared, Ticket};
+use super::conn::track::{AtEnd, Shared, Ticket};
 use super::conn::{self, Guard, Limits};
 use super::lifecycle::{self, OpenFiles};
 use super::routes::{self, AppState, Reloader, router};
@@ -209,7 +209,7 @@ pub async fn bind(addr: &str) -> Result<TcpListener> {
 /// Refuses to expose an open gateway: without client keys, only a loopback
 /// address is allowed.
 pub fn check_exposure(addr: &SocketAddr, has_client_keys: bool) -> Result<()> {
-    if !crate::config::validate::exposure_allowed(addr, has_client_keys) {
+    if !crate::config::serving::exposure_allowed(addr, has_client_keys) {
         bail!(
             "server.listen = {addr} is not a loopback address and no client keys are configured: \
              anyone who can reach it could spend the pool. Add [[server.client_keys]] or listen on 127.0.0.1"
@@ -486,13 +486,13 @@ fn service(
         let answer = match refused {
             Some(r) => Either::Left(std::future::ready(Ok(r))),
             None => {
-                let req = req.map(|b| Body::new(RequestBody::new(b, shared.clone())));
+                let req = req.map(|b| Body::new(AtEnd::new(b, shared.clone())));
                 Either::Right(app.call(req))
             }
         };
         async move {
             let r: Response = answer.await?;
-            Ok(r.map(|b| Body::new(ResponseBody::new(b, ticket))))
+            Ok(r.map(|b| Body::new(AtEnd::new(b, ticket))))
         }
     })
 }

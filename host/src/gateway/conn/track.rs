@@ -102,44 +102,6 @@ impl Shared {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// A request body that tells [`Shared`] when it was read to its end.
-    pub struct RequestBody<B> {
-        #[pin]
-        inner: B,
-        shared: std::sync::Arc<Shared>,
-    }
-}
-
-impl<B> RequestBody<B> {
-    /// Wraps `inner`.
-    pub fn new(inner: B, shared: std::sync::Arc<Shared>) -> Self {
-        RequestBody { inner, shared }
-    }
-}
-
-impl<B: Body<Data = Bytes>> Body for RequestBody<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.project();
-        let polled = this.inner.poll_frame(cx);
-        if matches!(polled, Poll::Ready(None)) {
-            this.shared.body_ended();
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 /// Ends a request on its connection when dropped (once).
 pub struct Ticket(Option<std::sync::Arc<Shared>>);
 
@@ -162,24 +124,46 @@ impl Drop for Ticket {
     }
 }
 
+/// What a body wrapped by [`AtEnd`] does when it ends.
+pub trait EndHook {
+    /// The body was read to its end.
+    fn ended(&mut self);
+}
+
+/// A request body: its end tells [`Shared`] the body was read whole.
+impl EndHook for std::sync::Arc<Shared> {
+    fn ended(&mut self) {
+        self.body_ended();
+    }
+}
+
+/// A response body: its end (or its drop, by the ticket's own) ends the
+/// request on the connection.
+impl EndHook for Ticket {
+    fn ended(&mut self) {
+        self.end();
+    }
+}
+
 pin_project_lite::pin_project! {
-    /// A response body that ends its request on the connection when it ends
-    /// or is dropped (written, or the client went away).
-    pub struct ResponseBody<B> {
+    /// A body that runs its hook when it ends: a request body telling the
+    /// connection it was read whole, a response body ending its request
+    /// (written, or — by the ticket's drop — the client went away).
+    pub struct AtEnd<B, H> {
         #[pin]
         inner: B,
-        ticket: Ticket,
+        hook: H,
     }
 }
 
-impl<B> ResponseBody<B> {
+impl<B, H> AtEnd<B, H> {
     /// Wraps `inner`.
-    pub fn new(inner: B, ticket: Ticket) -> Self {
-        ResponseBody { inner, ticket }
+    pub fn new(inner: B, hook: H) -> Self {
+        AtEnd { inner, hook }
     }
 }
 
-impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
+impl<B: Body<Data = Bytes>, H: EndHook> Body for AtEnd<B, H> {
     type Data = Bytes;
     type Error = B::Error;
 
@@ -187,7 +171,7 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
         let this = self.project();
         let polled = this.inner.poll_frame(cx);
         if matches!(polled, Poll::Ready(None)) {
-            this.ticket.end();
+            this.hook.ended();
         }
         polled
     }
@@ -212,20 +196,18 @@ mod tests {
         let shared = Arc::new(Shared::default());
         assert_eq!(shared.requests(), Requests { started: 0, ended: 0, body_done: false });
         shared.request_started(false);
-        let body = RequestBody::new(http_body_util::Full::new(Bytes::from_static(b"{}")), shared.clone());
+        let body = AtEnd::new(http_body_util::Full::new(Bytes::from_static(b"{}")), shared.clone());
         assert!(!shared.requests().body_done);
         body.collect().await.unwrap();
         assert!(shared.requests().body_done, "read to its end");
-        let response =
-            ResponseBody::new(http_body_util::Full::new(Bytes::from_static(b"ok")), Ticket::new(shared.clone()));
+        let response = AtEnd::new(http_body_util::Full::new(Bytes::from_static(b"ok")), Ticket::new(shared.clone()));
         assert_eq!(shared.requests().ended, 0);
         response.collect().await.unwrap();
         assert_eq!(shared.requests(), Requests { started: 1, ended: 1, body_done: true });
 
         // A response dropped unread ends its request too, once.
         shared.request_started(true);
-        let response =
-            ResponseBody::new(http_body_util::Full::new(Bytes::from_static(b"ok")), Ticket::new(shared.clone()));
+        let response = AtEnd::new(http_body_util::Full::new(Bytes::from_static(b"ok")), Ticket::new(shared.clone()));
         drop(response);
         assert_eq!(shared.requests(), Requests { started: 2, ended: 2, body_done: true });
     }
