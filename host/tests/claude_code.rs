@@ -137,7 +137,8 @@ async fn what_claude_code_sends_reaches_the_account_byte_for_byte() {
     }
     assert_eq!(rec.header("x-api-key"), Some("key-a"), "the account's credential, never the client's");
 
-    // The same request to a seat: the client's lines untouched, the OAuth flag a line of its own.
+    // The same request to a seat: the client's lines byte for byte, the OAuth
+    // flag appended to the last one (one header stays as many lines as sent).
     std::fs::write(
         gw.config_path(),
         cfg.replace("enabled = false\n", "").replace("id = \"a\"", "id = \"a\"\nenabled = false"),
@@ -149,13 +150,9 @@ async fn what_claude_code_sends_reaches_the_account_byte_for_byte() {
     let rec = mock.requests().pop().unwrap();
     assert_eq!(rec.credential, "seat-token");
     let mut expected = anthropic_lines(&sent);
-    let at = expected.iter().rposition(|(n, _)| n == "anthropic-beta").unwrap();
-    expected.insert(at + 1, ("anthropic-beta".into(), "oauth-2025-04-20".into()));
-    let mut got = anthropic_lines(&rec.headers);
-    // The added line may sit anywhere among the beta lines; the client's keep their order.
-    got.sort_by_key(|(n, _)| n != "anthropic-beta");
-    expected.sort_by_key(|(n, _)| n != "anthropic-beta");
-    assert_eq!(got, expected);
+    let last = expected.iter().rposition(|(n, _)| n == "anthropic-beta").unwrap();
+    expected[last].1.push_str(",oauth-2025-04-20");
+    assert_eq!(anthropic_lines(&rec.headers), expected);
     assert_eq!(sha(&rec.body), sha(CC_BODY.as_bytes()));
 }
 

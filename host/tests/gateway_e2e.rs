@@ -5,6 +5,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
 use poolgate_mock_upstream::{MockUpstream, Quota, Step, Window};
 use serde_json::{Value, json};
 use support::{Gateway, config, message};
@@ -526,8 +528,8 @@ async fn get_status(gw: &Gateway, path: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_then_cuts_what_is_still_open_as_shutdown() {
-    const DRAIN_MS: u64 = 1500;
-    const GRACE_MS: u64 = 4000;
+    const DRAIN_MS: u64 = 3000;
+    const GRACE_MS: u64 = 6000;
     let mock = MockUpstream::start().await;
     let a = mock.account("key-a");
     // A second between events: both streams outlast the grace period.
@@ -547,6 +549,18 @@ async fn sigterm_drains_then_cuts_what_is_still_open_as_shutdown() {
     })
     .await;
     assert_eq!(get_status(&gw, "/readyz").await, 200);
+    // A kept-alive connection, as a load balancer pools them, idle at the signal.
+    let mut pooled = tokio::net::TcpStream::connect(gw.url.trim_start_matches("http://")).await.unwrap();
+    let body = serde_json::to_string(&message("claude-sonnet-4-5", false)).unwrap();
+    let raw = format!(
+        "POST /v1/messages HTTP/1.1\r\nHost: g\r\ncontent-type: application/json\r\nanthropic-version: \
+         2023-06-01\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    pooled.write_all(raw.as_bytes()).await.unwrap();
+    let head = read_head(&mut pooled).await;
+    assert!(head.starts_with("http/1.1 200") && !head.contains("connection: close"), "{head}");
+    skip_body(&mut pooled, &head).await;
 
     let signalled = Instant::now();
     gw.terminate();
@@ -560,6 +574,11 @@ async fn sigterm_drains_then_cuts_what_is_still_open_as_shutdown() {
     let r = post(&gw, &message("claude-sonnet-4-5", false)).await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "connection"), "close");
+    // The pooled connection was not closed under a request on its way: it
+    // serves one more, and says it closes.
+    pooled.write_all(raw.as_bytes()).await.unwrap();
+    let head = read_head(&mut pooled).await;
+    assert!(head.starts_with("http/1.1 200") && head.contains("connection: close"), "{head}");
     assert_eq!(get_status(&gw, "/healthz").await, 200);
     assert!(signalled.elapsed() < Duration::from_millis(DRAIN_MS), "within the drain window");
     // Then the listener closes.
@@ -740,4 +759,23 @@ async fn an_answer_from_the_second_account_says_why_the_first_was_passed_over() 
     assert!(!header(&r, "x-poolgate-reason").contains("passed over"), "{:?}", r.headers());
     assert!(last_record(&gw).await.get("passed_over").is_none());
     assert_eq!(b.count(), 3);
+}
+
+/// Reads a response head (lowercased) from `socket`.
+async fn read_head(socket: &mut tokio::net::TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(socket.read(&mut byte).await.unwrap(), 1, "closed mid-head");
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).to_ascii_lowercase()
+}
+
+/// Reads the `content-length` body the head announced.
+async fn skip_body(socket: &mut tokio::net::TcpStream, head: &str) {
+    let len: usize =
+        head.lines().find_map(|l| l.strip_prefix("content-length: ")).map(|v| v.trim().parse().unwrap()).unwrap();
+    let mut body = vec![0u8; len];
+    socket.read_exact(&mut body).await.unwrap();
 }

@@ -459,3 +459,63 @@ async fn connections_past_the_limit_are_refused_each_in_its_own_protocol() {
 fn counter(metrics: &str, name: &str) -> u64 {
     metrics.lines().find_map(|l| l.strip_prefix(name)?.trim().parse().ok()).unwrap_or(0)
 }
+
+/// A connection stays alive across answered requests; an answer given before
+/// the request's body was read closes it (`connection: close`): the next head
+/// would sit behind unread bytes, outside the guard's watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_before_the_body_was_read_closes_the_connection() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a");
+    let mut cfg = config(&mock.base_url(), &[("a", "KEY_A")], "");
+    cfg.push_str("[[server.client_keys]]\nname = \"dev\"\nkey_env = \"DEV_KEY\"\n");
+    let mut env = env();
+    env.push(("DEV_KEY", "dev-key"));
+    let gw = Gateway::start(&cfg, &env);
+    let addr = gw.url.trim_start_matches("http://").to_string();
+    let body = serde_json::to_string(&message("claude-sonnet-4-5", false)).unwrap();
+    let request = |key: &str| {
+        format!(
+            "POST /v1/messages HTTP/1.1\r\nHost: g\r\ncontent-type: application/json\r\nx-api-key: {key}\r\n\
+             anthropic-version: 2023-06-01\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let mut socket = TcpStream::connect(&addr).await.unwrap();
+    // Two answered requests on one connection: kept alive.
+    for _ in 0..2 {
+        socket.write_all(request("dev-key").as_bytes()).await.unwrap();
+        let head = read_head(&mut socket).await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(!head.contains("connection: close"), "{head}");
+        skip_body(&mut socket, &head).await;
+    }
+    // A wrong key: refused before its body was read, and the connection closes.
+    socket.write_all(request("wrong").as_bytes()).await.unwrap();
+    let (answer, _) = answer_on(socket, Duration::from_secs(10)).await;
+    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 401"), "{text}");
+    assert!(text.contains("connection: close"), "{text}");
+}
+
+/// Reads a response head (lowercased) from `socket`.
+async fn read_head(socket: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(socket.read(&mut byte).await.unwrap(), 1, "closed mid-head");
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).to_ascii_lowercase()
+}
+
+/// Reads the `content-length` body the head announced.
+async fn skip_body(socket: &mut TcpStream, head: &str) {
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map(|v| v.trim().parse().unwrap())
+        .expect("a content-length");
+    let mut body = vec![0u8; len];
+    socket.read_exact(&mut body).await.unwrap();
+}

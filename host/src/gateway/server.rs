@@ -402,6 +402,7 @@ async fn drive<C>(
     tokio::pin!(conn);
     let mut closing = false;
     let mut stage_reached = false;
+    let mut marking = false;
     // An HTTP/2 client must answer the GOAWAY's ping before the connection
     // ends: one that never does must not keep it.
     let mut forced: Option<Instant> = None;
@@ -427,9 +428,18 @@ async fn drive<C>(
                 closing = true;
                 forced = Some(Instant::now() + idle_grace);
             }
-            () = shared.protocol_known(), if stage_reached && !closing => {
-                conn.as_mut().graceful_close();
-                closing = true;
+            () = shared.protocol_known(), if stage_reached && !closing && !marking => {
+                if shared.is_http2() {
+                    // GOAWAY: streams in flight finish, new ones go elsewhere.
+                    conn.as_mut().graceful_close();
+                    closing = true;
+                } else {
+                    // HTTP/1 kept alive (a load balancer's pool, say): closing
+                    // it idle now would race a request already on its way. Its
+                    // next answer says `connection: close` (see `service`);
+                    // one still idle closes with the listener.
+                    marking = true;
+                }
             }
             now = stage.wait_for(|s| *s >= if stage_reached { Stage::Closed } else { closes_at }), if !closing => {
                 if now.map_or(Stage::Closed, |s| *s) >= Stage::Closed {
@@ -481,6 +491,7 @@ fn service(
     service_fn(move |req: http::Request<Incoming>| {
         use http_body::Body as _;
         shared.request_started(req.body().is_end_stream());
+        let req_version_is_http1 = req.version() < http::Version::HTTP_2;
         let ticket = Ticket::new(shared.clone());
         let refused = routes::oversized_head(&gateway, req.method(), req.uri(), req.headers());
         let answer = match refused {
@@ -490,8 +501,17 @@ fn service(
                 Either::Right(app.call(req))
             }
         };
+        let http1 = req_version_is_http1;
+        let (gateway, shared) = (gateway.clone(), shared.clone());
         async move {
-            let r: Response = answer.await?;
+            let mut r: Response = answer.await?;
+            // An HTTP/1 answer closes its connection when the request's body
+            // was not read to its end (a refusal before it: the next head
+            // would arrive behind unread bytes, unguarded), and while the
+            // gateway drains (the client moves to another instance).
+            if http1 && (!shared.requests().body_done || gateway.lifecycle.draining()) {
+                r.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+            }
             Ok(r.map(|b| Body::new(AtEnd::new(b, ticket))))
         }
     })

@@ -225,7 +225,7 @@ impl Target {
             headers.append(name.clone(), value.clone());
         }
         if self.kind == AccountKind::Oauth && !oauth_flag {
-            headers.append("anthropic-beta", HeaderValue::from_static(OAUTH_BETA));
+            add_oauth_flag(&mut headers);
         }
         match &self.credential {
             Auth::Fixed(name, value) => headers.insert(name.clone(), value.clone()),
@@ -247,6 +247,27 @@ fn describe(e: &hyper_util::client::legacy::Error) -> String {
     msg
 }
 
+/// Adds the OAuth flag to a seat's request: appended to the last
+/// `anthropic-beta` line (`,oauth-2025-04-20`), so the client's bytes stay the
+/// line's prefix and the header stays one line where it was one — a server
+/// that reads a single value of a header would otherwise lose either the
+/// client's flags or the seat's — or as the only line when there is none.
+fn add_oauth_flag(headers: &mut HeaderMap) {
+    match headers.entry("anthropic-beta") {
+        http::header::Entry::Vacant(e) => {
+            e.insert(HeaderValue::from_static(OAUTH_BETA));
+        }
+        http::header::Entry::Occupied(mut e) => {
+            let Some(last) = e.iter_mut().last() else { return };
+            let trimmed = last.as_bytes().trim_ascii_end();
+            let sep: &[u8] = if trimmed.is_empty() || trimmed.ends_with(b",") { b"" } else { b"," };
+            if let Ok(v) = HeaderValue::from_bytes(&[trimmed, sep, OAUTH_BETA.as_bytes()].concat()) {
+                *last = v;
+            }
+        }
+    }
+}
+
 /// Whether one `anthropic-beta` line names the OAuth flag.
 fn has_oauth_flag(line: &HeaderValue) -> bool {
     line.as_bytes().split(|b| *b == b',').any(|f| f.trim_ascii() == OAUTH_BETA.as_bytes())
@@ -257,8 +278,8 @@ fn has_oauth_flag(line: &HeaderValue) -> bool {
 /// spacing, and repeated lines as lines), except that an API key's request
 /// loses the OAuth flag — an API key sent with it is refused upstream — taking
 /// only that flag and its separator out of the line (`None`: nothing was left).
-/// A seat's request gains the flag as a line of its own when no client line
-/// carries it (in `Target::headers`).
+/// A seat's request gains the flag at the end of the last line when no client
+/// line carries it ([`add_oauth_flag`]).
 fn beta_line(line: &HeaderValue, kind: AccountKind) -> Option<HeaderValue> {
     if kind == AccountKind::Oauth || !has_oauth_flag(line) {
         return Some(line.clone());
@@ -368,9 +389,19 @@ mod tests {
             sent(AccountKind::ApiKey),
             ["claude-code-20250219,  x-b", "interleaved-thinking-2025-05-14 ,zz-probe"]
         );
-        // No client flag: a seat's request gains the flag as a line of its own.
+        // No client flag: a seat's request gains it at the end of the last line.
         let bare = Target::new("http://h", AccountKind::Oauth, &secret("k"), policy()).unwrap();
         assert_eq!(bare.headers(&HeaderMap::new()).get("anthropic-beta").unwrap(), OAUTH_BETA);
+        let mut cc = HeaderMap::new();
+        cc.append("anthropic-beta", "a, b".parse().unwrap());
+        cc.append("anthropic-beta", "c,".parse().unwrap());
+        let lines = |h: HeaderMap| {
+            h.get_all("anthropic-beta").iter().map(|v| v.to_str().unwrap().to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(lines(bare.headers(&cc)), ["a, b", "c,oauth-2025-04-20"]);
+        cc.remove("anthropic-beta");
+        cc.append("anthropic-beta", "a".parse().unwrap());
+        assert_eq!(lines(bare.headers(&cc)), ["a,oauth-2025-04-20"]);
         let key = Target::new("http://h", AccountKind::ApiKey, &secret("k"), policy()).unwrap();
         assert!(key.headers(&HeaderMap::new()).get("anthropic-beta").is_none());
         // A line that held only the flag is dropped for an API key.

@@ -220,6 +220,13 @@ async fn handle(shared: Arc<Shared>, endpoint: Endpoint, req: Request) -> Respon
         _ => {}
     }
     let (account, org) = match caller {
+        // A seat's token without the OAuth beta flag is refused, as Anthropic
+        // refuses it: the flag may sit on any `anthropic-beta` line.
+        Caller::Account { org: Some(_), .. }
+            if matches!(endpoint, Endpoint::Messages | Endpoint::CountTokens) && !has_oauth_beta(&parts.headers) =>
+        {
+            return error(&request_id, ErrorType::Authentication, OAUTH_NOT_SUPPORTED);
+        }
         Caller::Account { account, org } => (account, org),
         Caller::Expired => return error(&request_id, ErrorType::Authentication, oauth::EXPIRED),
         Caller::Unknown => return error(&request_id, ErrorType::Authentication, error::INVALID_API_KEY),
@@ -242,6 +249,19 @@ async fn handle(shared: Arc<Shared>, endpoint: Endpoint, req: Request) -> Respon
         tokio::time::sleep(Duration::from_millis(ctx.shared.config.latency_ms)).await;
     }
     play(&ctx, step).await
+}
+
+/// Anthropic's answer to an OAuth access token sent without the OAuth beta flag.
+pub const OAUTH_NOT_SUPPORTED: &str = "OAuth authentication is currently not supported.";
+
+/// Whether any `anthropic-beta` line names the OAuth flag.
+fn has_oauth_beta(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get_all("anthropic-beta")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|f| f.trim() == "oauth-2025-04-20")
 }
 
 /// The request as [`crate::MockUpstream::requests`] shows it.

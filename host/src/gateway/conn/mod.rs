@@ -160,11 +160,11 @@ impl Guard {
             Sniff::Undecided => match self.sniff.feed(bytes) {
                 Sniff::Http2 => {
                     // Served as HTTP/2 from here: only idleness is watched.
-                    self.shared.set_protocol_known();
+                    self.shared.set_protocol_known(true);
                     self.phase = Phase::Waiting { since: Instant::now(), fresh: false };
                     return None;
                 }
-                Sniff::Http1 => self.shared.set_protocol_known(),
+                Sniff::Http1 => self.shared.set_protocol_known(false),
                 Sniff::Undecided => {}
             },
             Sniff::Http1 => {}

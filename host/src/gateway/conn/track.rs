@@ -28,6 +28,8 @@ pub struct Shared {
     /// Whether the guard knows the protocol (HTTP/1 or HTTP/2) yet.
     known: AtomicBool,
     known_notify: Notify,
+    /// Whether it is HTTP/2 (known once `known` is).
+    http2: AtomicBool,
 }
 
 /// A snapshot of the requests on a connection.
@@ -75,8 +77,14 @@ impl Shared {
         notified.await;
     }
 
-    /// The guard knows the protocol.
-    pub(super) fn set_protocol_known(&self) {
+    /// Whether the connection speaks HTTP/2 (false until the protocol is known).
+    pub fn is_http2(&self) -> bool {
+        self.http2.load(Ordering::Acquire)
+    }
+
+    /// The guard knows the protocol: HTTP/2 when `http2`.
+    pub(super) fn set_protocol_known(&self, http2: bool) {
+        self.http2.store(http2, Ordering::Release);
         self.known.store(true, Ordering::Release);
         self.known_notify.notify_waiters();
     }
