@@ -209,6 +209,7 @@ async fn a_body_that_is_not_a_json_object_is_refused_and_never_forwarded() {
         ("/v1/messages", b"  \n".to_vec(), "body is empty"),
         ("/v1/messages", not_utf8.to_vec(), "body is not valid UTF-8"),
         ("/v1/messages", b"[1]".to_vec(), "body: Input should be a valid dictionary"),
+        ("/v1/messages", br#"["claude-sonnet-4-5",true,null]"#.to_vec(), "body: Input should be a valid dictionary"),
         ("/v1/messages/count_tokens", Vec::new(), "body is empty"),
     ] {
         let message = refused(post(path, body).await.unwrap(), 400).await;
@@ -220,7 +221,7 @@ async fn a_body_that_is_not_a_json_object_is_refused_and_never_forwarded() {
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
     assert!(mock.requests().is_empty(), "nothing was forwarded");
-    assert!(metrics(&gw).await.contains("poolgate_refused_total{reason=\"invalid_body\"} 5"), "{}", metrics(&gw).await);
+    assert!(metrics(&gw).await.contains("poolgate_refused_total{reason=\"invalid_body\"} 6"), "{}", metrics(&gw).await);
 }
 
 /// What the gateway writes on a raw socket until it closes it, and when the

@@ -65,6 +65,11 @@ pub fn body_facts(body: &[u8]) -> Result<BodyFacts, BadBody> {
     let text = std::str::from_utf8(body).map_err(|e| {
         BadBody(format!("body is not valid UTF-8: invalid bytes at offset {} (JSON is UTF-8)", e.valid_up_to()))
     })?;
+    // serde reads a struct from an array too (`["m", true, null]`): only an
+    // object is a request.
+    if text.trim_start().starts_with('[') {
+        return Err(BadBody("body: Input should be a valid dictionary".into()));
+    }
     let peek: Peek = serde_json::from_str(text).map_err(|e| BadBody(json_error(body, &e, PEEKED)))?;
     let session = peek.metadata.and_then(|m| m.user_id).and_then(|v| match v {
         serde_json::Value::String(s) => session_from_user_id(&s),
@@ -154,5 +159,9 @@ mod tests {
         let e = body_facts(body).unwrap_err().0;
         assert!(e.starts_with("body is not valid UTF-8: invalid bytes at offset 67"), "{e}");
         assert_eq!(body_facts(br#"{"model":"m"}"#).unwrap().model.as_deref(), Some("m"));
+        // An array that serde would read as the struct's fields is no request.
+        for array in [&br#"["claude-sonnet-4-5",true,null]"#[..], b" [null,null,null]"] {
+            assert_eq!(body_facts(array).unwrap_err().0, "body: Input should be a valid dictionary");
+        }
     }
 }
