@@ -182,6 +182,10 @@ pub struct Token<'a>(pub &'a str);
 
 impl fmt::Display for Token<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A JSON log escapes every value itself; quoting here would leak into it.
+        if format() == LogFormat::Json {
+            return f.write_str(self.0);
+        }
         let plain = !self.0.is_empty()
             && self.0.chars().all(|c| !c.is_whitespace() && !matches!(c, '"' | '=' | '\\') && !is_unsafe_in_log(c));
         if plain { f.write_str(self.0) } else { write!(f, "{:?}", self.0) }
@@ -207,16 +211,32 @@ pub fn json_str(out: &mut String, s: &str) {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if is_unsafe_in_log(c) => {
-                let mut units = [0u16; 2];
-                for u in c.encode_utf16(&mut units) {
-                    let _ = write!(out, "\\u{u:04x}");
-                }
-            }
+            c if is_unsafe_in_log(c) => push_u_escape(out, c),
             c => out.push(c),
         }
     }
     out.push('"');
+}
+
+/// Appends `json` (serialized by serde_json, so every control character is
+/// already escaped) with each character [`is_unsafe_in_log`] written as
+/// `\uXXXX`: those only occur inside strings, where the escape means the same.
+fn embed_json(out: &mut String, json: &str) {
+    for c in json.chars() {
+        if is_unsafe_in_log(c) {
+            push_u_escape(out, c);
+        } else {
+            out.push(c);
+        }
+    }
+}
+
+/// Appends `c` as JSON's `\uXXXX` (two of them past the BMP).
+fn push_u_escape(out: &mut String, c: char) {
+    let mut units = [0u16; 2];
+    for u in c.encode_utf16(&mut units) {
+        let _ = write!(out, "\\u{u:04x}");
+    }
 }
 
 /// Whether `s` is one whole JSON value (checked without building it).
@@ -303,8 +323,11 @@ impl JsonVisitor<'_> {
         if !self.key(field) {
             return;
         }
-        if self.embed && field.name() == RECORD_FIELD && is_json(value) {
-            self.out.push_str(value.trim());
+        if self.embed && field.name() == RECORD_FIELD && value.starts_with('{') {
+            // The decision record is serde_json's own output (never parsed
+            // again per request): embedded as is, except the characters JSON
+            // allows raw in a string but a log viewer would break a line on.
+            embed_json(self.out, value);
         } else {
             json_str(self.out, value);
         }
@@ -452,6 +475,11 @@ mod tests {
         assert_eq!(Token("x status=200").to_string(), r#""x status=200""#);
         assert_eq!(Token("a\nb").to_string(), r#""a\nb""#);
         assert_eq!(Token("").to_string(), r#""""#);
+        // A JSON log escapes values itself: no quotes of the text format's.
+        set_format(LogFormat::Json);
+        let in_json = Token("a b").to_string();
+        set_format(LogFormat::Text);
+        assert_eq!(in_json, "a b");
     }
 
     /// Events through the real formatters, captured.
@@ -500,15 +528,17 @@ mod tests {
     #[test]
     fn the_decision_record_is_an_object_and_numbers_stay_numbers() {
         let json = capture(LogFormat::Json, || {
-            let record = json!({"id": 7, "attempts": [{"account": "a"}]}).to_string();
+            let record = json!({"id": 7, "attempts": [{"account": "a"}], "model": "m\u{2028}n"}).to_string();
             tracing::debug!(target: "poolgate::decision", request = 7u64, ok = true, record = %record, "record");
             // Only the decision record is embedded; elsewhere JSON text stays a string.
             tracing::info!(record = %record, "other");
             let _span = tracing::info_span!("conn", peer = "x").entered();
             tracing::info!("inside");
         });
+        assert!(!json.contains('\u{2028}'), "a line separator in the record is escaped: {json}");
         let lines: Vec<Value> = json.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert_eq!(lines[0]["fields"]["record"]["attempts"][0]["account"], "a");
+        assert_eq!(lines[0]["fields"]["record"]["model"], "m\u{2028}n");
         assert_eq!((lines[0]["fields"]["request"].as_u64(), lines[0]["fields"]["ok"].as_bool()), (Some(7), Some(true)));
         assert_eq!(lines[0]["target"], "poolgate::decision");
         assert!(lines[1]["fields"]["record"].is_string());

@@ -413,7 +413,7 @@ async fn scripted_upstream(gap: Duration) -> String {
 /// upstream's `content-type`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_is_relayed_as_it_arrives_byte_for_byte() {
-    let gap = Duration::from_millis(150);
+    let gap = Duration::from_millis(300);
     let upstream = scripted_upstream(gap).await;
     let gw = Gateway::start(&config(&upstream, &[("a", "KEY_A")], ""), &[("KEY_A", "key-a"), ("PG_ADMIN", ADMIN)]);
     let started = Instant::now();

@@ -239,7 +239,8 @@ async fn a_fallback_stream_open_at_the_end_of_the_grace_ends_with_an_error_event
     let reading = tokio::spawn(async move { r.text().await.unwrap() });
     // Ctrl-C, then a second one: the grace ends at once.
     gw.signal("INT");
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let seen = gw.wait_for_log("waiting for open requests and streams", std::time::Duration::from_secs(10)).await;
+    assert!(seen, "{}", gw.log());
     gw.signal("INT");
     let text = tokio::time::timeout(std::time::Duration::from_secs(20), reading).await.unwrap().unwrap();
     assert!(text.contains("from the "), "{text}");

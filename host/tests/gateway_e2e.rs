@@ -639,6 +639,49 @@ async fn ctrl_c_skips_the_drain_and_a_second_one_stops_at_once() {
     assert!(exit.is_some_and(|s| s.success()));
 }
 
+/// A request still waiting for its upstream's head when the grace period
+/// ends is answered — a 503 in Anthropic's shape, which an SDK retries — not
+/// dropped with its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_for_its_upstream_at_the_grace_end_gets_a_503() {
+    const GRACE_MS: u64 = 1000;
+    let mock = MockUpstream::start().await;
+    mock.account("key-a").push(Step::Hang);
+    let cfg = config(&mock.base_url(), &[("a", "KEY_A")], "")
+        .replace("[server]\n", &format!("[server]\ndrain_ms = 0\nshutdown_grace_ms = {GRACE_MS}\n"));
+    let mut gw = Gateway::start(&cfg, &env3());
+    let url = gw.url.clone();
+    let waiting = tokio::spawn(async move {
+        let r = Gateway::client()
+            .post(format!("{url}/v1/messages"))
+            .header("anthropic-version", "2023-06-01")
+            .json(&message("claude-sonnet-4-5", false))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    });
+    support::eventually("the request waits upstream", Duration::from_secs(10), async || {
+        status(&gw).await["accounts"][0]["in_flight"] == 1
+    })
+    .await;
+    gw.terminate();
+    let (code, body) = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap();
+    assert_eq!(code, 503, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["type"], "api_error", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("shutting down"), "{body}");
+    let exit = tokio::task::spawn_blocking(move || {
+        let exit = gw.wait(Duration::from_secs(15));
+        (exit, gw)
+    });
+    let (exit, gw) = exit.await.unwrap();
+    assert!(exit.is_some_and(|s| s.success()), "exited cleanly");
+    let log = gw.log();
+    assert!(log.contains("\"account\":\"a\",\"outcome\":\"shutdown\""), "the attempt names its account: {log}");
+    assert!(log.contains("\"status\":503,\"outcome\":\"shutdown\""), "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn systemd_hears_ready_reloading_and_stopping() {
     let dir = support::tempdir::Dir::new("notify");

@@ -269,7 +269,7 @@ async fn median<F: Future<Output = reqwest::Response>>(n: usize, mut send: impl 
 async fn held_sockets_neither_delay_other_clients_nor_outlive_their_timeouts() {
     const HEADS: usize = 300;
     const BODIES: usize = 50;
-    const TIMEOUT_MS: u64 = 3000;
+    const TIMEOUT_MS: u64 = 5000;
     let mock = MockUpstream::start().await;
     mock.account("key-a");
     let cfg = config(&mock.base_url(), &[("a", "KEY_A")], "").replace(

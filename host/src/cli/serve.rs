@@ -96,10 +96,20 @@ pub async fn serve(config: Config, source: Option<(PathBuf, Overrides)>) -> Resu
     let first = signals.next().await;
     tracing::info!(signal = first.name(), "shutting down");
     let served = running.shutdown(first.stop(), signals).await;
-    // After the last request: what it taught is in the file too.
-    gateway.save_state().await;
+    // After the last request: what it taught is in the file too — bounded,
+    // so a hung disk (a stale NFS mount) cannot hold the exit past what a
+    // service manager waits for.
+    if tokio::time::timeout(FINAL_SAVE, gateway.save_state()).await.is_err() {
+        tracing::warn!(
+            timeout_ms = FINAL_SAVE.as_millis() as u64,
+            "state file not saved at shutdown: the write did not finish"
+        );
+    }
     served
 }
+
+/// How long the state file's last save may take at shutdown.
+const FINAL_SAVE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The reload hook of a gateway started from the file `p`: each reload reads
 /// the file in its turn, with the same `overrides` the start applied, and is

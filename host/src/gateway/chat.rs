@@ -230,19 +230,22 @@ fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<String>) -> impl future
 
 /// A stream that yields `ping` whenever `inner` stays silent for `every`: a
 /// client (Claude Code's byte watchdog, a proxy's idle timeout) sees the
-/// stream alive while the backend thinks. The timer restarts with every item,
-/// so a busy stream carries no pings at all.
+/// stream alive while the backend thinks. An item only notes when it passed;
+/// the timer is re-armed from that note when it fires, not per item, so a
+/// busy stream costs one clock read per item and carries no pings at all.
 pub struct KeepAlive<S> {
     inner: S,
     every: Duration,
     ping: Bytes,
+    last: tokio::time::Instant,
     timer: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
 impl<S> KeepAlive<S> {
     /// `inner` with a `ping` after every `every` of silence.
     pub fn new(inner: S, every: Duration, ping: Bytes) -> Self {
-        KeepAlive { inner, every, ping, timer: Box::pin(tokio::time::sleep(every)) }
+        let now = tokio::time::Instant::now();
+        KeepAlive { inner, every, ping, last: now, timer: Box::pin(tokio::time::sleep_until(now + every)) }
     }
 }
 
@@ -255,18 +258,24 @@ impl<S: futures_util::Stream<Item = Bytes> + Unpin> futures_util::Stream for Kee
     ) -> std::task::Poll<Option<Bytes>> {
         use std::task::Poll;
         let this = &mut *self;
-        match std::pin::Pin::new(&mut this.inner).poll_next(cx) {
-            Poll::Ready(item) => {
-                this.timer.as_mut().reset(tokio::time::Instant::now() + this.every);
-                Poll::Ready(item)
+        if let Poll::Ready(item) = std::pin::Pin::new(&mut this.inner).poll_next(cx) {
+            this.last = tokio::time::Instant::now();
+            return Poll::Ready(item);
+        }
+        loop {
+            if this.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
             }
-            Poll::Pending => match this.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    this.timer.as_mut().reset(tokio::time::Instant::now() + this.every);
-                    Poll::Ready(Some(this.ping.clone()))
-                }
-                Poll::Pending => Poll::Pending,
-            },
+            let due = this.last + this.every;
+            if due > tokio::time::Instant::now() {
+                // Something went out since the timer was armed: wait out the
+                // silence from then.
+                this.timer.as_mut().reset(due);
+                continue;
+            }
+            this.last = tokio::time::Instant::now();
+            this.timer.as_mut().reset(this.last + this.every);
+            return Poll::Ready(Some(this.ping.clone()));
         }
     }
 }
@@ -299,5 +308,32 @@ mod tests {
         assert_eq!(start.elapsed(), Duration::from_secs(25));
         producer.await.unwrap();
         assert_eq!(s.next().await, None, "the end passes through");
+    }
+
+    /// Items every 4 s keep a 10 s keep-alive silent; the first ping comes a
+    /// whole interval after the last item, not after the timer's first arming.
+    #[tokio::test(start_paused = true)]
+    async fn a_ping_counts_the_silence_from_the_last_item() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+        let inner = futures_util::stream::poll_fn({
+            let mut rx = rx;
+            move |cx| rx.poll_recv(cx)
+        });
+        let mut s = KeepAlive::new(inner, Duration::from_secs(10), Bytes::from_static(b"PING"));
+        let start = tokio::time::Instant::now();
+        let producer = tokio::spawn(async move {
+            for _ in 0..7 {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                tx.send(Bytes::from_static(b"x")).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        });
+        for _ in 0..7 {
+            assert_eq!(s.next().await.unwrap(), "x");
+        }
+        assert_eq!(start.elapsed(), Duration::from_secs(28));
+        assert_eq!(s.next().await.unwrap(), "PING");
+        assert_eq!(start.elapsed(), Duration::from_secs(38));
+        producer.abort();
     }
 }

@@ -33,6 +33,8 @@ pub enum AttemptOutcome {
     QueueFull,
     /// It waited the whole queue timeout for an in-flight slot.
     QueueTimeout,
+    /// The shutdown grace period ended before its upstream answered.
+    Shutdown,
 }
 
 /// How a request ended.

@@ -106,7 +106,14 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
             Ok(admitted) => admitted,
             Err(refused) => return x.refused(ranked, refused),
         };
-        let attempted = x.attempt(lease, queued_ms).await;
+        // The grace period can end while an upstream thinks: the client then
+        // hears why, rather than a connection reset.
+        let cut = x.gw.lifecycle.on_cut();
+        let attempted = tokio::select! {
+            biased;
+            attempted = x.attempt(lease, queued_ms) => attempted,
+            () = cut => return x.cut_short(ranked),
+        };
         let request = x.learn(ranked, &full, &attempted);
         match next(attempted) {
             Next::Commit(answered) => return x.commit(request, answered),
@@ -364,6 +371,23 @@ impl Exchange {
         r.headers_mut().insert("x-poolgate-queue", HeaderValue::from_static(what));
         let observe = self.observe_last();
         self.into_finish(None, false, observe).now(r, ending)
+    }
+
+    /// The shutdown grace period ended before the upstream answered: a 503 a
+    /// client's SDK retries (on another replica), recorded as `shutdown`.
+    fn cut_short(mut self, ranked: Ranked) -> Response {
+        let mut attempt = local_attempt(ranked.attempt, ranked.decision, AttemptOutcome::Shutdown);
+        // The account it was sent to, still thinking.
+        attempt.account = self.tried.last().and_then(|&i| self.generation.account(i)).map(|a| a.config.id.to_string());
+        self.record.attempts.push(attempt);
+        self.gw.metrics.shutdown_cut();
+        let r = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorType::Api,
+            "poolgate is shutting down: its shutdown grace period ended before the upstream answered",
+        );
+        let observe = self.observe_last();
+        self.into_finish(None, false, observe).now(r, Ending::Shutdown)
     }
 
     /// Phase *answer*, when no account is left to try: the cause that stood

@@ -164,6 +164,20 @@ impl Gateway {
         self.log.lock().clone()
     }
 
+    /// Waits until the log holds `needle`; false if `timeout` passes first.
+    /// A test that sends a second signal waits for the first to be seen, so
+    /// the two are never coalesced into one.
+    pub async fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        let start = std::time::Instant::now();
+        while start.elapsed() < timeout {
+            if self.log.lock().contains(needle) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
     /// An HTTP client for the gateway.
     pub fn client() -> reqwest::Client {
         poolgate::gateway::install_crypto();
