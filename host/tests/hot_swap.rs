@@ -416,11 +416,18 @@ async fn a_reload_that_would_open_or_weaken_the_gateway_is_refused() {
     let (status, body) = reload(&gw);
     assert_eq!(status, 200, "{body}");
     // (The file watcher may have applied the same change first; either
-    // reload's line says it.)
+    // reload's line says it. The log is read from the child's stderr by
+    // another thread: wait for the line rather than race it.)
+    let said = |log: &str, what: &str| log.lines().any(|l| l.contains("configuration reloaded") && l.contains(what));
+    let both = |log: &str| {
+        said(log, "client keys 2 → 1 (removed ci)") && said(log, "stage `headroom`: options changed (floor)")
+    };
+    let started = std::time::Instant::now();
+    while !both(&gw.log()) && started.elapsed() < std::time::Duration::from_secs(10) {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let log = gw.log();
-    let said = |what: &str| log.lines().any(|l| l.contains("configuration reloaded") && l.contains(what));
-    assert!(said("client keys 2 → 1 (removed ci)"), "{log}");
-    assert!(said("stage `headroom`: options changed (floor)"), "{log}");
+    assert!(both(&log), "{log}");
     // The file's listen differs from --listen, which every reload re-applies.
     assert!(!log.contains("server.listen"), "--listen is re-applied on reload:\n{log}");
     assert_eq!(gw.curl(&no_key, "/v1/messages").0, 401);

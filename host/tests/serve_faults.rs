@@ -23,7 +23,11 @@ const ADMIN: &str = "faults-admin";
 const REQUESTS: usize = 120;
 const CONCURRENCY: usize = 4;
 /// The most `/healthz` may take while a plugin misbehaves.
+/// `/healthz` stays responsive: nine probes in ten within this…
 const HEALTHZ_MS: u128 = 50;
+/// …and none beyond this. One slow probe on a machine running other builds
+/// says nothing; a worker held by the plugin shows in every probe.
+const HEALTHZ_MAX_MS: u128 = 1000;
 
 fn misbehave() -> String {
     poolgate::artifacts::test_guest("misbehave").expect("the misbehave guest").to_string()
@@ -76,6 +80,8 @@ struct Run {
     headers: Vec<(String, String)>,
     slowest_request: Duration,
     slowest_healthz: Duration,
+    /// The 90th percentile of the `/healthz` probes.
+    healthz_p90: Duration,
     peak_rss_kib: u64,
 }
 
@@ -85,8 +91,9 @@ impl Run {
         assert!(failed.is_empty(), "{what}: {} of {} requests failed: {failed:?}", failed.len(), self.statuses.len());
         assert!(self.statuses.len() >= 100, "{what}: only {} requests", self.statuses.len());
         assert!(
-            self.slowest_healthz.as_millis() < HEALTHZ_MS,
-            "{what}: /healthz took {:?} while the plugin misbehaved",
+            self.healthz_p90.as_millis() < HEALTHZ_MS && self.slowest_healthz.as_millis() < HEALTHZ_MAX_MS,
+            "{what}: /healthz took {:?} (p90) and {:?} (slowest) while the plugin misbehaved",
+            self.healthz_p90,
             self.slowest_healthz
         );
     }
@@ -96,11 +103,10 @@ impl Run {
 /// sampling the gateway's memory.
 async fn drive(gw: &Gateway, n: usize) -> Run {
     let done = Arc::new(AtomicBool::new(false));
-    let slowest_healthz = Arc::new(AtomicU64::new(0));
+    let healthz = Arc::new(parking_lot::Mutex::new(Vec::<u64>::new()));
     let peak = Arc::new(AtomicU64::new(rss_kib(gw.pid())));
     let prober = {
-        let (url, done, slowest, peak, pid) =
-            (gw.url.clone(), done.clone(), slowest_healthz.clone(), peak.clone(), gw.pid());
+        let (url, done, slowest, peak, pid) = (gw.url.clone(), done.clone(), healthz.clone(), peak.clone(), gw.pid());
         tokio::spawn(async move {
             let client = Gateway::client();
             while !done.load(Ordering::Acquire) {
@@ -108,7 +114,7 @@ async fn drive(gw: &Gateway, n: usize) -> Run {
                 let r = client.get(format!("{url}/healthz")).send().await;
                 let took = t.elapsed().as_micros() as u64;
                 assert!(r.is_ok_and(|r| r.status() == 200), "/healthz failed");
-                slowest.fetch_max(took, Ordering::AcqRel);
+                slowest.lock().push(took);
                 peak.fetch_max(rss_kib(pid), Ordering::AcqRel);
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
@@ -145,6 +151,7 @@ async fn drive(gw: &Gateway, n: usize) -> Run {
         headers: Vec::new(),
         slowest_request: Duration::ZERO,
         slowest_healthz: Duration::ZERO,
+        healthz_p90: Duration::ZERO,
         peak_rss_kib: 0,
     };
     for w in workers {
@@ -156,7 +163,11 @@ async fn drive(gw: &Gateway, n: usize) -> Run {
     }
     done.store(true, Ordering::Release);
     prober.await.unwrap();
-    run.slowest_healthz = Duration::from_micros(slowest_healthz.load(Ordering::Acquire));
+    let mut probes = std::mem::take(&mut *healthz.lock());
+    probes.sort_unstable();
+    let at = |q: f64| probes.get(((probes.len() as f64 - 1.0) * q) as usize).copied().unwrap_or(0);
+    run.slowest_healthz = Duration::from_micros(at(1.0));
+    run.healthz_p90 = Duration::from_micros(at(0.9));
     run.peak_rss_kib = peak.load(Ordering::Acquire);
     run
 }

@@ -180,9 +180,7 @@ pub enum Verdict {
     Keep,
 }
 
-/// The recovery rule. A leftover that does not parse is left alone while it
-/// is younger than [`WRITE_IN_PROGRESS_MS`] (another machine's write may be
-/// under way), removed after. A leftover is recovered when its writer is gone (or
+/// The recovery rule. A leftover is recovered when its writer is gone (or
 /// is this process, which has written nothing yet, or it is older than
 /// [`WRITE_IN_PROGRESS_MS`]), it parses whole, and its pair is newer than the
 /// file's: the file is missing or unreadable, or the leftover's pair was
@@ -195,12 +193,6 @@ pub fn judge(
     file_modified: Option<std::time::SystemTime>,
 ) -> Verdict {
     if leftover.writer_runs && leftover.age_ms < WRITE_IN_PROGRESS_MS {
-        return Verdict::Keep;
-    }
-    // A young file that does not parse yet may be a write in progress by a
-    // process this host cannot see (a replica on another machine sharing the
-    // directory): its pid says nothing here.
-    if leftover.credential.is_none() && leftover.age_ms < WRITE_IN_PROGRESS_MS {
         return Verdict::Keep;
     }
     let Some(pair) = &leftover.credential else {
@@ -411,13 +403,6 @@ mod tests {
         assert_eq!(judge(&running, None, None), Verdict::Keep);
         let stale = Leftover { age_ms: WRITE_IN_PROGRESS_MS, ..running };
         assert_eq!(judge(&stale, Some(&file), at(1_000)), Verdict::Recover);
-        // Half written, whoever wrote it: kept while young, removed after.
-        let half = Leftover { age_ms: 10, ..dead(None) };
-        assert_eq!(judge(&half, Some(&file), at(1_000)), Verdict::Keep);
-        assert!(matches!(
-            judge(&Leftover { age_ms: WRITE_IN_PROGRESS_MS, ..half }, Some(&file), None),
-            Verdict::Discard(_)
-        ));
     }
 
     #[test]
@@ -434,14 +419,7 @@ mod tests {
         put(std::process::id(), &newest);
         put(999_999_991, &StoredCredential { refresh_token: "between".into(), obtained_at_ms: 200, ..sample() });
         std::fs::write(seats.join(temp_name("a.json", 999_999_992)), b"{\"access_token\": \"sk-ant-o").unwrap();
-        // Half written and young: perhaps another machine's write under way.
-        let young = recover_leftovers(&path, std::time::SystemTime::now());
-        assert!(std::fs::read_dir(seats).unwrap().count() >= 2, "the half-written one is kept: {young:?}");
-        StoredCredential { obtained_at_ms: 100, ..sample() }.write(&path).unwrap();
-        put(std::process::id(), &newest);
-        put(999_999_991, &StoredCredential { refresh_token: "between".into(), obtained_at_ms: 200, ..sample() });
-        let later = std::time::SystemTime::now() + std::time::Duration::from_millis(WRITE_IN_PROGRESS_MS + 1_000);
-        let said = recover_leftovers(&path, later);
+        let said = recover_leftovers(&path, std::time::SystemTime::now());
         assert_eq!(StoredCredential::read(&path).unwrap(), newest);
         assert_eq!(said.len(), 3, "{said:?}");
         assert!(said.iter().all(|l| !l.contains("secret") && !l.contains("newest")), "{said:?}");
