@@ -870,3 +870,149 @@ async fn a_plugin_named_like_a_builtin_has_a_state_scope_of_its_own() {
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
     assert_eq!(send("s-1").await, "session_affinity", "the binding did not survive the reload");
 }
+
+/// Opens `n` streams at once (released together by a barrier), each its own
+/// Claude Code session, and reads each to its end: the statuses.
+async fn burst(url: &str, n: usize, wave: usize) -> Vec<u16> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    poolgate::gateway::install_crypto();
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (barrier, client, url) = (barrier.clone(), client.clone(), url.to_string());
+            tokio::spawn(async move {
+                let user_id =
+                    json!({ "device_id": "d", "account_uuid": "u", "session_id": format!("burst-{wave}-{i}") })
+                        .to_string();
+                let body = json!({
+                    "model": "claude-sonnet-4-5", "max_tokens": 64, "stream": true,
+                    "metadata": { "user_id": user_id },
+                    "messages": [{ "role": "user", "content": "hello" }],
+                });
+                barrier.wait().await;
+                match client
+                    .post(format!("{url}/v1/messages"))
+                    .header("anthropic-version", "2023-06-01")
+                    .json(&body)
+                    .send()
+                    .await
+                {
+                    Ok(r) => {
+                        let status = r.status().as_u16();
+                        match r.bytes().await {
+                            Ok(b) if String::from_utf8_lossy(&b).contains("message_stop") => status,
+                            _ => 0,
+                        }
+                    }
+                    Err(_) => 0,
+                }
+            })
+        })
+        .collect();
+    let mut statuses = Vec::with_capacity(n);
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    statuses
+}
+
+/// A morning burst: 200 slow streams opening at once, wave after wave, through
+/// the built-in default chain on this 2-core machine. The built-ins answer in
+/// microseconds, so no stage may be skipped as `busy` and no `observe` call
+/// lost: every request gets the chain's whole decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_streams_opening_together_skips_no_stage_of_the_default_chain() {
+    const STREAMS: usize = 200;
+    const WAVES: usize = 10;
+    let mock = MockUpstream::start().await;
+    let mut accounts = String::new();
+    let mut env = vec![("PG_ADMIN".to_string(), ADMIN.to_string())];
+    for i in 0..4 {
+        mock.account(&format!("key-{i}")).set_default(poolgate_mock_upstream::Step::SlowStream { chunk_delay_ms: 40 });
+        accounts += &format!(
+            "[[accounts]]\nid = \"a{i}\"\napi_key_env = \"KEY_{i}\"\nbase_url = \"{}\"\n\n",
+            mock.base_url()
+        );
+        env.push((format!("KEY_{i}"), format!("key-{i}")));
+    }
+    let dir = tempdir::Dir::new("burst");
+    let path = dir.0.join("poolgate.toml");
+    std::fs::write(&path, format!("[server]\nadmin_token_env = \"PG_ADMIN\"\n\n{accounts}")).unwrap();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let gw = Gateway::start_file(&path, &env, dir);
+    let started = Instant::now();
+    // Each wave opens while the streams of the last ones are still running.
+    let mut waves = Vec::new();
+    for wave in 0..WAVES {
+        let gw_url = gw.url.clone();
+        waves.push(tokio::spawn(async move { burst(&gw_url, STREAMS, wave).await }));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let mut failed = 0;
+    for w in waves {
+        failed += w.await.unwrap().iter().filter(|s| **s != 200).count();
+    }
+    let took = started.elapsed();
+    let status = gw.admin_json("/status", ADMIN).await;
+    let stages = status["chain"].as_array().unwrap();
+    let mut report = Vec::new();
+    let (mut rank_busy, mut observe_busy) = (0, 0);
+    for s in stages {
+        rank_busy += s["rank"]["busy"].as_u64().unwrap();
+        observe_busy += s["observe"]["busy"].as_u64().unwrap();
+        report.push(format!(
+            "{}: rank calls {} busy {}, observe calls {} busy {}, live {} call_ms {}",
+            s["name"], s["rank"]["calls"], s["rank"]["busy"], s["observe"]["calls"], s["observe"]["busy"],
+            s["live_instances"], s["call_ms"]
+        ));
+    }
+    eprintln!("{} streams in {took:?}\n{}", STREAMS * WAVES, report.join("\n"));
+    for l in gw.log().lines().filter(|l| l.contains("POOLDBG")) { eprintln!("{}", &l[l.len().saturating_sub(90)..]); }
+    assert_eq!(failed, 0, "requests failed in the burst");
+    assert_eq!((rank_busy, observe_busy), (0, 0), "stages skipped as busy:\n{}", report.join("\n"));
+}
+
+/// A later `configure` that never ends — naps of 100 ms, forever — would leave
+/// the pool empty and the stage skipped with nothing recorded. The refill
+/// builds in parallel (two at once here), cuts each build at its bound, counts
+/// it as a `configure` timeout in `/status` and `/metrics`, and the breaker
+/// opens on those failures; every request is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_builds_that_never_end_are_cut_counted_and_open_the_breaker() {
+    let mock = MockUpstream::start().await;
+    let stages = format!(
+        "[policy]\ninstances = 3\nconfigure_timeout_ms = 200\n\n\
+         [policy.breaker]\nfailures = 3\ncooldown_ms = 60000\n\n\
+         [[policy.chain]]\nplugin = \"{}\"\nname = \"hostile\"\n\
+         config = {{ fault = \"pass\", configure = \"pool-nap-after-first\" }}\n",
+        misbehave()
+    );
+    let gw = start(&mock, tempdir::Dir::new("refill-naps"), &stages);
+    let mut seen_parallel = false;
+    let started = Instant::now();
+    let stage = loop {
+        let stage = hostile_stage(&gw).await;
+        seen_parallel |= stage["pool"]["building"].as_u64().unwrap() >= 2;
+        if stage["breaker"]["state"] == "open" {
+            break stage;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the breaker never opened on failing builds: {stage:#}");
+        let r = send_message(&Gateway::client(), &gw.url, MODEL).await.unwrap();
+        assert_eq!(r.status(), 200);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(seen_parallel, "the two missing instances were built one at a time: {stage:#}");
+    assert!(stage["configure"]["failures"].as_u64().unwrap() >= 3, "{stage:#}");
+    assert_eq!(stage["configure"]["last"]["cause"], "timeout", "{stage:#}");
+    assert!(stage["pool"]["live"].as_u64().unwrap() <= 3, "{stage:#}");
+    let metrics = Gateway::client().get(format!("{}/metrics", gw.url)).send().await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("poolgate_policy_background_errors_total")
+            && l.contains("stage=\"hostile\"")
+            && l.contains("phase=\"configure\"")
+            && l.contains("cause=\"timeout\"")),
+        "{metrics}"
+    );
+    let run = drive(&gw, REQUESTS).await;
+    run.assert_all_served("while the breaker is open on failing builds");
+}
