@@ -772,15 +772,18 @@ async fn line_breaks_and_bidi_overrides_in_a_fault_reach_the_log_escaped() {
 }
 
 /// A plugin that succeeds but takes 90 ms (in `observe`) with two instances:
-/// nearly every `rank` finds both busy. That is recorded as `busy` — not as a
-/// `timeout` of the plugin, never held against it by the breaker — with a
-/// message that says how long its calls take and what to do; and once the pool
-/// is known saturated, requests stop waiting the whole deadline for nothing.
+/// nearly every `rank` finds both busy (`max_instances = 2`: the pool may not
+/// grow). That is recorded as `busy` — not as a `timeout` of the plugin, never
+/// held against it by the breaker — with a message that says how long its
+/// calls take and what to do; since the measured hold times say no instance
+/// comes back within the deadline, requests do not wait it out for nothing;
+/// and a stage skipped for most requests says so in `/status`, the metrics and
+/// `x-poolgate-reason`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_plugin_with_too_few_instances_is_busy_with_the_remedy_and_costs_little() {
     let mock = MockUpstream::start().await;
     let stages = format!(
-        "[policy]\ninstances = 2\n\n{}",
+        "[policy]\ninstances = 2\nmax_instances = 2\n\n{}",
         hostile(&misbehave(), "fault = \"pass\", observe = \"sleep\", ms = 90", 25)
     );
     let gw = start(&mock, tempdir::Dir::new("busy"), &stages);
@@ -791,14 +794,33 @@ async fn a_slow_plugin_with_too_few_instances_is_busy_with_the_remedy_and_costs_
     assert!(errs.iter().any(|(c, _)| c == "busy"), "{errs:?}");
     assert!(errs.iter().all(|(c, _)| c == "busy"), "only busy skips, never a timeout of the plugin: {errs:?}");
     let message = &errs[0].1;
-    assert!(message.contains("raise `[policy] instances` (now 2)"), "{message}");
+    // Calls hold an instance longer than a request may wait: the remedy is a
+    // faster plugin first, more instances second.
+    assert!(message.contains("make the plugin's calls faster (or raise `[policy] max_instances`, now 2)"), "{message}");
     assert!(message.contains("ms (observe)"), "the message says how long calls take: {message}");
+    // Skipped for most requests: said in /status, the metrics and the answers.
+    assert!(
+        message.contains("stage hostile skipped as busy for") && message.contains("of its last 64 rankings"),
+        "{message}"
+    );
+    let noted = run.headers.iter().filter(|(reason, _)| reason.contains("; stage hostile skipped as busy for")).count();
+    assert!(
+        noted > 0,
+        "x-poolgate-reason says the stage is mostly skipped: {:?}",
+        &run.headers[run.headers.len() - 3..]
+    );
     let stage = hostile_stage(&gw).await;
     assert_eq!(stage["breaker"]["state"], "closed", "{stage:#}");
     assert_eq!(stage["rank"]["failures"], 0, "{stage:#}");
     assert!(stage["rank"]["busy"].as_u64().unwrap() > 0, "{stage:#}");
     assert_eq!(stage["instances"], 2, "{stage:#}");
+    assert_eq!(stage["pool"]["max"], 2, "{stage:#}");
     assert!(stage["call_ms"]["observe"].as_f64().unwrap() >= 40.0, "{stage:#}");
+    assert!(
+        stage["busy_share"]["busy"].as_u64().unwrap() * 2 > stage["busy_share"]["of"].as_u64().unwrap(),
+        "{stage:#}"
+    );
+    assert!(stage["warning"].as_str().unwrap().contains("off in effect"), "{stage:#}");
     let metrics = Gateway::client().get(format!("{}/metrics", gw.url)).send().await.unwrap().text().await.unwrap();
     assert!(
         metrics.lines().any(|l| l.starts_with("poolgate_policy_errors_total")
@@ -806,6 +828,11 @@ async fn a_slow_plugin_with_too_few_instances_is_busy_with_the_remedy_and_costs_
             && l.contains("stage=\"hostile\"")),
         "{metrics}"
     );
+    let share = metrics
+        .lines()
+        .find(|l| l.starts_with("poolgate_stage_busy_share{") && l.contains("stage=\"hostile\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert!(share.is_some_and(|s| s > 0.5), "{metrics}");
     // Waiting the whole deadline for an instance that will not come would cost
     // every request 25 ms.
     let mut waits: Vec<f64> = hostile_records(&d).into_iter().map(|(_, us, _)| us).collect();
@@ -929,10 +956,8 @@ async fn a_burst_of_streams_opening_together_skips_no_stage_of_the_default_chain
     let mut env = vec![("PG_ADMIN".to_string(), ADMIN.to_string())];
     for i in 0..4 {
         mock.account(&format!("key-{i}")).set_default(poolgate_mock_upstream::Step::SlowStream { chunk_delay_ms: 40 });
-        accounts += &format!(
-            "[[accounts]]\nid = \"a{i}\"\napi_key_env = \"KEY_{i}\"\nbase_url = \"{}\"\n\n",
-            mock.base_url()
-        );
+        accounts +=
+            &format!("[[accounts]]\nid = \"a{i}\"\napi_key_env = \"KEY_{i}\"\nbase_url = \"{}\"\n\n", mock.base_url());
         env.push((format!("KEY_{i}"), format!("key-{i}")));
     }
     let dir = tempdir::Dir::new("burst");
@@ -956,20 +981,31 @@ async fn a_burst_of_streams_opening_together_skips_no_stage_of_the_default_chain
     let status = gw.admin_json("/status", ADMIN).await;
     let stages = status["chain"].as_array().unwrap();
     let mut report = Vec::new();
-    let (mut rank_busy, mut observe_busy) = (0, 0);
+    let (mut rank_busy, mut observe_busy, mut dropped) = (0, 0, 0);
     for s in stages {
         rank_busy += s["rank"]["busy"].as_u64().unwrap();
         observe_busy += s["observe"]["busy"].as_u64().unwrap();
+        dropped += s["pool"]["observe_dropped"].as_u64().unwrap();
+        let per_instance = s["idle_memory_bytes"].as_u64().unwrap() / s["idle_instances"].as_u64().unwrap().max(1);
         report.push(format!(
-            "{}: rank calls {} busy {}, observe calls {} busy {}, live {} call_ms {}",
-            s["name"], s["rank"]["calls"], s["rank"]["busy"], s["observe"]["calls"], s["observe"]["busy"],
-            s["live_instances"], s["call_ms"]
+            "{}: rank calls {} busy {}, observe calls {} busy {}, instances peak {} (max {}), {} KiB each, call_ms {}",
+            s["name"],
+            s["rank"]["calls"],
+            s["rank"]["busy"],
+            s["observe"]["calls"],
+            s["observe"]["busy"],
+            s["pool"]["peak"],
+            s["pool"]["max"],
+            per_instance >> 10,
+            s["call_ms"]
         ));
     }
     eprintln!("{} streams in {took:?}\n{}", STREAMS * WAVES, report.join("\n"));
-    for l in gw.log().lines().filter(|l| l.contains("POOLDBG")) { eprintln!("{}", &l[l.len().saturating_sub(90)..]); }
+    for l in gw.log().lines().filter(|l| l.contains("POOLDBG")) {
+        eprintln!("{}", &l[l.len().saturating_sub(90)..]);
+    }
     assert_eq!(failed, 0, "requests failed in the burst");
-    assert_eq!((rank_busy, observe_busy), (0, 0), "stages skipped as busy:\n{}", report.join("\n"));
+    assert_eq!((rank_busy, observe_busy, dropped), (0, 0, 0), "stages skipped as busy:\n{}", report.join("\n"));
 }
 
 /// A later `configure` that never ends — naps of 100 ms, forever — would leave

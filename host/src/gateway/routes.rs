@@ -455,8 +455,9 @@ async fn metrics(State(s): State<AppState>) -> Response {
         stages.iter().map(|st| (labels(&[("stage", &st.name)]), f(st))).collect::<Vec<_>>()
     };
     let breakers = per_stage(&|st| if st.breaker.state == "closed" { 0.0 } else { 1.0 });
-    let busy_share =
-        per_stage(&|st| if st.busy_share.of == 0 { 0.0 } else { f64::from(st.busy_share.busy) / f64::from(st.busy_share.of) });
+    let busy_share = per_stage(&|st| {
+        if st.busy_share.of == 0 { 0.0 } else { f64::from(st.busy_share.busy) / f64::from(st.busy_share.of) }
+    });
     let instances = per_stage(&|st| st.pool.live as f64);
     let observe_queued = per_stage(&|st| st.pool.observe_queued as f64);
     let observe_dropped = per_stage(&|st| st.pool.observe_dropped as f64);
@@ -470,7 +471,11 @@ async fn metrics(State(s): State<AppState>) -> Response {
              mostly skipped.",
             busy_share,
         ),
-        ("poolgate_stage_instances", "Instances of a stage's plugin alive (idle, in a call, or being built).", instances),
+        (
+            "poolgate_stage_instances",
+            "Instances of a stage's plugin alive (idle, in a call, or being built).",
+            instances,
+        ),
         ("poolgate_stage_observe_queued", "observe calls queued for an instance of a stage's plugin.", observe_queued),
         (
             "poolgate_stage_observe_dropped",

@@ -193,8 +193,9 @@ impl Chain {
                 call_ms: s.plugin.call_times(),
                 pool: s.plugin.pool_status(),
                 busy_share: s.events.busy_share(),
-                warning: mostly_busy(&s.name, s.events.busy_share())
-                    .map(|w| format!("{w}: the stage is off in effect though its breaker is closed; see `rank.last_busy`")),
+                warning: mostly_busy(&s.name, s.events.busy_share()).map(|w| {
+                    format!("{w}: the stage is off in effect though its breaker is closed; see `rank.last_busy`")
+                }),
                 rank: s.events.health(Phase::Rank),
                 observe: s.events.health(Phase::Observe),
                 configure: s.events.health(Phase::Configure),

@@ -195,7 +195,8 @@ impl StageEvents {
     fn note_rank(&self, busy: bool) {
         let mask = if RECENT_RANKS >= 64 { u64::MAX } else { (1u64 << RECENT_RANKS) - 1 };
         // Lost races only blur the window by a call.
-        let _ = self.recent.fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| Some(((b << 1) | busy as u64) & mask));
+        let _ =
+            self.recent.fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| Some(((b << 1) | busy as u64) & mask));
         if self.recent_len.load(Ordering::Relaxed) < u64::from(RECENT_RANKS) {
             self.recent_len.fetch_add(1, Ordering::Relaxed);
         }

@@ -74,7 +74,8 @@ pub struct InstancePool {
     live: AtomicUsize,
     /// Builds running.
     building: AtomicUsize,
-    /// Calls waiting for an instance (any phase), and `observe` calls among them.
+    /// Calls waiting for an instance that none has been handed to yet (what
+    /// the builder builds for), and `observe` calls waiting.
     waiting: AtomicUsize,
     observe_waiting: AtomicUsize,
     /// `observe` calls dropped: queue full, or no instance within [`OBSERVE_WAIT`].
@@ -92,6 +93,14 @@ pub struct InstancePool {
     times: [Average; 3],
     /// How long builds take.
     build_time: Average,
+    /// The last 64 calls of each phase (`rank`, `observe`), newest in the low
+    /// bit: 1 for one that held its instance longer than a `rank` may wait
+    /// (see [`InstancePool::hopeless`]).
+    long_holds: [AtomicU64; 2],
+    /// Calls in each `long_holds` window (up to 64).
+    long_samples: [AtomicU64; 2],
+    /// The wait that `long_holds` is judged against (the stage's deadline), ns.
+    rank_wait_ns: AtomicU64,
     /// Where thrown-away instances are torn down (the builder thread).
     teardown: Option<tokio::runtime::Handle>,
 }
@@ -206,6 +215,9 @@ impl InstancePool {
             last_build_error: Mutex::new(None),
             times: Default::default(),
             build_time: Average::default(),
+            long_holds: Default::default(),
+            long_samples: Default::default(),
+            rank_wait_ns: AtomicU64::new(0),
             teardown,
         }
     }
@@ -249,23 +261,26 @@ impl InstancePool {
             }
             let (tx, rx) = oneshot::channel();
             q.waiters.push_back(tx);
-            rx
+            // Counted under the lock, so that `give_back` never uncounts it first.
+            self.waiting.fetch_add(1, Ordering::AcqRel);
+            Waiter { pool: self, rx: Some(rx) }
         };
         self.last_short_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-        let _waiting = Count::new(&self.waiting);
         let _observing = (wait == Wait::Observe).then(|| Count::new(&self.observe_waiting));
         self.wake.notify_one();
         let limit = match wait {
             Wait::Rank(d) => d,
             Wait::Observe => OBSERVE_WAIT,
         };
-        let mut rx = rx;
-        match tokio::time::timeout(limit, &mut rx).await {
-            Ok(Ok(i)) => Ok(i),
+        let mut waiter = rx;
+        match tokio::time::timeout(limit, waiter.rx.as_mut().expect("a waiter holds its receiver")).await {
+            Ok(Ok(i)) => {
+                waiter.rx = None;
+                Ok(i)
+            }
             Ok(Err(_)) | Err(_) => {
                 // One may have been handed over just as the wait ran out.
-                rx.close();
-                if let Ok(i) = rx.try_recv() {
+                if let Some(i) = waiter.leave() {
                     return Ok(i);
                 }
                 if wait == Wait::Observe {
@@ -276,17 +291,26 @@ impl InstancePool {
         }
     }
 
-    /// Whether waiting `limit` is in vain: the pool cannot grow, and measured
-    /// holds say the instance this call would get comes back later than that.
-    /// The expected wait, if so.
+    /// Whether waiting `limit` is in vain: the pool cannot grow, and most of
+    /// the last (up to) 64 calls of a phase — four at least — held their instance longer than `limit`
+    /// — that phase's calls are slow, not merely some of them set aside by a
+    /// busy executor (a microsecond call that yields can wait behind the
+    /// executor's whole queue; an average alone would take those few for a
+    /// slow plugin) — and its mean hold says the wait would be longer. The
+    /// expected wait, if so.
     fn hopeless(&self, ahead: usize, limit: Duration) -> Option<Duration> {
+        self.rank_wait_ns.store(limit.as_nanos() as u64, Ordering::Relaxed);
         let live = self.live.load(Ordering::Acquire);
         if live < self.max || live == 0 {
             return None;
         }
-        let hold = self.times[2].get()?;
-        let expected = hold.mul_f64((ahead + 1) as f64 / live as f64);
-        (expected > limit).then_some(expected)
+        (0..2)
+            .filter(|&p| {
+                let n = self.long_samples[p].load(Ordering::Relaxed);
+                n >= 4 && u64::from(self.long_holds[p].load(Ordering::Relaxed).count_ones()) * 2 > n
+            })
+            .filter_map(|p| Some(self.times[p].get()?.mul_f64((ahead + 1) as f64 / live as f64)))
+            .find(|expected| *expected > limit)
     }
 
     /// Why no instance was free, and what to do about it.
@@ -306,7 +330,8 @@ impl InstancePool {
         let s = self.status();
         message += &format!(": {} of {} instances (at most {}) in use", s.live - s.building, s.live, self.max);
         if s.building > 0 {
-            let build = self.build_time.ms().map(|ms| format!(", a build taking {ms:.1} ms on average")).unwrap_or_default();
+            let build =
+                self.build_time.ms().map(|ms| format!(", a build taking {ms:.1} ms on average")).unwrap_or_default();
             message += &format!(", {} being built{build}", s.building);
         }
         message += &format!("; {}", self.remedy(Some(wait)));
@@ -350,6 +375,16 @@ impl InstancePool {
             Phase::Configure => return,
         }
         self.times[2].add(held);
+        let wait = self.rank_wait_ns.load(Ordering::Relaxed);
+        let long = wait > 0 && held.as_nanos() as u64 > wait;
+        let slot = if phase == Phase::Rank { 0 } else { 1 };
+        if wait > 0 {
+            let _ = self.long_holds[slot]
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| Some((b << 1) | long as u64));
+            if self.long_samples[slot].load(Ordering::Relaxed) < 64 {
+                self.long_samples[slot].fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// How long calls hold an instance, and builds take, on average.
@@ -364,7 +399,10 @@ impl InstancePool {
         let mut instance = instance;
         while let Some(w) = q.waiters.pop_front() {
             match w.send(instance) {
-                Ok(()) => return,
+                Ok(()) => {
+                    self.waiting.fetch_sub(1, Ordering::AcqRel);
+                    return;
+                }
                 Err(back) => instance = back,
             }
         }
@@ -488,6 +526,41 @@ impl Drop for InstancePool {
         // a swapped-out chain): the instances are unmapped elsewhere.
         let idle = std::mem::take(&mut self.queue.get_mut().idle);
         idle.into_iter().for_each(|i| self.bury(i));
+    }
+}
+
+/// A call's place in the queue. However the call ends — served, out of
+/// time, or dropped because its request went away — an instance handed to it
+/// is never lost, and it is uncounted from `waiting` exactly once.
+struct Waiter<'a> {
+    pool: &'a InstancePool,
+    /// `None` once served.
+    rx: Option<oneshot::Receiver<Instance>>,
+}
+
+impl Waiter<'_> {
+    /// Leaves the queue: the instance handed over as it left, if any (the
+    /// sender then uncounted it); otherwise it uncounts itself.
+    fn leave(&mut self) -> Option<Instance> {
+        let mut rx = self.rx.take()?;
+        rx.close();
+        match rx.try_recv() {
+            Ok(i) => Some(i),
+            Err(_) => {
+                self.pool.waiting.fetch_sub(1, Ordering::AcqRel);
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        // Dropped mid-wait (its request went away): an instance already handed
+        // over goes on to the next call instead of vanishing uncounted.
+        if let Some(i) = self.leave() {
+            self.pool.give_back(i);
+        }
     }
 }
 

@@ -220,7 +220,10 @@ impl Ranker for Misbehave {
                 sleep(100);
             },
             Some(
-                "spin-after-first" | "sleep-after-first" | "trap-after-first" | "log-loop-after-first"
+                "spin-after-first"
+                | "sleep-after-first"
+                | "trap-after-first"
+                | "log-loop-after-first"
                 | "pool-nap-after-first",
             ) => {}
             Some(other) => return Err(format!("option `configure`: unknown mode `{other}`")),
