@@ -249,7 +249,16 @@ fn one_memory_fill_runs_to_its_end_bounded_by_the_instance_memory() {
     let mut spec =
         stage(&guest("misbehave"), json!({ "fault": "pool-fill", "on_model": "boom", "bytes": 200 << 20 }), 25);
     spec.plugin.limits.memory_bytes = 256 << 20;
-    let chain = chain(&case, vec![spec]);
+    // The breaker would open on the failing fills; this test measures them.
+    let no_breaker = poolgate::policy::BreakerConfig { failures: 0, ..Default::default() };
+    let chain = poolgate::policy::block_on(poolgate::policy::Chain::load(
+        &ENGINE,
+        vec![spec],
+        case.pool(),
+        std::sync::Arc::new(poolgate::policy::MemoryState::default()),
+        no_breaker,
+    ))
+    .unwrap();
     let mut fills = Vec::new();
     for _ in 0..6 {
         let started = std::time::Instant::now();
@@ -259,7 +268,7 @@ fn one_memory_fill_runs_to_its_end_bounded_by_the_instance_memory() {
         // instruction); one that filled already cannot grow again (`error`).
         let cause = d.policy_errors.first().map(|e| e.cause);
         if cause != Some(Cause::Error) {
-            fills.push(took);
+            fills.push((took, cause));
         }
         assert!(took < std::time::Duration::from_secs(10), "one fill held the call {took:?}");
         let next = rank(&chain, &case, "fine");
