@@ -236,6 +236,7 @@ mod tests {
             cooldown_ms: 1,
         });
         config.policy.instances = Some(1);
+        config.policy.max_instances = Some(2);
         config.state.url = Some("redis://127.0.0.1:1".into());
         config.state.replica = Some("r".into());
         config.state.file = Some("state.json".into());
