@@ -719,7 +719,13 @@ async fn lowering_the_limit_of_a_full_scope_never_stalls_a_worker() {
     // debug build tens of ms, and several hundred on two cores that also run
     // the rest of the suite — that is the plugin's own work, not the stall this
     // test is about (/healthz is what measures that).
-    let (_gw, _mock, _run, d) = through_serve("state evict", options, 250).await;
+    // Two instances, as many as the pool may grow to: each fills its own
+    // count of entries, and the scope must fill within the run.
+    let mock = MockUpstream::start().await;
+    let stages = format!("[policy]\ninstances = 2\nmax_instances = 2\n\n{}", hostile(&misbehave(), options, 250));
+    let gw = start(&mock, tempdir::Dir::new("state-evict"), &stages);
+    drive(&gw, REQUESTS).await.assert_all_served("state evict");
+    let d = decisions(&gw).await;
     let records = hostile_records(&d);
     assert!(records.iter().any(|(reason, _, _)| reason == "evicted"), "the scope never filled: {:?}", &records[..3]);
     // Calls may find both instances busy; none fails.
