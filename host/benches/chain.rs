@@ -66,6 +66,7 @@ fn chain(engine: &Arc<PolicyEngine>, case: &Case, plugins: &[&str]) -> Chain {
                     config_json: "{}".into(),
                     limits: Limits::default(),
                     max_idle: 2,
+                    max_instances: 2,
                 },
             }
         })

@@ -56,6 +56,7 @@ fn load(engine: &Arc<PolicyEngine>, b: &Built, case: &Case) -> Plugin {
         // Generous: the bench measures the calls, it does not cut them short.
         limits: Limits { deadline: Duration::from_secs(1), ..Limits::default() },
         max_idle: 1,
+        max_instances: 1,
     };
     poolgate::policy::block_on(Plugin::load(engine, spec, case.pool(), Arc::new(MemoryState::default())))
         .expect("the example loads")

@@ -43,6 +43,7 @@ fn spec(plugin: &PluginRef, config: Option<&serde_json::Value>, timeout: Duratio
             config_json: config.map_or_else(|| "{}".to_string(), |c| c.to_string()),
             limits: Limits { deadline: timeout, ..Limits::default() },
             max_idle: 1,
+            max_instances: 1,
         },
     }
 }

@@ -57,6 +57,7 @@ fn load(engine: &Arc<PolicyEngine>, wasm: &Path, config: &str) -> anyhow::Result
         config_json: config.to_string(),
         limits: Limits::default(),
         max_idle: 1,
+        max_instances: 1,
     };
     poolgate::policy::block_on(Plugin::load(engine, spec, case.pool(), Arc::new(MemoryState::default())))
 }

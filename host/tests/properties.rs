@@ -148,6 +148,7 @@ fn load(name: &str, case: &Case) -> Plugin {
         config_json: "{}".into(),
         limits: Limits { deadline: std::time::Duration::from_secs(1), ..Limits::default() },
         max_idle: 1,
+        max_instances: 1,
     };
     poolgate::policy::block_on(Plugin::load(&ENGINE, spec, case.pool(), Arc::new(MemoryState::default())))
         .expect("plugin loads")
@@ -277,6 +278,7 @@ fn a_bad_option_refuses_the_plugin_and_is_named() {
             config_json: config.to_string(),
             limits: Limits::default(),
             max_idle: 1,
+            max_instances: 1,
         };
         let err = match poolgate::policy::block_on(Plugin::load(
             &ENGINE,
@@ -310,6 +312,7 @@ fn a_bad_option_refuses_the_plugin_and_is_named() {
             config_json: config.to_string(),
             limits: Limits::default(),
             max_idle: 1,
+            max_instances: 1,
         };
         if let Err(e) =
             poolgate::policy::block_on(Plugin::load(&ENGINE, spec, case.pool(), Arc::new(MemoryState::default())))

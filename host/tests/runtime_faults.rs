@@ -236,3 +236,44 @@ fn an_endless_loop_is_cut_in_time_on_a_saturated_machine() {
         assert!(took < std::time::Duration::from_millis(500), "a 25 ms deadline took {took:?}");
     }
 }
+
+/// One bulk-memory instruction is not interruptible: a `memory.fill` over
+/// 200 MiB (possible only with a raised `memory_mb`) runs to its end on the
+/// thread that called, whatever the deadline — what it costs is bounded by the
+/// memory an instance may hold, and measured here (docs/writing-plugins.md
+/// states the figure and the bound at the largest `memory_mb`). The call still
+/// ends, and the next one is served.
+#[test]
+fn one_memory_fill_runs_to_its_end_bounded_by_the_instance_memory() {
+    let case = pool_case(4);
+    let mut spec =
+        stage(&guest("misbehave"), json!({ "fault": "pool-fill", "on_model": "boom", "bytes": 200 << 20 }), 25);
+    spec.plugin.limits.memory_bytes = 256 << 20;
+    // The breaker would open on the failing fills; this test measures them.
+    let no_breaker = poolgate::policy::BreakerConfig { failures: 0, ..Default::default() };
+    let chain = poolgate::policy::block_on(poolgate::policy::Chain::load(
+        &ENGINE,
+        vec![spec],
+        case.pool(),
+        std::sync::Arc::new(poolgate::policy::MemoryState::default()),
+        no_breaker,
+    ))
+    .unwrap();
+    let mut fills = Vec::new();
+    for _ in 0..6 {
+        let started = std::time::Instant::now();
+        let d = rank(&chain, &case, "boom");
+        let took = started.elapsed();
+        // A fresh instance fills (answered, or cut as `timeout` right after the
+        // instruction); one that filled already cannot grow again (`error`).
+        let cause = d.policy_errors.first().map(|e| e.cause);
+        if cause != Some(Cause::Error) {
+            fills.push((took, cause));
+        }
+        assert!(took < std::time::Duration::from_secs(10), "one fill held the call {took:?}");
+        let next = rank(&chain, &case, "fine");
+        assert!(next.policy_errors.is_empty(), "{:?}", next.policy_errors);
+    }
+    eprintln!("calls with one 200 MiB memory.fill: {fills:?}");
+    assert!(!fills.is_empty());
+}

@@ -730,7 +730,13 @@ async fn lowering_the_limit_of_a_full_scope_never_stalls_a_worker() {
     // debug build tens of ms, and several hundred on two cores that also run
     // the rest of the suite — that is the plugin's own work, not the stall this
     // test is about (/healthz is what measures that).
-    let (_gw, _mock, _run, d) = through_serve("state evict", options, 250).await;
+    // Two instances, as many as the pool may grow to: each fills its own
+    // count of entries, and the scope must fill within the run.
+    let mock = MockUpstream::start().await;
+    let stages = format!("[policy]\ninstances = 2\nmax_instances = 2\n\n{}", hostile(&misbehave(), options, 250));
+    let gw = start(&mock, tempdir::Dir::new("state-evict"), &stages);
+    drive(&gw, REQUESTS).await.assert_all_served("state evict");
+    let d = decisions(&gw).await;
     let records = hostile_records(&d);
     assert!(records.iter().any(|(reason, _, _)| reason == "evicted"), "the scope never filled: {:?}", &records[..3]);
     // Calls may find both instances busy; none fails.
@@ -783,15 +789,18 @@ async fn line_breaks_and_bidi_overrides_in_a_fault_reach_the_log_escaped() {
 }
 
 /// A plugin that succeeds but takes 90 ms (in `observe`) with two instances:
-/// nearly every `rank` finds both busy. That is recorded as `busy` — not as a
-/// `timeout` of the plugin, never held against it by the breaker — with a
-/// message that says how long its calls take and what to do; and once the pool
-/// is known saturated, requests stop waiting the whole deadline for nothing.
+/// nearly every `rank` finds both busy (`max_instances = 2`: the pool may not
+/// grow). That is recorded as `busy` — not as a `timeout` of the plugin, never
+/// held against it by the breaker — with a message that says how long its
+/// calls take and what to do; since the measured hold times say no instance
+/// comes back within the deadline, requests do not wait it out for nothing;
+/// and a stage skipped for most requests says so in `/status`, the metrics and
+/// `x-poolgate-reason`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_plugin_with_too_few_instances_is_busy_with_the_remedy_and_costs_little() {
     let mock = MockUpstream::start().await;
     let stages = format!(
-        "[policy]\ninstances = 2\n\n{}",
+        "[policy]\ninstances = 2\nmax_instances = 2\n\n{}",
         hostile(&misbehave(), "fault = \"pass\", observe = \"sleep\", ms = 90", 25)
     );
     let gw = start(&mock, tempdir::Dir::new("busy"), &stages);
@@ -802,14 +811,33 @@ async fn a_slow_plugin_with_too_few_instances_is_busy_with_the_remedy_and_costs_
     assert!(errs.iter().any(|(c, _)| c == "busy"), "{errs:?}");
     assert!(errs.iter().all(|(c, _)| c == "busy"), "only busy skips, never a timeout of the plugin: {errs:?}");
     let message = &errs[0].1;
-    assert!(message.contains("raise `[policy] instances` (now 2)"), "{message}");
+    // Calls hold an instance longer than a request may wait: the remedy is a
+    // faster plugin first, more instances second.
+    assert!(message.contains("make the plugin's calls faster (or raise `[policy] max_instances`, now 2)"), "{message}");
     assert!(message.contains("ms (observe)"), "the message says how long calls take: {message}");
+    // Skipped for most requests: said in /status, the metrics and the answers.
+    assert!(
+        message.contains("stage hostile skipped as busy for") && message.contains("of its last 64 rankings"),
+        "{message}"
+    );
+    let noted = run.headers.iter().filter(|(reason, _)| reason.contains("; stage hostile skipped as busy for")).count();
+    assert!(
+        noted > 0,
+        "x-poolgate-reason says the stage is mostly skipped: {:?}",
+        &run.headers[run.headers.len() - 3..]
+    );
     let stage = hostile_stage(&gw).await;
     assert_eq!(stage["breaker"]["state"], "closed", "{stage:#}");
     assert_eq!(stage["rank"]["failures"], 0, "{stage:#}");
     assert!(stage["rank"]["busy"].as_u64().unwrap() > 0, "{stage:#}");
     assert_eq!(stage["instances"], 2, "{stage:#}");
+    assert_eq!(stage["pool"]["max"], 2, "{stage:#}");
     assert!(stage["call_ms"]["observe"].as_f64().unwrap() >= 40.0, "{stage:#}");
+    assert!(
+        stage["busy_share"]["busy"].as_u64().unwrap() * 2 > stage["busy_share"]["of"].as_u64().unwrap(),
+        "{stage:#}"
+    );
+    assert!(stage["warning"].as_str().unwrap().contains("off in effect"), "{stage:#}");
     let metrics = Gateway::client().get(format!("{}/metrics", gw.url)).send().await.unwrap().text().await.unwrap();
     assert!(
         metrics.lines().any(|l| l.starts_with("poolgate_policy_errors_total")
@@ -817,6 +845,11 @@ async fn a_slow_plugin_with_too_few_instances_is_busy_with_the_remedy_and_costs_
             && l.contains("stage=\"hostile\"")),
         "{metrics}"
     );
+    let share = metrics
+        .lines()
+        .find(|l| l.starts_with("poolgate_stage_busy_share{") && l.contains("stage=\"hostile\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert!(share.is_some_and(|s| s > 0.5), "{metrics}");
     // Waiting the whole deadline for an instance that will not come would cost
     // every request 25 ms.
     let mut waits: Vec<f64> = hostile_records(&d).into_iter().map(|(_, us, _)| us).collect();
@@ -880,4 +913,156 @@ async fn a_plugin_named_like_a_builtin_has_a_state_scope_of_its_own() {
     let r = Gateway::client().post(format!("{}/admin/reload", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
     assert_eq!(send("s-1").await, "session_affinity", "the binding did not survive the reload");
+}
+
+/// Opens `n` streams at once (released together by a barrier), each its own
+/// Claude Code session, and reads each to its end: the statuses.
+async fn burst(url: &str, n: usize, wave: usize) -> Vec<u16> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    poolgate::gateway::install_crypto();
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (barrier, client, url) = (barrier.clone(), client.clone(), url.to_string());
+            tokio::spawn(async move {
+                let user_id =
+                    json!({ "device_id": "d", "account_uuid": "u", "session_id": format!("burst-{wave}-{i}") })
+                        .to_string();
+                let body = json!({
+                    "model": "claude-sonnet-4-5", "max_tokens": 64, "stream": true,
+                    "metadata": { "user_id": user_id },
+                    "messages": [{ "role": "user", "content": "hello" }],
+                });
+                barrier.wait().await;
+                match client
+                    .post(format!("{url}/v1/messages"))
+                    .header("anthropic-version", "2023-06-01")
+                    .json(&body)
+                    .send()
+                    .await
+                {
+                    Ok(r) => {
+                        let status = r.status().as_u16();
+                        match r.bytes().await {
+                            Ok(b) if String::from_utf8_lossy(&b).contains("message_stop") => status,
+                            _ => 0,
+                        }
+                    }
+                    Err(_) => 0,
+                }
+            })
+        })
+        .collect();
+    let mut statuses = Vec::with_capacity(n);
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    statuses
+}
+
+/// A morning burst: 200 slow streams opening at once, wave after wave, through
+/// the built-in default chain on this 2-core machine. The built-ins answer in
+/// microseconds, so no stage may be skipped as `busy` and no `observe` call
+/// lost: every request gets the chain's whole decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_streams_opening_together_skips_no_stage_of_the_default_chain() {
+    const STREAMS: usize = 200;
+    const WAVES: usize = 10;
+    let mock = MockUpstream::start().await;
+    let mut accounts = String::new();
+    let mut env = vec![("PG_ADMIN".to_string(), ADMIN.to_string())];
+    for i in 0..4 {
+        mock.account(&format!("key-{i}")).set_default(poolgate_mock_upstream::Step::SlowStream { chunk_delay_ms: 40 });
+        accounts +=
+            &format!("[[accounts]]\nid = \"a{i}\"\napi_key_env = \"KEY_{i}\"\nbase_url = \"{}\"\n\n", mock.base_url());
+        env.push((format!("KEY_{i}"), format!("key-{i}")));
+    }
+    let dir = tempdir::Dir::new("burst");
+    let path = dir.0.join("poolgate.toml");
+    std::fs::write(&path, format!("[server]\nadmin_token_env = \"PG_ADMIN\"\n\n{accounts}")).unwrap();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let gw = Gateway::start_file(&path, &env, dir);
+    let started = Instant::now();
+    // Each wave opens while the streams of the last ones are still running.
+    let mut waves = Vec::new();
+    for wave in 0..WAVES {
+        let gw_url = gw.url.clone();
+        waves.push(tokio::spawn(async move { burst(&gw_url, STREAMS, wave).await }));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let mut failed = 0;
+    for w in waves {
+        failed += w.await.unwrap().iter().filter(|s| **s != 200).count();
+    }
+    let took = started.elapsed();
+    let status = gw.admin_json("/status", ADMIN).await;
+    let stages = status["chain"].as_array().unwrap();
+    let mut report = Vec::new();
+    let (mut rank_busy, mut observe_busy, mut dropped) = (0, 0, 0);
+    for s in stages {
+        rank_busy += s["rank"]["busy"].as_u64().unwrap();
+        observe_busy += s["observe"]["busy"].as_u64().unwrap();
+        dropped += s["pool"]["observe_dropped"].as_u64().unwrap();
+        let per_instance = s["idle_memory_bytes"].as_u64().unwrap() / s["idle_instances"].as_u64().unwrap().max(1);
+        report.push(format!(
+            "{}: rank calls {} busy {}, observe calls {} busy {}, instances peak {} (max {}), {} KiB each, call_ms {}",
+            s["name"],
+            s["rank"]["calls"],
+            s["rank"]["busy"],
+            s["observe"]["calls"],
+            s["observe"]["busy"],
+            s["pool"]["peak"],
+            s["pool"]["max"],
+            per_instance >> 10,
+            s["call_ms"]
+        ));
+    }
+    eprintln!("{} streams in {took:?}\n{}", STREAMS * WAVES, report.join("\n"));
+    assert_eq!(failed, 0, "requests failed in the burst");
+    assert_eq!((rank_busy, observe_busy, dropped), (0, 0, 0), "stages skipped as busy:\n{}", report.join("\n"));
+}
+
+/// A later `configure` that never ends — naps of 100 ms, forever — would leave
+/// the pool empty and the stage skipped with nothing recorded. The refill
+/// builds in parallel (two at once here), cuts each build at its bound, counts
+/// it as a `configure` timeout in `/status` and `/metrics`, and the breaker
+/// opens on those failures; every request is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_builds_that_never_end_are_cut_counted_and_open_the_breaker() {
+    let mock = MockUpstream::start().await;
+    let stages = format!(
+        "[policy]\ninstances = 3\nconfigure_timeout_ms = 200\n\n\
+         [policy.breaker]\nfailures = 3\ncooldown_ms = 60000\n\n\
+         [[policy.chain]]\nplugin = \"{}\"\nname = \"hostile\"\n\
+         config = {{ fault = \"pass\", configure = \"pool-nap-after-first\" }}\n",
+        misbehave()
+    );
+    let gw = start(&mock, tempdir::Dir::new("refill-naps"), &stages);
+    let mut seen_parallel = false;
+    let started = Instant::now();
+    let stage = loop {
+        let stage = hostile_stage(&gw).await;
+        seen_parallel |= stage["pool"]["building"].as_u64().unwrap() >= 2;
+        if stage["breaker"]["state"] == "open" {
+            break stage;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the breaker never opened on failing builds: {stage:#}");
+        let r = send_message(&Gateway::client(), &gw.url, MODEL).await.unwrap();
+        assert_eq!(r.status(), 200);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(seen_parallel, "the two missing instances were built one at a time: {stage:#}");
+    assert!(stage["configure"]["failures"].as_u64().unwrap() >= 3, "{stage:#}");
+    assert_eq!(stage["configure"]["last"]["cause"], "timeout", "{stage:#}");
+    assert!(stage["pool"]["live"].as_u64().unwrap() <= 3, "{stage:#}");
+    let metrics = Gateway::client().get(format!("{}/metrics", gw.url)).send().await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("poolgate_policy_background_errors_total")
+            && l.contains("stage=\"hostile\"")
+            && l.contains("phase=\"configure\"")
+            && l.contains("cause=\"timeout\"")),
+        "{metrics}"
+    );
+    let run = drive(&gw, REQUESTS).await;
+    run.assert_all_served("while the breaker is open on failing builds");
 }

@@ -119,6 +119,10 @@ pub struct PolicyConfig {
     /// Warm instances kept per plugin (default: one per CPU).
     #[serde(default)]
     pub instances: Option<usize>,
+    /// The most instances of one plugin alive at once when calls arrive
+    /// together (default: [`policy::DEFAULT_INSTANCE_GROWTH`] × `instances`).
+    #[serde(default)]
+    pub max_instances: Option<usize>,
     /// CPU budget of building one plugin instance (instantiate + configure), ms.
     #[serde(default = "default_configure_timeout_ms")]
     pub configure_timeout_ms: u64,
@@ -150,6 +154,7 @@ impl Default for PolicyConfig {
             cache_dir: None,
             freshness_ms: default_freshness_ms(),
             instances: None,
+            max_instances: None,
             configure_timeout_ms: default_configure_timeout_ms(),
             max_plugin_mb: default_max_plugin_mb(),
             compile_timeout_ms: default_compile_timeout_ms(),
@@ -363,6 +368,13 @@ impl Config {
             &p.chain
         };
         let max_idle = p.instances.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        let max_instances = p.max_instances.unwrap_or(max_idle.saturating_mul(policy::DEFAULT_INSTANCE_GROWTH));
+        if max_instances < max_idle {
+            anyhow::bail!(
+                "policy.max_instances ({max_instances}) is below policy.instances ({max_idle}): the pool keeps \
+                 `instances` warm and grows to `max_instances` under demand"
+            );
+        }
         stages
             .iter()
             .map(|s| {
@@ -381,6 +393,7 @@ impl Config {
                             configure_deadline: std::time::Duration::from_millis(p.configure_timeout_ms),
                         },
                         max_idle,
+                        max_instances,
                     },
                 })
             })

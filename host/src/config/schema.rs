@@ -127,6 +127,7 @@ pub const POLICY: &[Field] = &[
     f("cache_dir", Kind::Str),
     f("freshness_ms", Kind::Int(1_000, 30 * MS_DAY)),
     f("instances", Kind::Int(1, 1024)),
+    f("max_instances", Kind::Int(1, 4096)),
     f("configure_timeout_ms", Kind::Int(10, 600_000)),
     f("max_plugin_mb", Kind::Int(1, 4096)),
     f("compile_timeout_ms", Kind::Int(100, 3_600_000)),
@@ -235,6 +236,7 @@ mod tests {
             cooldown_ms: 1,
         });
         config.policy.instances = Some(1);
+        config.policy.max_instances = Some(2);
         config.state.url = Some("redis://127.0.0.1:1".into());
         config.state.replica = Some("r".into());
         config.state.file = Some("state.json".into());

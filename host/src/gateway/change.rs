@@ -199,6 +199,9 @@ fn stage_settings(was: &Config, now: &Config, out: &mut Vec<String>) {
         if w.plugin.max_idle != s.plugin.max_idle {
             what.push(format!("instances {} → {}", w.plugin.max_idle, s.plugin.max_idle));
         }
+        if w.plugin.max_instances != s.plugin.max_instances {
+            what.push(format!("max instances {} → {}", w.plugin.max_instances, s.plugin.max_instances));
+        }
         if !what.is_empty() {
             out.push(format!("stage `{}`: {}", s.name, what.join(", ")));
         }

@@ -81,10 +81,18 @@ impl Finish {
         }
         // On an account's answer, also the accounts passed over on the way
         // to it and why (`decisions::reason_header`).
-        let reason = match self.account_answers && !record.passed_over.is_empty() {
+        let mut reason = match self.account_answers && !record.passed_over.is_empty() {
             true => std::borrow::Cow::Owned(super::decisions::reason_header(&record.reason, &record.passed_over)),
             false => std::borrow::Cow::Borrowed(&record.reason),
         };
+        // A stage skipped as busy for most requests is off in effect: the
+        // answers it was skipped on say so.
+        let busy = record.attempts.last().into_iter().flat_map(|a| &a.decision.policy_errors);
+        for e in busy.filter(|e| e.cause == crate::policy::Cause::Busy) {
+            if let Some(note) = self.generation.chain.mostly_busy(&e.stage) {
+                reason = std::borrow::Cow::Owned(format!("{reason}; {note}"));
+            }
+        }
         if let Some(v) = Some(&reason).filter(|r| !r.is_empty()).and_then(|r| HeaderValue::from_str(r).ok()) {
             h.insert("x-poolgate-reason", v);
         }

@@ -40,8 +40,11 @@ pub const STREAM_SHUTDOWN_EVENT: &[u8] = b"event: error\ndata: {\"type\":\"error
 /// Tells the chain how a request ended. The calls run at once when they finish
 /// in one go (microseconds: the common case), so that what they store — an
 /// affinity binding — is in place before the client can send its next request;
-/// a call that has to wait (a plugin computing past a yield, or sleeping) goes
-/// on as a task, bounded like every plugin call.
+/// a call that has to wait (a plugin computing past a yield, or sleeping, or a
+/// stage whose instances are all in use) goes on as a task, bounded like every
+/// plugin call. One waiting for an instance queues for it (the pool grows
+/// meanwhile; see `policy::pool`) instead of being dropped: only past the
+/// queue's bound is an `observe` dropped, and then counted.
 pub fn observe(generation: Arc<Generation>, request: wit::Request, account: u32, ended: wit::Outcome) {
     let mut calls = Box::pin(async move {
         generation.chain.observe(&request, account, &ended).await;

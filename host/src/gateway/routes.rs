@@ -450,16 +450,38 @@ async fn metrics(State(s): State<AppState>) -> Response {
         .iter()
         .map(|a| (labels(&[("account", &a.config.id)]), if a.state.cooldown(now).is_some() { 1.0 } else { 0.0 }))
         .collect();
-    let breakers = g
-        .chain
-        .status(now)
-        .into_iter()
-        .map(|st| (labels(&[("stage", &st.name)]), if st.breaker.state == "closed" { 0.0 } else { 1.0 }))
-        .collect();
+    let stages = g.chain.status(now);
+    let per_stage = |f: &dyn Fn(&crate::policy::StageStatus) -> f64| {
+        stages.iter().map(|st| (labels(&[("stage", &st.name)]), f(st))).collect::<Vec<_>>()
+    };
+    let breakers = per_stage(&|st| if st.breaker.state == "closed" { 0.0 } else { 1.0 });
+    let busy_share = per_stage(&|st| {
+        if st.busy_share.of == 0 { 0.0 } else { f64::from(st.busy_share.busy) / f64::from(st.busy_share.of) }
+    });
+    let instances = per_stage(&|st| st.pool.live as f64);
+    let observe_queued = per_stage(&|st| st.pool.observe_queued as f64);
+    let observe_dropped = per_stage(&|st| st.pool.observe_dropped as f64);
     let text = gw.metrics.render(&[
         ("poolgate_in_flight", "Requests in flight, by account.", in_flight),
         ("poolgate_account_cooling", "1 while the account is cooling down.", cooling),
         ("poolgate_stage_breaker_open", "1 while a chain stage is bypassed by its breaker.", breakers),
+        (
+            "poolgate_stage_busy_share",
+            "Share of a stage's last 64 rankings skipped because no instance was free (busy); above 0.5 the stage is \
+             mostly skipped.",
+            busy_share,
+        ),
+        (
+            "poolgate_stage_instances",
+            "Instances of a stage's plugin alive (idle, in a call, or being built).",
+            instances,
+        ),
+        ("poolgate_stage_observe_queued", "observe calls queued for an instance of a stage's plugin.", observe_queued),
+        (
+            "poolgate_stage_observe_dropped",
+            "observe calls dropped since the stage was loaded: its queue was full, or no instance came in time.",
+            observe_dropped,
+        ),
         (
             "poolgate_queue_depth",
             "Requests waiting for an in-flight slot.",

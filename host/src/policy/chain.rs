@@ -21,10 +21,10 @@ use super::bindings::{Account, AccountInfo, Outcome, QuotaWindow, Ranking, Reque
 use super::breaker::{Admit, BreakerConfig, BreakerStatus, Phase};
 use super::decision::{Decision, Order, POOL_ORDER, PolicyError, ROUTING_POLICY_ERROR, StageRecord};
 use super::engine::PolicyEngine;
-use super::events::{FaultSink, PhaseHealth, StageEvents};
+use super::events::{BusyShare, FaultSink, PhaseHealth, RECENT_RANKS, StageEvents};
 use super::fault::{Cause, Fault, escape_controls};
 use super::plugin::{Plugin, PluginSpec};
-use super::pool::CallTimes;
+use super::pool::{CallTimes, PoolStatus};
 use super::state::StateStore;
 
 /// What the chain ranks: the candidate accounts (each `id` a pool index) and
@@ -83,9 +83,14 @@ pub struct StageStatus {
     /// How long its calls hold an instance, on average (ms): with
     /// `instances`, what decides whether a request finds one free.
     pub call_ms: CallTimes,
-    /// Whether the last call that waited for an instance found none in time
-    /// (later calls then wait at most 1 ms; see [`super::pool`]).
-    pub saturated: bool,
+    /// The pool's size under demand and its `observe` queue (see [`super::pool`]).
+    pub pool: PoolStatus,
+    /// How many of its last `rank` calls were skipped as `busy`.
+    pub busy_share: BusyShare,
+    /// Set while the stage is skipped as `busy` for most requests: what that
+    /// means and what to do (the last busy message says the measured cause).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
     /// Failures of `rank`, since the stage was loaded.
     pub rank: PhaseHealth,
     /// Failures of `observe`.
@@ -186,7 +191,11 @@ impl Chain {
                 live_instances: s.plugin.live_instances(),
                 idle_memory_bytes: s.plugin.idle_memory_bytes(),
                 call_ms: s.plugin.call_times(),
-                saturated: s.plugin.saturated(),
+                pool: s.plugin.pool_status(),
+                busy_share: s.events.busy_share(),
+                warning: mostly_busy(&s.name, s.events.busy_share()).map(|w| {
+                    format!("{w}: the stage is off in effect though its breaker is closed; see `rank.last_busy`")
+                }),
                 rank: s.events.health(Phase::Rank),
                 observe: s.events.health(Phase::Observe),
                 configure: s.events.health(Phase::Configure),
@@ -270,8 +279,13 @@ impl Chain {
                     record.reason = ranking.reason;
                     record.detail = ranking.detail;
                 }
-                Err(fault) => {
+                Err(mut fault) => {
                     stage.events.failed(Phase::Rank, &fault, req.now_ms, ticket.take());
+                    if fault.cause == Cause::Busy
+                        && let Some(w) = mostly_busy(&stage.name, stage.events.busy_share())
+                    {
+                        fault.message = format!("{w}; {}", fault.message);
+                    }
                     if fault.cause != Cause::Bypassed {
                         tracing::warn!(stage = %stage.name, cause = fault.cause.as_str(), message = %fault.message, "routing_policy_error: stage skipped");
                     }
@@ -304,23 +318,41 @@ impl Chain {
     /// stage whose breaker is open is not asked. Failures are counted like any
     /// other (breaker, metrics) and shown in the next decision record; they are
     /// also returned.
+    ///
+    /// The stages are told at once, not one after another: a stage that has
+    /// to queue for an instance holds back no other stage's `observe`.
     pub async fn observe(&self, req: &Request, account: u32, outcome: &Outcome) -> Vec<PolicyError> {
-        let mut failed = Vec::new();
-        for stage in &self.stages {
-            if !stage.events.breaker.allows_observe() {
-                continue;
-            }
+        let calls = self.stages.iter().filter(|s| s.events.breaker.allows_observe()).map(|stage| async move {
             match stage.plugin.observe(req, account, outcome).await {
-                Ok(()) => stage.events.succeeded(Phase::Observe, req.now_ms, None),
+                Ok(()) => {
+                    stage.events.succeeded(Phase::Observe, req.now_ms, None);
+                    None
+                }
                 Err(f) => {
                     stage.events.failed(Phase::Observe, &f, req.now_ms, None);
-                    failed.push(PolicyError::new(&stage.name, Phase::Observe, &f));
+                    Some(PolicyError::new(&stage.name, Phase::Observe, &f))
                 }
             }
-        }
-        failed
+        });
+        futures_util::future::join_all(calls).await.into_iter().flatten().collect()
+    }
+
+    /// For a stage skipped as `busy` for most of its recent calls: a short
+    /// note saying so (one line of ASCII, for `x-poolgate-reason`).
+    pub fn mostly_busy(&self, stage: &str) -> Option<String> {
+        let s = self.stages.iter().find(|s| s.name == stage)?;
+        mostly_busy(&s.name, s.events.busy_share())
     }
 }
+
+/// `stage skipped as busy for N of its last M rankings`, when that is most.
+fn mostly_busy(name: &str, share: BusyShare) -> Option<String> {
+    share.mostly().then(|| {
+        format!("stage {} skipped as busy for {} of its last {} rankings", escape_controls(name), share.busy, share.of)
+    })
+}
+
+const _: () = assert!(RECENT_RANKS <= 64);
 
 fn micros(t: Instant) -> f64 {
     (t.elapsed().as_nanos() as f64 / 100.0).round() / 10.0

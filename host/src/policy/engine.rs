@@ -191,6 +191,11 @@ impl Builder {
         Ok(Builder { handle, _stop: stop })
     }
 
+    /// The builder thread's runtime: where instances are built and torn down.
+    pub fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+
     /// Runs `task` on the builder thread in the background.
     pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
         self.handle.spawn(task);

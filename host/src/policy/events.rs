@@ -27,6 +27,33 @@ pub type FaultSink = Arc<dyn Fn(&str, Phase, &Fault) + Send + Sync>;
 /// counted, not kept.
 const MAX_PENDING: usize = 16;
 
+/// How many of a stage's last `rank` calls [`StageEvents::busy_share`] looks at.
+pub const RECENT_RANKS: u32 = 64;
+/// A stage skipped as `busy` for more than this share of its last
+/// [`RECENT_RANKS`] calls is *mostly skipped*: `/status` warns, the metrics
+/// show the share, and the answers it was skipped on say so in
+/// `x-poolgate-reason`. Half: a stage that is skipped more often than it runs
+/// is off in effect, whatever its breaker says.
+pub const MOSTLY_SKIPPED: f64 = 0.5;
+/// Fewer recent calls than this say nothing yet.
+const MIN_RECENT: u32 = 16;
+
+/// How many of a stage's recent `rank` calls were skipped as `busy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BusyShare {
+    /// Skipped as busy…
+    pub busy: u32,
+    /// …of this many recent calls.
+    pub of: u32,
+}
+
+impl BusyShare {
+    /// Whether the stage was skipped for most of its recent calls.
+    pub fn mostly(&self) -> bool {
+        self.of >= MIN_RECENT && f64::from(self.busy) > MOSTLY_SKIPPED * f64::from(self.of)
+    }
+}
+
 /// Calls and failures of one phase, for `/status`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PhaseHealth {
@@ -70,6 +97,10 @@ pub struct StageEvents {
     last: Mutex<[Option<LastFailure>; 3]>,
     busy: [AtomicU64; 3],
     last_busy: Mutex<[Option<LastFailure>; 3]>,
+    /// The last [`RECENT_RANKS`] `rank` calls, newest in the low bit: 1 for a
+    /// busy skip. And how many there were (up to the window).
+    recent: AtomicU64,
+    recent_len: AtomicU64,
 }
 
 impl StageEvents {
@@ -86,6 +117,8 @@ impl StageEvents {
             last: Mutex::new(Default::default()),
             busy: Default::default(),
             last_busy: Mutex::new(Default::default()),
+            recent: AtomicU64::new(0),
+            recent_len: AtomicU64::new(0),
         })
     }
 
@@ -102,6 +135,9 @@ impl StageEvents {
     /// A call of `phase` succeeded (a `rank` call hands back its ticket).
     pub fn succeeded(&self, phase: Phase, now_ms: u64, ticket: Option<Ticket<'_>>) {
         self.calls[phase as usize].fetch_add(1, Ordering::Relaxed);
+        if phase == Phase::Rank {
+            self.note_rank(false);
+        }
         self.breaker.record(phase, true, now_ms, ticket);
     }
 
@@ -119,10 +155,16 @@ impl StageEvents {
             Cause::Bypassed => {}
             Cause::Busy => {
                 drop(ticket);
+                if phase == Phase::Rank {
+                    self.note_rank(true);
+                }
                 self.busy[slot].fetch_add(1, Ordering::Relaxed);
                 self.last_busy.lock()[slot] = Some(LastFailure { at_ms: now_ms, fault: fault.clone() });
             }
             _ => {
+                if phase == Phase::Rank {
+                    self.note_rank(false);
+                }
                 self.calls[slot].fetch_add(1, Ordering::Relaxed);
                 self.breaker.record(phase, false, now_ms, ticket);
                 self.counts[slot].fetch_add(1, Ordering::Relaxed);
@@ -147,6 +189,23 @@ impl StageEvents {
             pending.push(PolicyError::new(&self.stage, phase, fault));
             self.has_pending.store(true, Ordering::Release);
         }
+    }
+
+    /// Adds a `rank` call to the recent window.
+    fn note_rank(&self, busy: bool) {
+        let mask = if RECENT_RANKS >= 64 { u64::MAX } else { (1u64 << RECENT_RANKS) - 1 };
+        // Lost races only blur the window by a call.
+        let _ =
+            self.recent.fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| Some(((b << 1) | busy as u64) & mask));
+        if self.recent_len.load(Ordering::Relaxed) < u64::from(RECENT_RANKS) {
+            self.recent_len.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// How many of the last `rank` calls were skipped as busy.
+    pub fn busy_share(&self) -> BusyShare {
+        let of = self.recent_len.load(Ordering::Relaxed).min(u64::from(RECENT_RANKS)) as u32;
+        BusyShare { busy: self.recent.load(Ordering::Acquire).count_ones().min(of), of }
     }
 
     /// Takes the background failures not yet in a decision record.

@@ -71,6 +71,10 @@ pub const DEFAULT_CONFIGURE_MS: u64 = 5_000;
 /// MiB. componentize-py needs ~15 MiB to start; 64 leaves room for a Python or
 /// JS ranker's heap.
 pub const DEFAULT_MEMORY_MB: usize = 64;
+/// Default bound on a plugin's instances under demand, as a multiple of the
+/// warm ones (`[policy] max_instances` = this × `instances`). Sized from the
+/// burst measurement in docs/benchmarks.md ("Bursts").
+pub const DEFAULT_INSTANCE_GROWTH: usize = 16;
 
 /// Runs `future` to completion from synchronous code (the CLI, tests) on a
 /// single-threaded runtime: plugin calls are asynchronous, and this is the same

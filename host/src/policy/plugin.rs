@@ -5,7 +5,17 @@
 //! what the host provides, and configures one instance on the builder thread,
 //! so that a plugin refusing its options refuses the configuration. The rest of
 //! the pool is filled in the background and refilled whenever an instance is
-//! thrown away (see [`super::pool`]).
+//! thrown away, and grown under demand (see [`super::pool`]).
+//!
+//! The refill builds on the engine's builder thread, as many instances at once
+//! as the pool is short of, each bounded by the configure budget and, on top of
+//! that, by a hard cap of its own ([`BUILD_SLACK`] past the budget's wall
+//! clock) that no pattern of waiting inside `configure` can extend. A build
+//! that fails or runs out is a failure of the stage's `configure` phase like
+//! any other: counted, shown in `/status` and the metrics with its cause, and
+//! held against the breaker. The builds hold only what building needs (the
+//! [`Recipe`]), never the plugin itself, and are aborted when the plugin is
+//! dropped — a swap never waits for, nor keeps alive, a build that hangs.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
@@ -20,9 +30,9 @@ use super::bindings::{Account, AccountInfo, Outcome, PolicyPre, QuotaWindow, Ran
 use super::breaker::{BreakerConfig, Phase};
 use super::engine::{PolicyEngine, check_component};
 use super::events::{StageEvents, wall_ms};
-use super::fault::Fault;
+use super::fault::{Cause, Fault};
 use super::instance::{Budget, Instance};
-use super::pool::{InstancePool, backoff};
+use super::pool::{InstancePool, PoolStatus, Wait, backoff};
 use super::sandbox::{Sandbox, SandboxSpec};
 use super::state::StateStore;
 use super::stdio::LogBudget;
@@ -144,6 +154,52 @@ pub struct PluginSpec {
     pub limits: Limits,
     /// Warm instances kept (at least one).
     pub max_idle: usize,
+    /// The most instances alive at once under demand (at least `max_idle`;
+    /// see [`super::pool`]).
+    pub max_instances: usize,
+}
+
+/// How far past its wall-clock bound a build may run before the refill
+/// gives up on it, whatever the call's own bounds do.
+pub const BUILD_SLACK: Duration = Duration::from_secs(1);
+
+/// What building one instance takes, shared by the plugin and its builds (a
+/// build holds this, not the plugin).
+struct Recipe {
+    pre: PolicyPre<Sandbox>,
+    rank_export: ComponentExportIndex,
+    sandbox: SandboxSpec,
+    config_json: String,
+    pool_info: Vec<AccountInfo>,
+    budget: Budget,
+}
+
+impl Recipe {
+    /// Builds one instance, cut at the budget's wall clock plus
+    /// [`BUILD_SLACK`] whatever happens inside.
+    async fn build(&self) -> Result<Instance, Fault> {
+        let cap = self.budget.wall + BUILD_SLACK;
+        let build = Instance::create(
+            &self.pre,
+            self.rank_export,
+            self.sandbox.clone(),
+            &self.config_json,
+            &self.pool_info,
+            self.budget,
+        );
+        match tokio::time::timeout(cap, build).await {
+            Ok(built) => built,
+            Err(_) => Err(Fault::new(
+                Cause::Timeout,
+                format!(
+                    "building an instance (instantiate and configure) ran for {} ms, past its wall-clock bound \
+                     (twice `configure_timeout_ms`, plus {} ms): cut",
+                    cap.as_millis(),
+                    BUILD_SLACK.as_millis()
+                ),
+            )),
+        }
+    }
 }
 
 /// What every instance of a plugin is built from.
@@ -151,27 +207,9 @@ struct Shared {
     label: Arc<str>,
     sha256: String,
     spec: PluginSpec,
-    pre: PolicyPre<Sandbox>,
-    rank_export: ComponentExportIndex,
-    sandbox: SandboxSpec,
-    pool_info: Vec<AccountInfo>,
+    recipe: Arc<Recipe>,
     instances: InstancePool,
     events: Arc<StageEvents>,
-}
-
-impl Shared {
-    async fn build(&self) -> Result<Instance, Fault> {
-        let budget = self.spec.limits.configure_budget();
-        Instance::create(
-            &self.pre,
-            self.rank_export,
-            self.sandbox.clone(),
-            &self.spec.config_json,
-            &self.pool_info,
-            budget,
-        )
-        .await
-    }
 }
 
 /// A loaded, configured plugin, ready to rank.
@@ -216,8 +254,8 @@ impl Plugin {
         let same_pool = |a: &AccountInfo, b: &AccountInfo| (&a.id, &a.alias, a.primary) == (&b.id, &b.alias, b.primary);
         self.shared.spec == *spec
             && self.shared.sha256 == sha256
-            && self.shared.pool_info.len() == pool.len()
-            && self.shared.pool_info.iter().zip(pool).all(|(a, b)| same_pool(a, b))
+            && self.shared.recipe.pool_info.len() == pool.len()
+            && self.shared.recipe.pool_info.iter().zip(pool).all(|(a, b)| same_pool(a, b))
     }
 
     /// As [`Plugin::load`], from bytes already read (see [`Plugin::read`]),
@@ -245,22 +283,27 @@ impl Plugin {
             memory_bytes: spec.limits.memory_bytes,
             logs: Arc::new(LogBudget::default()),
         };
-        let shared = Arc::new(Shared {
-            label,
-            sha256,
-            instances: InstancePool::new(spec.max_idle),
-            spec,
+        let recipe = Arc::new(Recipe {
             pre,
             rank_export,
             sandbox,
+            config_json: spec.config_json.clone(),
             pool_info: pool,
+            budget: spec.limits.configure_budget(),
+        });
+        let shared = Arc::new(Shared {
+            label,
+            sha256,
+            instances: InstancePool::new(spec.max_idle, spec.max_instances, Some(engine.builder().handle().clone())),
+            spec,
+            recipe,
             events,
         });
         // Configure one instance now: a bad option must refuse the chain at load,
         // not fail the first request.
         let first = {
-            let shared = shared.clone();
-            engine.builder().run(async move { shared.build().await }).await?
+            let recipe = shared.recipe.clone();
+            engine.builder().run(async move { recipe.build().await }).await?
         };
         let first = first.map_err(|f| anyhow!("{}: {}", shared.label, f.message))?;
         shared.instances.adopt(first);
@@ -299,7 +342,7 @@ impl Plugin {
     /// checked here; the chain validates it against the input.
     pub async fn rank(&self, req: &Request, candidates: &[Account], windows: &[QuotaWindow]) -> Result<Ranking, Fault> {
         let budget = self.shared.spec.limits.call_budget();
-        let mut lease = Lease::take(&self.shared.instances, budget.cpu).await?;
+        let mut lease = Lease::take(&self.shared.instances, Wait::Rank(budget.cpu)).await?;
         let started = Instant::now();
         let answer = lease.instance().rank(req, candidates, windows, budget).await;
         self.shared.instances.record_call(Phase::Rank, started.elapsed());
@@ -310,7 +353,9 @@ impl Plugin {
     /// Tells the plugin how a request ended on pool account `account`.
     pub async fn observe(&self, req: &Request, account: u32, outcome: &Outcome) -> Result<(), Fault> {
         let budget = self.shared.spec.limits.call_budget();
-        let mut lease = Lease::take(&self.shared.instances, budget.cpu).await?;
+        // No client waits for it: it queues for an instance (within the
+        // pool's bound) rather than being dropped when the pool is busy.
+        let mut lease = Lease::take(&self.shared.instances, Wait::Observe).await?;
         let started = Instant::now();
         let done = lease.instance().observe(req, account, outcome, budget).await;
         self.shared.instances.record_call(Phase::Observe, started.elapsed());
@@ -328,9 +373,9 @@ impl Plugin {
         self.shared.instances.call_times()
     }
 
-    /// Whether the pool is saturated (see [`super::pool`]).
-    pub fn saturated(&self) -> bool {
-        self.shared.instances.saturated()
+    /// The pool's size and queue (see [`super::pool`]).
+    pub fn pool_status(&self) -> PoolStatus {
+        self.shared.instances.status()
     }
 
     /// Idle instances currently pooled.
@@ -366,7 +411,7 @@ struct Lease<'a> {
 }
 
 impl<'a> Lease<'a> {
-    async fn take(pool: &'a InstancePool, wait: Duration) -> Result<Lease<'a>, Fault> {
+    async fn take(pool: &'a InstancePool, wait: Wait) -> Result<Lease<'a>, Fault> {
         Ok(Lease { pool, instance: Some(pool.take(wait).await?) })
     }
 
@@ -393,34 +438,76 @@ impl Drop for Lease<'_> {
     }
 }
 
-/// Keeps `shared`'s pool at its target for as long as the plugin lives: builds
-/// an instance whenever one is missing, and backs off after failures, which are
-/// reported to the stage like any other.
+/// Keeps `shared`'s pool at its size for as long as the plugin lives: builds
+/// an instance whenever one is missing or calls wait that no running build
+/// will serve (several at once, up to the pool's bound), trims what a burst
+/// left once it is over, and backs off after failures, which are reported to
+/// the stage like any other. It holds the plugin only between builds; the
+/// builds hold the [`Recipe`], and are aborted (the `JoinSet` dropped) once
+/// the plugin is gone.
 async fn refill(shared: Weak<Shared>, wake: Arc<Notify>) {
+    let mut builds = tokio::task::JoinSet::new();
     let mut delay: Option<Duration> = None;
+    let mut retry_at: Option<tokio::time::Instant> = None;
     loop {
-        let Some(s) = shared.upgrade() else { return };
-        if s.instances.reserve() {
-            match s.build().await {
-                Ok(instance) => {
-                    s.instances.built(instance);
-                    s.events.succeeded(Phase::Configure, wall_ms(), None);
-                    delay = None;
-                }
-                Err(fault) => {
-                    s.instances.build_failed(&fault);
-                    s.events.failed(Phase::Configure, &fault, wall_ms(), None);
-                    let wait = backoff(delay);
-                    delay = Some(wait);
-                    drop(s);
-                    tokio::time::sleep(wait).await;
+        let trimming = {
+            let Some(s) = shared.upgrade() else { return };
+            if retry_at.is_some_and(|t| tokio::time::Instant::now() >= t) {
+                retry_at = None;
+            }
+            while retry_at.is_none() && s.instances.reserve() {
+                let recipe = s.recipe.clone();
+                builds.spawn(async move {
+                    let started = Instant::now();
+                    (recipe.build().await, started.elapsed())
+                });
+            }
+            s.instances.trim();
+            s.instances.above_keep()
+        };
+        let retry = async move {
+            match retry_at {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        let trim = async move {
+            match trimming {
+                true => tokio::time::sleep(super::pool::TRIM_AFTER / 4).await,
+                false => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = wake.notified() => {}
+            () = retry => {}
+            () = trim => {}
+            Some(done) = builds.join_next() => {
+                let Some(s) = shared.upgrade() else { return };
+                match done {
+                    Ok((Ok(instance), took)) => {
+                        s.instances.built(instance, took);
+                        s.events.succeeded(Phase::Configure, wall_ms(), None);
+                        delay = None;
+                    }
+                    Ok((Err(fault), _)) => failed(&s, &fault, &mut delay, &mut retry_at),
+                    Err(e) => {
+                        let fault = Fault::new(Cause::Host, format!("the instance build task failed: {e}"));
+                        failed(&s, &fault, &mut delay, &mut retry_at);
+                    }
                 }
             }
-            continue;
         }
-        drop(s);
-        wake.notified().await;
     }
+}
+
+/// A build failed: counted against the stage, and no new build starts until
+/// the back-off has passed.
+fn failed(s: &Shared, fault: &Fault, delay: &mut Option<Duration>, retry_at: &mut Option<tokio::time::Instant>) {
+    s.instances.build_failed(fault);
+    s.events.failed(Phase::Configure, fault, wall_ms(), None);
+    let wait = backoff(*delay);
+    *delay = Some(wait);
+    *retry_at = Some(tokio::time::Instant::now() + wait);
 }
 
 /// The index of `rank` inside the component's ranker export.

@@ -1,40 +1,64 @@
 //! A plugin's warm instances: taken by calls, given back after them, and
-//! replaced in the background — a request never instantiates or configures.
+//! built in the background — a request never instantiates or configures.
 //!
 //! Instantiating costs ~15 µs for a Rust guest and milliseconds for Python or
 //! JavaScript, and a plugin's `configure` may take as long as it likes; none of
-//! that may land on a request. So the pool keeps `target` instances alive and a
-//! builder task (on the engine's builder thread) creates a new one whenever one
-//! is thrown away (after any failed call). A call that finds every instance busy
-//! waits for one to come back — at most its deadline; past that the stage is
-//! skipped with cause `busy` (not a failure of the plugin: its breaker does not
-//! count it). The message says why: the last build failure if there was one,
-//! otherwise how many instances there are and how long the plugin's calls hold
-//! one (an average kept per phase), and the remedy — more `instances`, or a
-//! faster plugin. Builds that fail back off (50 ms doubling to 30 s), so a
-//! plugin whose `configure` keeps failing costs a bounded amount of work.
+//! that may land on a request. So the pool keeps `keep` instances warm
+//! (`[policy] instances`) and a builder task (on the engine's builder thread,
+//! see [`super::plugin`]) creates new ones.
 //!
-//! A pool whose calls last longer than a request may wait (a plugin that takes
-//! 90 ms with a 25 ms deadline) would otherwise make nearly every request wait
-//! the whole deadline for nothing. So once a call has waited its whole deadline
-//! in vain the pool is *saturated*, and calls wait at most [`SATURATED_WAIT`]
-//! until one finds an instance idle the moment it asks. `/status` shows the
-//! flag, the call times and the number of `busy` skips.
+//! **Demand, not a fixed size.** A call that finds no idle instance queues for
+//! one and asks the builder for another, up to `max` alive at once
+//! (`[policy] max_instances`). Measured under a burst (docs/benchmarks.md,
+//! "Bursts"), a microsecond plugin's instance is held for tens of
+//! milliseconds whenever its call yields at an epoch tick and then waits behind
+//! every other task in the executor's queue: with a fixed two instances, 200
+//! streams opening at once skipped stages as `busy`. Instances built for a
+//! burst stay while it lasts and are trimmed back to `keep` once no call has
+//! found the pool short for [`TRIM_AFTER`].
+//!
+//! **Waiting is fair and fits the budget.** Waiters queue in order and a
+//! returned (or newly built) instance is handed straight to the oldest one
+//! still waiting, so a late arrival never takes it from under a request that
+//! has waited longer. A `rank` waits at most its deadline. When the pool can
+//! grow no more and the measured hold time says the wait cannot end within that
+//! deadline (a plugin whose calls take 90 ms, with a 25 ms deadline), the call
+//! is skipped as `busy` at once instead of waiting the deadline for nothing —
+//! judged from measured call times, not from whether the last wait ran out.
+//! `observe` calls, which no client waits for, queue longer
+//! ([`OBSERVE_WAIT`]) and at most [`OBSERVE_QUEUE`] at a time; past that they
+//! are dropped and counted (`/status`: `observe_queue`).
+//!
+//! A skip says why: a build that failed, builds running, or the pool at its
+//! bound — with how long calls hold an instance, and the remedy that fits what
+//! was measured (more `max_instances` when calls are short, a faster plugin
+//! when they are long).
+//!
+//! **Teardown is off the request's thread.** An instance thrown away (its call
+//! failed, its request went away, the pool shrinks or the plugin is dropped)
+//! holds up to `memory_mb` of mappings; unmapping them is handed to the builder
+//! thread.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde::Serialize;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 
 use super::breaker::Phase;
 use super::fault::Fault;
 use super::instance::Instance;
 
-/// How long a call waits for an instance while the pool is saturated.
-pub const SATURATED_WAIT: Duration = Duration::from_millis(1);
+/// How long an `observe` call may wait in the queue for an instance.
+pub const OBSERVE_WAIT: Duration = Duration::from_secs(5);
+/// `observe` calls queued for an instance at once, per plugin; more are
+/// dropped (and counted). Each holds its request's record (~1 KiB) and a task.
+pub const OBSERVE_QUEUE: usize = 4096;
+/// Instances above `keep` are trimmed once the pool has not been short for this long.
+pub const TRIM_AFTER: Duration = Duration::from_secs(30);
 
 /// First wait after a failed build.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -43,21 +67,49 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// The instances of one plugin.
 pub struct InstancePool {
-    idle: Mutex<Vec<Instance>>,
-    target: usize,
+    queue: Mutex<Queue>,
+    keep: usize,
+    max: usize,
     /// Instances alive or being built.
     live: AtomicUsize,
-    /// Calls waiting for an instance.
+    /// Builds running.
+    building: AtomicUsize,
+    /// Calls waiting for an instance that none has been handed to yet (what
+    /// the builder builds for), and `observe` calls waiting.
     waiting: AtomicUsize,
-    returned: Notify,
+    observe_waiting: AtomicUsize,
+    /// `observe` calls dropped: queue full, or no instance within [`OBSERVE_WAIT`].
+    observe_dropped: AtomicU64,
+    /// The most instances alive at once.
+    peak: AtomicUsize,
+    /// When a call last found no idle instance (ms since `epoch`).
+    last_short_ms: AtomicU64,
+    epoch: Instant,
     /// Wakes the builder (shared with it, so it can wait without keeping the
     /// pool alive).
     wake: Arc<Notify>,
     last_build_error: Mutex<Option<Fault>>,
-    /// The last call that waited found no instance within its wait.
-    saturated: AtomicBool,
-    /// How long calls of each phase held an instance.
-    times: [Average; 2],
+    /// How long calls held an instance: `rank`, `observe`, and both together.
+    times: [Average; 3],
+    /// How long builds take.
+    build_time: Average,
+    /// The last 64 calls of each phase (`rank`, `observe`), newest in the low
+    /// bit: 1 for one that held its instance longer than a `rank` may wait
+    /// (see [`InstancePool::hopeless`]).
+    long_holds: [AtomicU64; 2],
+    /// Calls in each `long_holds` window (up to 64).
+    long_samples: [AtomicU64; 2],
+    /// The wait that `long_holds` is judged against (the stage's deadline), ns.
+    rank_wait_ns: AtomicU64,
+    /// Where thrown-away instances are torn down (the builder thread).
+    teardown: Option<tokio::runtime::Handle>,
+}
+
+#[derive(Default)]
+struct Queue {
+    idle: Vec<Instance>,
+    /// Calls waiting, oldest first.
+    waiters: VecDeque<oneshot::Sender<Instance>>,
 }
 
 /// A running average of durations, in nanoseconds (0 until the first sample):
@@ -80,9 +132,13 @@ impl Average {
         self.ns.store(new.max(1) as u64, Ordering::Relaxed);
     }
 
-    fn ms(&self) -> Option<f64> {
+    fn get(&self) -> Option<Duration> {
         let ns = self.ns.load(Ordering::Relaxed);
-        (ns > 0).then(|| (ns as f64 / 10_000.0).round() / 100.0)
+        (ns > 0).then(|| Duration::from_nanos(ns))
+    }
+
+    fn ms(&self) -> Option<f64> {
+        self.get().map(|d| (d.as_nanos() as f64 / 10_000.0).round() / 100.0)
     }
 }
 
@@ -96,21 +152,73 @@ pub struct CallTimes {
     /// `observe` calls.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub observe: Option<f64>,
+    /// Building one instance (instantiate and `configure`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub build: Option<f64>,
+}
+
+/// The pool's size and queue, for `/status`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PoolStatus {
+    /// Instances kept warm (`[policy] instances`).
+    pub keep: usize,
+    /// The most alive at once under demand (`[policy] max_instances`).
+    pub max: usize,
+    /// Alive now (idle, in a call, or being built).
+    pub live: usize,
+    /// Idle now.
+    pub idle: usize,
+    /// Builds running now.
+    pub building: usize,
+    /// The most alive at once since the stage was loaded.
+    pub peak: usize,
+    /// Calls waiting for an instance now.
+    pub waiting: usize,
+    /// `observe` calls waiting now, and the bound.
+    pub observe_queued: usize,
+    /// The bound on queued `observe` calls.
+    pub observe_queue_bound: usize,
+    /// `observe` calls dropped since the stage was loaded (queue full, or no
+    /// instance within the queue's wait).
+    pub observe_dropped: u64,
+}
+
+/// What a call waits for an instance with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// A `rank`: at most this long, and not at all when measured holds say it
+    /// would be in vain.
+    Rank(Duration),
+    /// An `observe`: queued, within the queue's bound and wait.
+    Observe,
 }
 
 impl InstancePool {
-    /// A pool that keeps `target` instances (at least one).
-    pub fn new(target: usize) -> Self {
+    /// A pool that keeps `keep` instances (at least one) and grows to `max`
+    /// (at least `keep`) under demand; `teardown` is where thrown-away
+    /// instances are dropped (inline when `None`).
+    pub fn new(keep: usize, max: usize, teardown: Option<tokio::runtime::Handle>) -> Self {
+        let keep = keep.max(1);
         InstancePool {
-            idle: Mutex::new(Vec::new()),
-            target: target.max(1),
+            queue: Mutex::default(),
+            keep,
+            max: max.max(keep),
             live: AtomicUsize::new(0),
+            building: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
-            returned: Notify::new(),
+            observe_waiting: AtomicUsize::new(0),
+            observe_dropped: AtomicU64::new(0),
+            peak: AtomicUsize::new(0),
+            last_short_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
             wake: Arc::new(Notify::new()),
             last_build_error: Mutex::new(None),
-            saturated: AtomicBool::new(false),
             times: Default::default(),
+            build_time: Average::default(),
+            long_holds: Default::default(),
+            long_samples: Default::default(),
+            rank_wait_ns: AtomicU64::new(0),
+            teardown,
         }
     }
 
@@ -121,48 +229,118 @@ impl InstancePool {
 
     /// Adds an instance made outside the builder (the one `load` configures).
     pub fn adopt(&self, instance: Instance) {
-        self.live.fetch_add(1, Ordering::AcqRel);
+        let live = self.live.fetch_add(1, Ordering::AcqRel) + 1;
+        self.peak.fetch_max(live, Ordering::Relaxed);
         self.give_back(instance);
     }
 
-    /// Takes an idle instance, waiting at most `wait` for one — or, while the
-    /// pool is saturated, at most [`SATURATED_WAIT`].
-    pub async fn take(&self, wait: Duration) -> Result<Instance, Fault> {
-        if let Some(i) = self.idle.lock().pop() {
-            if self.saturated.load(Ordering::Relaxed) {
-                self.saturated.store(false, Ordering::Relaxed);
-            }
-            return Ok(i);
-        }
-        self.wake.notify_one();
-        let wait = if self.saturated.load(Ordering::Relaxed) { wait.min(SATURATED_WAIT) } else { wait };
-        let deadline = Instant::now() + wait;
-        self.waiting.fetch_add(1, Ordering::AcqRel);
-        let _waiting = Decrement(&self.waiting);
-        loop {
-            let returned = self.returned.notified();
-            tokio::pin!(returned);
-            returned.as_mut().enable();
-            if let Some(i) = self.idle.lock().pop() {
+    /// Takes an idle instance, or waits for one as `wait` says.
+    pub async fn take(&self, wait: Wait) -> Result<Instance, Fault> {
+        let rx = {
+            let mut q = self.queue.lock();
+            if let Some(i) = q.idle.pop() {
                 return Ok(i);
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || tokio::time::timeout(left, returned).await.is_err() {
-                self.saturated.store(true, Ordering::Relaxed);
-                return Err(self.none_free(wait));
+            if let Wait::Rank(limit) = wait
+                && let Some(expected) = self.hopeless(q.waiters.len(), limit)
+            {
+                drop(q);
+                return Err(self.none_free(limit, Some(expected)));
+            }
+            if wait == Wait::Observe && self.observe_waiting.load(Ordering::Acquire) >= OBSERVE_QUEUE {
+                drop(q);
+                self.observe_dropped.fetch_add(1, Ordering::Relaxed);
+                return Err(Fault::busy(format!(
+                    "dropped: {OBSERVE_QUEUE} observe calls were already queued for an instance (the queue's bound); {}",
+                    self.remedy(None)
+                )));
+            }
+            if q.waiters.len() >= 32 && q.waiters.len().is_power_of_two() {
+                // Waiters that gave up leave closed senders behind.
+                q.waiters.retain(|w| !w.is_closed());
+            }
+            let (tx, rx) = oneshot::channel();
+            q.waiters.push_back(tx);
+            // Counted under the lock, so that `give_back` never uncounts it first.
+            self.waiting.fetch_add(1, Ordering::AcqRel);
+            Waiter { pool: self, rx: Some(rx) }
+        };
+        self.last_short_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        let _observing = (wait == Wait::Observe).then(|| Count::new(&self.observe_waiting));
+        self.wake.notify_one();
+        let limit = match wait {
+            Wait::Rank(d) => d,
+            Wait::Observe => OBSERVE_WAIT,
+        };
+        let mut waiter = rx;
+        match tokio::time::timeout(limit, waiter.rx.as_mut().expect("a waiter holds its receiver")).await {
+            Ok(Ok(i)) => {
+                waiter.rx = None;
+                Ok(i)
+            }
+            Ok(Err(_)) | Err(_) => {
+                // One may have been handed over just as the wait ran out.
+                if let Some(i) = waiter.leave() {
+                    return Ok(i);
+                }
+                if wait == Wait::Observe {
+                    self.observe_dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(self.none_free(limit, None))
             }
         }
     }
 
+    /// Whether waiting `limit` is in vain: the pool cannot grow, and most of
+    /// the last (up to) 64 calls of a phase — four at least — held their instance longer than `limit`
+    /// — that phase's calls are slow, not merely some of them set aside by a
+    /// busy executor (a microsecond call that yields can wait behind the
+    /// executor's whole queue; an average alone would take those few for a
+    /// slow plugin) — and its mean hold says the wait would be longer. The
+    /// expected wait, if so.
+    fn hopeless(&self, ahead: usize, limit: Duration) -> Option<Duration> {
+        self.rank_wait_ns.store(limit.as_nanos() as u64, Ordering::Relaxed);
+        let live = self.live.load(Ordering::Acquire);
+        if live < self.max || live == 0 {
+            return None;
+        }
+        (0..2)
+            .filter(|&p| {
+                let n = self.long_samples[p].load(Ordering::Relaxed);
+                n >= 4 && u64::from(self.long_holds[p].load(Ordering::Relaxed).count_ones()) * 2 > n
+            })
+            .filter_map(|p| Some(self.times[p].get()?.mul_f64((ahead + 1) as f64 / live as f64)))
+            .find(|expected| *expected > limit)
+    }
+
     /// Why no instance was free, and what to do about it.
-    fn none_free(&self, wait: Duration) -> Fault {
-        let mut message = format!("no warm instance was free within {} ms", wait.as_millis());
+    fn none_free(&self, wait: Duration, expected: Option<Duration>) -> Fault {
+        let mut message = match expected {
+            Some(e) => format!(
+                "no warm instance was free, and none would be within {} ms (expected wait {:.1} ms)",
+                wait.as_millis(),
+                e.as_secs_f64() * 1000.0
+            ),
+            None => format!("no warm instance was free within {} ms", wait.as_millis()),
+        };
         if let Some(f) = &*self.last_build_error.lock() {
             message += &format!(" (the last instance build failed: {})", f.message);
             return Fault::busy(message);
         }
-        let n = self.target;
-        message += &format!(": all {n} of its instances were in use or being rebuilt");
+        let s = self.status();
+        message += &format!(": {} of {} instances (at most {}) in use", s.live - s.building, s.live, self.max);
+        if s.building > 0 {
+            let build =
+                self.build_time.ms().map(|ms| format!(", a build taking {ms:.1} ms on average")).unwrap_or_default();
+            message += &format!(", {} being built{build}", s.building);
+        }
+        message += &format!("; {}", self.remedy(Some(wait)));
+        Fault::busy(message)
+    }
+
+    /// The remedy that fits what was measured: with calls shorter than the
+    /// wait, more instances; with calls longer, a faster plugin.
+    fn remedy(&self, wait: Option<Duration>) -> String {
         let t = self.call_times();
         let times: Vec<String> = [("rank", t.rank), ("observe", t.observe)]
             .into_iter()
@@ -171,14 +349,22 @@ impl InstancePool {
                 Some(if ms < 0.1 { format!("under 0.1 ms ({phase})") } else { format!("{ms:.1} ms ({phase})") })
             })
             .collect();
-        if !times.is_empty() {
-            message += &format!(", its calls holding one {} on average", times.join(" and "));
+        let held = if times.is_empty() {
+            String::new()
+        } else {
+            format!("its calls hold an instance {} on average; ", times.join(" and "))
+        };
+        let hold = self.times[2].get().unwrap_or_default();
+        let long = wait.is_some_and(|w| hold > w);
+        if long {
+            format!(
+                "{held}calls longer than the wait cannot be absorbed by more instances for long: make the plugin's \
+                 calls faster (or raise `[policy] max_instances`, now {})",
+                self.max
+            )
+        } else {
+            format!("{held}raise `[policy] max_instances` (now {}) or make the plugin's calls faster", self.max)
         }
-        message += &format!(
-            "; raise `[policy] instances` (now {n}) or make the plugin's calls faster{}",
-            if wait <= SATURATED_WAIT { " (while the pool stays this busy, calls wait at most 1 ms)" } else { "" }
-        );
-        Fault::busy(message)
     }
 
     /// Counts a call of `phase` that held an instance for `held`.
@@ -186,63 +372,120 @@ impl InstancePool {
         match phase {
             Phase::Rank => self.times[0].add(held),
             Phase::Observe => self.times[1].add(held),
-            Phase::Configure => {}
+            Phase::Configure => return,
         }
-    }
-
-    /// How long calls hold an instance, on average.
-    pub fn call_times(&self) -> CallTimes {
-        CallTimes { rank: self.times[0].ms(), observe: self.times[1].ms() }
-    }
-
-    /// Whether the last call that waited for an instance found none in time.
-    pub fn saturated(&self) -> bool {
-        self.saturated.load(Ordering::Relaxed)
-    }
-
-    /// Returns an instance after a successful call.
-    pub fn give_back(&self, instance: Instance) {
-        {
-            let mut idle = self.idle.lock();
-            if idle.len() < self.target {
-                idle.push(instance);
-            } else {
-                drop(idle);
-                self.live.fetch_sub(1, Ordering::AcqRel);
+        self.times[2].add(held);
+        let wait = self.rank_wait_ns.load(Ordering::Relaxed);
+        let long = wait > 0 && held.as_nanos() as u64 > wait;
+        let slot = if phase == Phase::Rank { 0 } else { 1 };
+        if wait > 0 {
+            let _ = self.long_holds[slot]
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| Some((b << 1) | long as u64));
+            if self.long_samples[slot].load(Ordering::Relaxed) < 64 {
+                self.long_samples[slot].fetch_add(1, Ordering::Relaxed);
             }
         }
-        if self.waiting.load(Ordering::Acquire) > 0 {
-            self.returned.notify_one();
+    }
+
+    /// How long calls hold an instance, and builds take, on average.
+    pub fn call_times(&self) -> CallTimes {
+        CallTimes { rank: self.times[0].ms(), observe: self.times[1].ms(), build: self.build_time.ms() }
+    }
+
+    /// Returns an instance after a successful call: to the oldest waiting
+    /// call, or to the idle list.
+    pub fn give_back(&self, instance: Instance) {
+        let mut q = self.queue.lock();
+        let mut instance = instance;
+        while let Some(w) = q.waiters.pop_front() {
+            match w.send(instance) {
+                Ok(()) => {
+                    self.waiting.fetch_sub(1, Ordering::AcqRel);
+                    return;
+                }
+                Err(back) => instance = back,
+            }
         }
+        q.idle.push(instance);
     }
 
     /// Forgets an instance whose call failed; the builder makes a new one.
     pub fn discard(&self, instance: Instance) {
-        drop(instance);
         self.live.fetch_sub(1, Ordering::AcqRel);
+        self.bury(instance);
         self.wake.notify_one();
     }
 
-    /// Reserves a slot for a new instance if the pool is short of its target.
-    pub fn reserve(&self) -> bool {
-        self.live.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.target).then_some(n + 1)).is_ok()
+    /// Drops `instance` off the caller's thread.
+    fn bury(&self, instance: Instance) {
+        match &self.teardown {
+            Some(h) => drop(h.spawn(async move { drop(instance) })),
+            None => drop(instance),
+        }
     }
 
-    /// A reserved slot's build succeeded.
-    pub fn built(&self, instance: Instance) {
+    /// Reserves a slot for a new instance if the pool is short of `keep`, or
+    /// calls wait that no running build will serve and it may grow. The
+    /// caller must then report [`InstancePool::built`] or
+    /// [`InstancePool::build_failed`].
+    pub fn reserve(&self) -> bool {
+        let waiting = self.waiting.load(Ordering::Acquire);
+        let building = self.building.load(Ordering::Acquire);
+        let reserved = self
+            .live
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.keep || (waiting > building && n < self.max)).then_some(n + 1)
+            })
+            .ok();
+        let Some(before) = reserved else { return false };
+        self.building.fetch_add(1, Ordering::AcqRel);
+        self.peak.fetch_max(before + 1, Ordering::Relaxed);
+        true
+    }
+
+    /// A reserved slot's build succeeded after `took`.
+    pub fn built(&self, instance: Instance, took: Duration) {
+        self.building.fetch_sub(1, Ordering::AcqRel);
+        self.build_time.add(took);
         *self.last_build_error.lock() = None;
         self.give_back(instance);
     }
 
     /// A reserved slot's build failed.
     pub fn build_failed(&self, fault: &Fault) {
+        self.building.fetch_sub(1, Ordering::AcqRel);
         self.live.fetch_sub(1, Ordering::AcqRel);
         *self.last_build_error.lock() = Some(fault.clone());
     }
 
+    /// Drops idle instances above `keep` once the pool has not been short for
+    /// [`TRIM_AFTER`]; how many went. Called by the builder.
+    pub fn trim(&self) -> usize {
+        let short = Duration::from_millis(self.last_short_ms.load(Ordering::Relaxed));
+        if self.epoch.elapsed().saturating_sub(short) < TRIM_AFTER {
+            return 0;
+        }
+        let extra: Vec<Instance> = {
+            let mut q = self.queue.lock();
+            let over = self.live.load(Ordering::Acquire).saturating_sub(self.keep).min(q.idle.len());
+            let at = q.idle.len() - over;
+            q.idle.split_off(at)
+        };
+        let n = extra.len();
+        self.live.fetch_sub(n, Ordering::AcqRel);
+        extra.into_iter().for_each(|i| self.bury(i));
+        n
+    }
+
+    /// Whether instances above `keep` are alive (the builder then checks
+    /// [`InstancePool::trim`] now and then).
+    pub fn above_keep(&self) -> bool {
+        self.live.load(Ordering::Acquire) > self.keep
+    }
+
     /// Idle instances now.
     pub fn idle(&self) -> usize {
-        self.idle.lock().len()
+        self.queue.lock().idle.len()
     }
 
     /// Instances alive or being built.
@@ -250,20 +493,88 @@ impl InstancePool {
         self.live.load(Ordering::Acquire)
     }
 
-    /// The instances it keeps.
+    /// The instances it keeps warm.
     pub fn target(&self) -> usize {
-        self.target
+        self.keep
+    }
+
+    /// Size and queue, for `/status`.
+    pub fn status(&self) -> PoolStatus {
+        PoolStatus {
+            keep: self.keep,
+            max: self.max,
+            live: self.live.load(Ordering::Acquire),
+            idle: self.idle(),
+            building: self.building.load(Ordering::Acquire),
+            peak: self.peak.load(Ordering::Relaxed),
+            waiting: self.waiting.load(Ordering::Acquire),
+            observe_queued: self.observe_waiting.load(Ordering::Acquire),
+            observe_queue_bound: OBSERVE_QUEUE,
+            observe_dropped: self.observe_dropped.load(Ordering::Relaxed),
+        }
     }
 
     /// Bytes held by the idle instances.
     pub fn idle_memory_bytes(&self) -> usize {
-        self.idle.lock().iter().map(Instance::memory_bytes).sum()
+        self.queue.lock().idle.iter().map(Instance::memory_bytes).sum()
     }
 }
 
-struct Decrement<'a>(&'a AtomicUsize);
+impl Drop for InstancePool {
+    fn drop(&mut self) {
+        // The last reference may go on a request's thread (the last request of
+        // a swapped-out chain): the instances are unmapped elsewhere.
+        let idle = std::mem::take(&mut self.queue.get_mut().idle);
+        idle.into_iter().for_each(|i| self.bury(i));
+    }
+}
 
-impl Drop for Decrement<'_> {
+/// A call's place in the queue. However the call ends — served, out of
+/// time, or dropped because its request went away — an instance handed to it
+/// is never lost, and it is uncounted from `waiting` exactly once.
+struct Waiter<'a> {
+    pool: &'a InstancePool,
+    /// `None` once served.
+    rx: Option<oneshot::Receiver<Instance>>,
+}
+
+impl Waiter<'_> {
+    /// Leaves the queue: the instance handed over as it left, if any (the
+    /// sender then uncounted it); otherwise it uncounts itself.
+    fn leave(&mut self) -> Option<Instance> {
+        let mut rx = self.rx.take()?;
+        rx.close();
+        match rx.try_recv() {
+            Ok(i) => Some(i),
+            Err(_) => {
+                self.pool.waiting.fetch_sub(1, Ordering::AcqRel);
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        // Dropped mid-wait (its request went away): an instance already handed
+        // over goes on to the next call instead of vanishing uncounted.
+        if let Some(i) = self.leave() {
+            self.pool.give_back(i);
+        }
+    }
+}
+
+/// Counts a waiting call for as long as it lives.
+struct Count<'a>(&'a AtomicUsize);
+
+impl<'a> Count<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::AcqRel);
+        Count(n)
+    }
+}
+
+impl Drop for Count<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }

@@ -32,6 +32,7 @@ pub fn stage(plugin: &str, config: serde_json::Value, deadline_ms: u64) -> Stage
                 ..Limits::default()
             },
             max_idle: 2,
+            max_instances: 2,
         },
     }
 }

@@ -23,6 +23,12 @@
 //! override in their `Err` text, their panic message and stderr, and the
 //! detail of a good answer.
 //!
+//! Pool modes (issue #22): `configure = "pool-nap-after-first"` naps 100 ms
+//! at a time forever in every configure but the first (a build that never
+//! ends, waiting in small pieces); `fault = "pool-fill"` grows its memory by
+//! `bytes` and fills it with one bulk-memory instruction (`memory.fill`), which
+//! no epoch tick interrupts.
+//!
 //! `slow_model`: requests for that model sleep `ms` and then succeed (a slow but
 //! healthy plugin); `reason`: the `reason` mode answers with that reason.
 
@@ -152,6 +158,29 @@ fn endless() -> ! {
     }
 }
 
+/// Grows the memory by `bytes` and fills the new pages with one
+/// `memory.fill` (bulk memory): a single instruction of `bytes` of work.
+fn pool_fill(bytes: usize) -> Result<(), String> {
+    #[cfg(target_arch = "wasm32")]
+    {
+        let pages = bytes.div_ceil(65536);
+        let base = core::arch::wasm32::memory_grow(0, pages);
+        if base == usize::MAX {
+            return Err(format!("memory.grow of {pages} pages refused"));
+        }
+        // SAFETY: the pages were just grown and belong to no allocation. With
+        // bulk memory (on by default for wasm32-wasip2) LLVM lowers this to
+        // one `memory.fill`.
+        unsafe { core::ptr::write_bytes((base * 65536) as *mut u8, 0x5a, bytes) };
+        Ok(())
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let _ = bytes;
+        Err("wasm only".into())
+    }
+}
+
 /// Whether an instance was configured before this one (in this process).
 fn not_the_first() -> bool {
     let seen = state::get("configured-before").is_some();
@@ -187,7 +216,16 @@ impl Ranker for Misbehave {
             Some("sleep-after-first") if not_the_first() => sleep(ms),
             Some("trap-after-first") if not_the_first() => panic!("misbehave: configure fails after the first"),
             Some("log-loop-after-first") if not_the_first() => host_call_loop("log", bytes),
-            Some("spin-after-first" | "sleep-after-first" | "trap-after-first" | "log-loop-after-first") => {}
+            Some("pool-nap-after-first") if not_the_first() => loop {
+                sleep(100);
+            },
+            Some(
+                "spin-after-first"
+                | "sleep-after-first"
+                | "trap-after-first"
+                | "log-loop-after-first"
+                | "pool-nap-after-first",
+            ) => {}
             Some(other) => return Err(format!("option `configure`: unknown mode `{other}`")),
         }
         let big = if fault == "stdout-write" { vec![b'x'; bytes] } else { Vec::new() };
@@ -248,6 +286,7 @@ impl Ranker for Misbehave {
                 Ok(c.unchanged("spun"))
             }
             "exit" => std::process::exit(3),
+            "pool-fill" => pool_fill(self.bytes).map(|()| c.unchanged("filled")),
             "print-flood" => {
                 let line = "x".repeat(1023);
                 for _ in 0..(self.bytes / 1024).max(1) {
