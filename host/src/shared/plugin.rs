@@ -35,8 +35,15 @@ pub const OUTBOX_MAX: usize = 50_000;
 /// See [`OUTBOX_MAX`].
 pub const OUTBOX_BYTES: usize = 64 << 20;
 
+/// What a queued write takes, as the store counts its entries
+/// (`policy::state::cost`): its slot in the queue (twice, for the queue's
+/// spare capacity) and its strings as allocated.
 fn size(w: &PluginWrite) -> usize {
-    w.scope.len() + w.key.len() + w.value.as_ref().map_or(0, String::len) + 64
+    use crate::policy::state::cost::heap;
+    2 * std::mem::size_of::<PluginWrite>()
+        + heap(w.scope.len())
+        + heap(w.key.len())
+        + w.value.as_deref().map_or(0, |v| heap(v.len()))
 }
 
 /// Writes waiting for the backend.
@@ -153,9 +160,9 @@ impl StateStore for SharedPluginState {
     }
 
     fn set(&self, scope: &str, key: &str, value: &str, ttl_ms: Option<u64>, now_ms: u64) {
-        let before = self.local.dropped_writes();
-        self.local.set(scope, key, value, ttl_ms, now_ms);
-        if self.local.dropped_writes() != before {
+        // A write the local store refused (too large, or no room) is not
+        // shared: the replicas' stores hold to the same bounds.
+        if !self.local.write(scope, key, value, ttl_ms, now_ms) {
             return;
         }
         self.outbox.push(PluginWrite {

@@ -18,6 +18,11 @@
 //! scope with `entries` tiny entries, `per_call` a call, then lowers its
 //! `state-limit` to 1 in one call (reason `evicted`) and starts over.
 //!
+//! `state-tiny` writes `per_call` fresh tiny entries a call (a key of about eight
+//! bytes, a 1-byte value), so that a scope fills with as many entries
+//! as its bytes allow: reason `tiny-full` once the first key it wrote has been
+//! evicted (the scope met a bound), `tiny-filling` before.
+//!
 //! `state-clobber` empties its state scope on every call. `err-forge`,
 //! `trap-forge` and `detail-forge` carry line breaks and a bidirectional
 //! override in their `Err` text, their panic message and stderr, and the
@@ -188,6 +193,26 @@ fn not_the_first() -> bool {
     seen
 }
 
+impl Misbehave {
+    /// The `state-tiny` mode: `per_call` fresh tiny entries; whether the
+    /// scope has evicted this instance's first one yet.
+    fn state_tiny(&mut self, req_id: u64) -> &'static str {
+        state::limit(1_000_000);
+        // Short keys that differ between instances and calls: the request's
+        // id (which two instances never share) and a counter.
+        let tag = req_id;
+        if self.written == 0 {
+            // Distinct from every key that follows (they all have a dot).
+            state::set("first", "v", None);
+        }
+        for _ in 0..self.per_call {
+            self.written += 1;
+            state::set(&format!("{tag:x}.{:x}", self.written), "v", None);
+        }
+        if state::get("first").is_none() { "tiny-full" } else { "tiny-filling" }
+    }
+}
+
 impl Ranker for Misbehave {
     fn configure(config: Config, _pool: &Pool) -> Result<Self, String> {
         let mut o = config.options();
@@ -343,6 +368,7 @@ impl Ranker for Misbehave {
                 }
                 Ok(c.unchanged("filled"))
             }
+            "state-tiny" => Ok(c.unchanged(self.state_tiny(req.id))),
             "header-reason" => Ok(c.unchanged("evil\r\nx-injected: 1")),
             "huge-detail" => Ok(c.unchanged("huge-detail").with_detail("d".repeat(self.bytes))),
             "none" => Ok(c.unchanged("none")),

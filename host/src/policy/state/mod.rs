@@ -20,18 +20,30 @@
 //! entries) in one call held the lock for 55 ms; a call now holds it about a
 //! millisecond. A write that needs room for its bytes evicts what it needs,
 //! which a value's bound (64 KiB) keeps to a few hundred entries. Entries are
-//! kept in B-trees, whose every insert and remove costs O(log n), never a
-//! rehash of the whole scope.
+//! kept in B-trees ([`scope`]), whose every insert and remove costs O(log n),
+//! never a rehash of the whole scope.
+//!
+//! The bytes counted against the bounds are what the store really takes on
+//! the heap, at worst ([`cost`]): an entry's key (held once) and value as
+//! allocated, its share of the B-trees' nodes (193 bytes), and each scope's
+//! own structures — so a 1-byte key with a 1-byte value counts 257 bytes, and
+//! the bounds hold for any mix of entry sizes and any number of scopes
+//! (`heap_tests` measures it).
 //!
 //! Scopes are named by the chain (see `PluginRef::default_scope`): a built-in's
 //! is `builtin:<name>`, a file's `file:<its absolute path>`, so two different
 //! plugins never share state unless the operator gives them one `scope`.
 
-use std::collections::{BTreeMap, HashMap};
+pub mod cost;
+mod scope;
+
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+
+use scope::{Entry, Scope};
 
 /// Default entry limit of a scope until the plugin sets its own.
 pub const DEFAULT_LIMIT: u32 = 10_000;
@@ -41,9 +53,9 @@ pub const MAX_LIMIT: u32 = 1_000_000;
 pub const MAX_KEY_BYTES: usize = 1024;
 /// Longest value accepted.
 pub const MAX_VALUE_BYTES: usize = 64 * 1024;
-/// What one entry costs beyond its key and value (map nodes, bookkeeping), so
-/// that a million tiny entries count for what they hold.
-pub const ENTRY_OVERHEAD: usize = 96;
+/// What one entry is charged beyond its key and value as allocated: its share
+/// of the store's B-tree nodes, at worst (see [`cost`]).
+pub const ENTRY_OVERHEAD: usize = cost::ENTRY_NODES;
 /// Default bytes one scope may hold, MiB.
 pub const DEFAULT_SCOPE_MB: usize = 16;
 /// Default bytes all scopes together may hold, MiB.
@@ -128,81 +140,21 @@ pub trait StateStore: Send + Sync {
     }
 }
 
-struct Entry {
-    value: String,
-    expires_at: Option<u64>,
-    seq: u64,
-    /// When it was written (the writer's `now`): what a write from another
-    /// replica is compared with.
-    written: u64,
-}
-
-fn cost(key: &str, value: &str) -> usize {
-    key.len() + value.len() + ENTRY_OVERHEAD
-}
-
-struct Scope {
-    /// A B-tree, not a hash map: a hash map's resize or tombstone clean-up
-    /// rehashes every entry at once — 23 to 39 ms for a full scope (150,000
-    /// entries) in a release build, inside one `state-set`, under the lock —
-    /// where a B-tree's every insert and remove is O(log n) (at most 0.2 ms in
-    /// the same measurement, for the same mean cost per call).
-    entries: BTreeMap<String, Entry>,
-    /// Write order: seq → key. The first entry is the least recently written.
-    order: BTreeMap<u64, String>,
-    limit: u32,
-    next_seq: u64,
-    bytes: usize,
-}
-
-impl Default for Scope {
-    fn default() -> Self {
-        Scope { entries: BTreeMap::new(), order: BTreeMap::new(), limit: DEFAULT_LIMIT, next_seq: 0, bytes: 0 }
-    }
-}
-
-impl Scope {
-    /// Removes `key`; the bytes it freed.
-    fn remove(&mut self, key: &str) -> usize {
-        match self.entries.remove_entry(key) {
-            Some((k, e)) => {
-                self.order.remove(&e.seq);
-                let freed = cost(&k, &e.value);
-                self.bytes -= freed;
-                freed
-            }
-            None => 0,
-        }
-    }
-
-    /// Evicts up to [`EVICT_PER_CALL`] of the oldest entries past the entry
-    /// limit; the bytes freed.
-    fn evict_over_limit(&mut self) -> usize {
-        let excess = self.entries.len().saturating_sub(self.limit as usize).min(EVICT_PER_CALL);
-        (0..excess).map(|_| self.evict_oldest()).sum()
-    }
-
-    /// Evicts the oldest entry; the bytes it freed (0 when empty).
-    fn evict_oldest(&mut self) -> usize {
-        match self.order.pop_first() {
-            Some((_, key)) => match self.entries.remove(&key) {
-                Some(e) => {
-                    let freed = cost(&key, &e.value);
-                    self.bytes -= freed;
-                    freed
-                }
-                None => 0,
-            },
-            None => 0,
-        }
-    }
-}
-
 struct Inner {
-    scopes: HashMap<String, Scope>,
+    scopes: HashMap<Box<str>, Scope>,
     total: usize,
     limits: StateLimits,
     dropped_writes: u64,
+}
+
+/// The scope `name`, made (and charged to `total`) if it is new.
+fn scope_of<'a>(scopes: &'a mut HashMap<Box<str>, Scope>, total: &mut usize, name: &str) -> &'a mut Scope {
+    if !scopes.contains_key(name) {
+        let s = Scope::new(name);
+        *total += s.bytes;
+        scopes.insert(name.into(), s);
+    }
+    scopes.get_mut(name).expect("just made")
 }
 
 /// Plugin state held in this process.
@@ -227,7 +179,8 @@ impl MemoryState {
         }
     }
 
-    /// Bytes held across all scopes.
+    /// Bytes held across all scopes, as counted against the total bound
+    /// (what they take on the heap, at worst: see [`cost`]).
     pub fn total_bytes(&self) -> usize {
         self.inner.lock().total
     }
@@ -235,6 +188,12 @@ impl MemoryState {
     /// Writes refused because they could not fit.
     pub fn dropped_writes(&self) -> u64 {
         self.inner.lock().dropped_writes
+    }
+
+    /// [`StateStore::set`], and whether the write was kept: `false` when it
+    /// was too large or could not fit (what a replica must not share).
+    pub fn write(&self, scope: &str, key: &str, value: &str, ttl_ms: Option<u64>, now_ms: u64) -> bool {
+        self.insert(scope, key, value, ttl_ms.map(|t| now_ms.saturating_add(t)), now_ms, false)
     }
 
     /// Takes a write another replica made: applied unless this store holds
@@ -275,8 +234,8 @@ impl MemoryState {
         let Some(s) = inner.scopes.get(scope) else { return Vec::new() };
         s.entries
             .iter()
-            .filter(|(_, e)| e.expires_at.is_none_or(|t| t > now))
-            .map(|(k, e)| (k.clone(), e.value.clone(), e.expires_at, e.written))
+            .filter(|(_, e)| e.live_at(now))
+            .map(|(k, e)| (k.to_string(), e.value.to_string(), e.expires_at(), e.written))
             .collect()
     }
 
@@ -296,16 +255,17 @@ impl MemoryState {
         let inner = self.inner.lock();
         let Some(s) = inner.scopes.get(scope) else { return (Vec::new(), None) };
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);
-        let batch: Vec<(&String, &Entry)> = s.entries.range::<str, _>((from, Bound::Unbounded)).take(n).collect();
-        let next = if batch.len() == n { batch.last().map(|(k, _)| (*k).clone()) } else { None };
+        let batch: Vec<(&std::sync::Arc<str>, &Entry)> =
+            s.entries.range::<str, _>((from, Bound::Unbounded)).take(n).collect();
+        let next = if batch.len() == n { batch.last().map(|(k, _)| k.to_string()) } else { None };
         let live = batch
             .into_iter()
-            .filter(|(_, e)| e.expires_at.is_none_or(|t| t > now))
+            .filter(|(_, e)| e.live_at(now))
             .map(|(k, e)| StateEntry {
                 scope: scope.to_string(),
-                key: k.clone(),
-                value: e.value.clone(),
-                expires_at: e.expires_at,
+                key: k.to_string(),
+                value: e.value.to_string(),
+                expires_at: e.expires_at(),
                 written: e.written,
             })
             .collect();
@@ -314,7 +274,7 @@ impl MemoryState {
 
     /// The scopes held now.
     pub fn scope_names(&self) -> Vec<String> {
-        self.inner.lock().scopes.keys().cloned().collect()
+        self.inner.lock().scopes.keys().map(|n| n.to_string()).collect()
     }
 
     /// Writes `key` to expire at `expires_at` (absolute), as written at
@@ -349,18 +309,15 @@ impl MemoryState {
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
         let limits = inner.limits;
-        let s = match inner.scopes.get_mut(scope) {
-            Some(s) => s,
-            None => inner.scopes.entry(scope.to_string()).or_default(),
-        };
+        let s = scope_of(&mut inner.scopes, &mut inner.total, scope);
         if only_if_newer && s.entries.get(key).is_some_and(|e| e.written > written) {
             return false;
         }
         inner.total -= s.remove(key);
-        let need = cost(key, value);
+        let need = cost::entry(key, value);
         // Make room in this scope: its entry limit (an excess left by a lowered
         // limit drains a batch per call), then its byte bound and the total
-        // (each eviction frees at least `ENTRY_OVERHEAD`, so a write of at most
+        // (each eviction frees more than `ENTRY_OVERHEAD`, so a write of at most
         // 65 KiB evicts a few hundred entries at most).
         inner.total -= s.evict_over_limit();
         if s.entries.len() >= s.limit as usize {
@@ -377,12 +334,7 @@ impl MemoryState {
             }
             return false;
         }
-        let seq = s.next_seq;
-        s.next_seq += 1;
-        s.order.insert(seq, key.to_string());
-        s.entries.insert(key.to_string(), Entry { value: value.to_string(), expires_at, seq, written });
-        s.bytes += need;
-        inner.total += need;
+        inner.total += s.add(key, value, expires_at, written);
         self.changes.fetch_add(1, Ordering::Relaxed);
         true
     }
@@ -394,15 +346,15 @@ impl StateStore for MemoryState {
         let inner = &mut *inner;
         let s = inner.scopes.get_mut(scope)?;
         let e = s.entries.get(key)?;
-        if e.expires_at.is_some_and(|t| now_ms >= t) {
+        if !e.live_at(now_ms) {
             inner.total -= s.remove(key);
             return None;
         }
-        Some(e.value.clone())
+        Some(e.value.to_string())
     }
 
     fn set(&self, scope: &str, key: &str, value: &str, ttl_ms: Option<u64>, now_ms: u64) {
-        self.insert(scope, key, value, ttl_ms.map(|t| now_ms.saturating_add(t)), now_ms, false);
+        self.write(scope, key, value, ttl_ms, now_ms);
     }
 
     fn delete(&self, scope: &str, key: &str) {
@@ -417,10 +369,7 @@ impl StateStore for MemoryState {
     fn limit(&self, scope: &str, max_entries: u32) {
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
-        let s = match inner.scopes.get_mut(scope) {
-            Some(s) => s,
-            None => inner.scopes.entry(scope.to_string()).or_default(),
-        };
+        let s = scope_of(&mut inner.scopes, &mut inner.total, scope);
         s.limit = max_entries.clamp(1, MAX_LIMIT);
         inner.total -= s.evict_over_limit();
     }
@@ -437,8 +386,11 @@ impl StateStore for MemoryState {
         let dropped: Vec<Scope> = {
             let mut inner = self.inner.lock();
             let inner = &mut *inner;
-            let gone: Vec<String> = inner.scopes.keys().filter(|n| !keep.contains(&n.as_str())).cloned().collect();
+            let gone: Vec<Box<str>> = inner.scopes.keys().filter(|n| !keep.contains(&&***n)).cloned().collect();
             let dropped = gone.iter().filter_map(|n| inner.scopes.remove(n)).collect();
+            // The table's slots are charged per scope: give back those of the
+            // scopes gone.
+            inner.scopes.shrink_to_fit();
             inner.total = inner.scopes.values().map(|s| s.bytes).sum();
             dropped
         };
@@ -485,124 +437,6 @@ impl StateStore for MemoryState {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ttl_is_measured_against_request_time() {
-        let st = MemoryState::default();
-        st.set("p", "k", "v", Some(100), 1_000);
-        assert_eq!(st.get("p", "k", 1_099).as_deref(), Some("v"));
-        assert_eq!(st.get("p", "k", 1_100), None);
-    }
-
-    #[test]
-    fn lru_evicts_least_recently_written() {
-        let st = MemoryState::default();
-        st.limit("p", 2);
-        st.set("p", "a", "1", None, 0);
-        st.set("p", "b", "2", None, 0);
-        st.set("p", "a", "1b", None, 0); // rewrite makes `a` the newest
-        st.set("p", "c", "3", None, 0);
-        assert_eq!(st.get("p", "b", 0), None);
-        assert_eq!(st.get("p", "a", 0).as_deref(), Some("1b"));
-        assert_eq!(st.get("p", "c", 0).as_deref(), Some("3"));
-    }
-
-    #[test]
-    fn scopes_are_separate() {
-        let st = MemoryState::default();
-        st.set("p", "k", "v", None, 0);
-        assert_eq!(st.get("q", "k", 0), None);
-        st.delete("p", "k");
-        assert_eq!(st.get("p", "k", 0), None);
-        assert_eq!(st.total_bytes(), 0);
-    }
-
-    #[test]
-    fn a_scope_is_bounded_in_bytes_and_the_flooder_pays() {
-        let st = MemoryState::with_limits(StateLimits { scope_bytes: 1 << 20, total_bytes: 3 << 19 });
-        st.limit("flood", MAX_LIMIT);
-        st.set("quiet", "binding", "acct-1", None, 0);
-        let big = "x".repeat(60 * 1024);
-        for i in 0..1000 {
-            st.set("flood", &format!("k{i}"), &big, None, 0);
-        }
-        assert!(st.bytes("flood") <= 1 << 20, "{}", st.bytes("flood"));
-        assert!(st.get("flood", "k999", 0).is_some(), "the newest writes are kept");
-        assert_eq!(st.get("flood", "k0", 0), None, "the oldest went first");
-        assert_eq!(st.get("quiet", "binding", 0).as_deref(), Some("acct-1"), "another scope is untouched");
-        // A second flooding scope meets the total bound and evicts only itself.
-        st.limit("flood2", MAX_LIMIT);
-        for i in 0..1000 {
-            st.set("flood2", &format!("k{i}"), &big, None, 0);
-        }
-        assert!(st.total_bytes() <= 3 << 19);
-        assert!(st.bytes("flood") > 900 * 1024, "the first flooder's entries stay");
-        assert_eq!(st.get("quiet", "binding", 0).as_deref(), Some("acct-1"));
-    }
-
-    #[test]
-    fn many_tiny_entries_count_their_overhead() {
-        let st = MemoryState::with_limits(StateLimits { scope_bytes: 100 * ENTRY_OVERHEAD, total_bytes: usize::MAX });
-        st.limit("p", MAX_LIMIT);
-        for i in 0..10_000 {
-            st.set("p", &i.to_string(), "", None, 0);
-        }
-        assert!(st.len("p") < 100, "{}", st.len("p"));
-    }
-
-    #[test]
-    fn lowering_the_limit_of_a_full_scope_costs_a_bounded_batch_per_call() {
-        let st = MemoryState::default();
-        st.limit("p", MAX_LIMIT);
-        let n = 10 * EVICT_PER_CALL;
-        for i in 0..n {
-            st.set("p", &format!("k{i}"), "", None, 0);
-        }
-        st.limit("p", 1);
-        assert_eq!(st.len("p"), n - EVICT_PER_CALL, "one call evicted one batch");
-        assert_eq!(st.get("p", "k0", 0), None, "the oldest went first");
-        assert!(st.get("p", &format!("k{}", n - 1), 0).is_some());
-        // Every later write drains another batch, and the scope reaches its
-        // limit again.
-        for i in 0..10 {
-            st.set("p", &format!("new{i}"), "", None, 0);
-        }
-        assert_eq!(st.len("p"), 1);
-        assert_eq!(st.get("p", "new9", 0).as_deref(), Some(""));
-        assert_eq!(st.bytes("p"), cost("new9", ""));
-        assert_eq!(st.total_bytes(), cost("new9", ""));
-    }
-
-    #[test]
-    fn a_dump_copies_a_full_scope_a_batch_at_a_time_and_stops_at_its_bound() {
-        let st = MemoryState::default();
-        st.limit("p", MAX_LIMIT);
-        let n = 3 * EVICT_PER_CALL + 7;
-        for i in 0..n {
-            st.set("p", &format!("k{i:05}"), "v", if i % 2 == 0 { Some(10) } else { None }, 0);
-        }
-        st.set("q", "k", "v", None, 0);
-        let all = st.dump(20, usize::MAX);
-        assert_eq!(all.len(), n / 2 + 1, "every live entry once, the expired ones left out");
-        let (first, next) = st.entries_after("p", None, EVICT_PER_CALL, 20);
-        assert_eq!((first.len(), next.as_deref()), (EVICT_PER_CALL / 2, Some("k01023")));
-        let cost = |e: &StateEntry| e.scope.len() + e.key.len() + e.value.len() + DUMP_ENTRY_OVERHEAD;
-        let bound = 10 * (1 + 6 + DUMP_ENTRY_OVERHEAD);
-        let bytes: usize = st.dump(20, bound).iter().map(cost).sum();
-        assert!(bytes <= bound && bytes > bound - (1 + 6 + DUMP_ENTRY_OVERHEAD), "up to the bound: {bytes}");
-        assert_eq!(st.changes(), n as u64 + 1);
-    }
-
-    #[test]
-    fn unused_scopes_are_dropped() {
-        let st = MemoryState::default();
-        st.set("old", "k", "v", None, 0);
-        st.set("kept", "k", "v", None, 0);
-        st.retain_scopes(&["kept"]);
-        assert_eq!(st.get("old", "k", 0), None);
-        assert_eq!(st.get("kept", "k", 0).as_deref(), Some("v"));
-        assert_eq!(st.total_bytes(), cost("k", "v"));
-    }
-}
+mod heap_tests;
+#[cfg(test)]
+mod tests;
