@@ -258,6 +258,7 @@ impl Plugin {
         });
         // Configure one instance now: a bad option must refuse the chain at load,
         // not fail the first request.
+        super::loading::phase(super::loading::LoadPhase::Configure);
         let first = {
             let shared = shared.clone();
             engine.builder().run(async move { shared.build().await }).await?
