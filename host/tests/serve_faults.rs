@@ -909,10 +909,11 @@ async fn rss_settles_under(gw: &Gateway, kib: u64) -> bool {
 
 /// A reload whose `configure` never ends is refused within its bound (twice
 /// `configure_timeout_ms` plus 2 s: 4 s here), naming the stage and the phase,
-/// and its build is dropped: four such reloads, each holding 32 MiB in the
-/// napping instance, leave the gateway's RSS within 24 MiB of where it was
-/// (a build left running would add 128 MiB), requests keep being served and
-/// the running configuration stays.
+/// and its build is dropped: four such reloads, each holding 48 MiB in the
+/// napping instance, leave the gateway's RSS within 40 MiB of where it was
+/// (measured: 4–20 MiB, what allocators keep; a build left running would add
+/// 48 MiB each), requests keep being served and the running configuration
+/// stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_whose_configure_never_ends_is_refused_in_its_bound_and_leaves_nothing() {
     let mock = MockUpstream::start().await;
@@ -923,7 +924,7 @@ async fn a_reload_whose_configure_never_ends_is_refused_in_its_bound_and_leaves_
     let good = std::fs::read_to_string(&path).unwrap();
     drive(&gw, 40).await;
     let baseline = rss_kib(gw.pid());
-    std::fs::write(&path, good.replace(plain, &napping(32))).unwrap();
+    std::fs::write(&path, good.replace(plain, &napping(48))).unwrap();
     for i in 0..4 {
         let (status, body, took) = admin_reload(gw.url.clone()).await;
         assert_eq!(status, 422, "reload {i}: {body}");
@@ -932,12 +933,11 @@ async fn a_reload_whose_configure_never_ends_is_refused_in_its_bound_and_leaves_
         assert!(errors.contains("configure"), "reload {i} names the phase: {errors}");
         // 4 s bound, plus compiling the guest once and a busy machine.
         assert!(took < Duration::from_secs(20), "reload {i} took {took:?}");
+        eprintln!("refused reload {i} answered in {took:?}, RSS {} KiB: {errors}", rss_kib(gw.pid()));
     }
-    assert!(
-        rss_settles_under(&gw, baseline + 24 * 1024).await,
-        "four refused reloads left RSS at {} KiB (from {baseline} KiB)",
-        rss_kib(gw.pid())
-    );
+    let settled = rss_settles_under(&gw, baseline + 40 * 1024).await;
+    eprintln!("RSS {baseline} KiB before, {} KiB after four refused reloads", rss_kib(gw.pid()));
+    assert!(settled, "four refused reloads left RSS at {} KiB (from {baseline} KiB)", rss_kib(gw.pid()));
     let st = gw.admin_json("/status", ADMIN).await;
     assert_eq!(st["config"]["generation"], 1, "{st}");
     assert_eq!(st["chain"][0]["name"], "plain", "{st}");
@@ -967,6 +967,7 @@ async fn a_newer_reload_supersedes_one_stuck_in_configure() {
         rss_kib(gw.pid()) > baseline + 40 * 1024
     })
     .await;
+    eprintln!("RSS {} KiB with the stuck configure running", rss_kib(gw.pid()));
     std::fs::write(&path, good.replace("name = \"plain\"", "name = \"winner\"")).unwrap();
     let (status, body, took) = admin_reload(gw.url.clone()).await;
     assert_eq!(status, 200, "{body}");
@@ -983,10 +984,12 @@ async fn a_newer_reload_supersedes_one_stuck_in_configure() {
     let (won, now) = (first["generation"].as_u64().unwrap_or(0), st["config"]["generation"].as_u64().unwrap_or(0));
     assert!(won >= 2 && won <= now, "{first} {st}");
     assert_eq!(st["config"]["last_reload"]["ok"], true, "{st}");
-    assert!(
-        rss_settles_under(&gw, baseline + 24 * 1024).await,
-        "the superseded build's memory stayed: {} KiB (from {baseline} KiB)",
+    let settled = rss_settles_under(&gw, baseline + 24 * 1024).await;
+    eprintln!(
+        "RSS {baseline} KiB before, {} KiB after; the newer reload took {took:?}, the superseded one answered \
+         after {first_took:?}: {first}",
         rss_kib(gw.pid())
     );
+    assert!(settled, "the superseded build's memory stayed: {} KiB (from {baseline} KiB)", rss_kib(gw.pid()));
     drive(&gw, REQUESTS).await.assert_all_served("after the superseding reload");
 }
