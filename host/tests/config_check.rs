@@ -163,3 +163,37 @@ fn an_empty_chain_is_refused_naming_the_key() {
         assert!(out.contains("cfg:2: policy.chain: an empty chain ranks nothing"), "{out}");
     }
 }
+
+/// A stage whose `configure` never ends — it sleeps 200 ms at a time, forever,
+/// which no per-wait timer cuts — with `configure_timeout_ms = 1000`: its
+/// configure phase is bounded at twice that plus 2 s of slack (4 s).
+fn stuck_configure() -> String {
+    let guest = poolgate::artifacts::test_guest("misbehave").expect("the misbehave guest");
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n\n[[accounts]]\nid = \"a\"\napi_key_env = \"GOOD_KEY\"\n\n\
+         [policy]\nconfigure_timeout_ms = 1000\n\n\
+         [[policy.chain]]\nplugin = \"builtin:headroom\"\n\n\
+         [[policy.chain]]\nplugin = \"{guest}\"\nname = \"stuck\"\n\
+         config = {{ fault = \"pass\", configure = \"reload-nap\", ms = 200, bytes = 1048576 }}\n"
+    )
+}
+
+/// `serve` and `check` give up on a `configure` that never ends within its
+/// bound, naming the stage and the phase, instead of never becoming ready.
+/// The limit asserted is the 4 s bound plus 26 s for compiling the guest and
+/// starting on a busy 2-core machine; without the bound, `serve` never
+/// became ready and `check` ran for 180 s.
+#[test]
+fn serve_and_check_give_up_on_a_configure_that_never_ends_naming_stage_and_phase() {
+    let config = stuck_configure();
+    for command in ["check", "serve"] {
+        let started = std::time::Instant::now();
+        let (ok, out) = run(&[command], &config);
+        let took = started.elapsed();
+        assert!(!ok, "{command}: {out}");
+        assert!(!out.contains("listening"), "{command}: {out}");
+        assert!(out.contains("policy.chain[1] (`stuck`)"), "{command} names the stage: {out}");
+        assert!(out.contains("configure"), "{command} names the phase: {out}");
+        assert!(took < std::time::Duration::from_secs(30), "{command} took {took:?}: {out}");
+    }
+}

@@ -432,3 +432,44 @@ async fn a_reload_that_would_open_or_weaken_the_gateway_is_refused() {
     assert!(!log.contains("server.listen"), "--listen is re-applied on reload:\n{log}");
     assert_eq!(gw.curl(&no_key, "/v1/messages").0, 401);
 }
+
+/// A loopback port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A reload warns that `server.listen` changed (it takes effect only at the
+/// next restart) when the file's address really changed — and only then:
+/// with `--listen`, which every reload re-applies, the file's own address is
+/// not in force, and a reload says nothing of it (see the test above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_warns_of_a_new_listen_address_only_when_it_really_changed() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-0");
+    let dir = tempdir::Dir::new("listen-change");
+    let path = dir.0.join("poolgate.toml");
+    let (first, second) = (free_port(), free_port());
+    let file = |port: u16| {
+        let mut c = guarded_config(&mock.base_url(), false, true, HEADROOM);
+        c = c.replace("listen = \"127.0.0.1:1\"", &format!("listen = \"127.0.0.1:{port}\""));
+        assert!(c.contains(&format!(":{port}\"")), "{c}");
+        c
+    };
+    std::fs::write(&path, file(first)).unwrap();
+    let gw = Gateway::start_file_as_written(&path, &[("KEY_0", "key-0"), ("PG_ADMIN", ADMIN)], dir);
+    assert_eq!(gw.url, format!("http://127.0.0.1:{first}"));
+    let reload = async || {
+        let r = Gateway::client().post(format!("{}/admin/reload", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    };
+    let warned = |log: &str| log.lines().any(|l| l.contains("server.listen") && l.contains("next restart"));
+    // The same address: nothing to warn of.
+    reload().await;
+    assert!(!warned(&gw.log()), "{}", gw.log());
+    // A new one: warned, and the gateway stays where it listens.
+    std::fs::write(&path, file(second)).unwrap();
+    reload().await;
+    assert!(warned(&gw.log()), "no warning for a new listen address:\n{}", gw.log());
+    let st = status(&gw.url).await;
+    assert_eq!(st["config"]["last_reload"]["ok"], true, "{st}");
+}

@@ -1124,3 +1124,126 @@ async fn instance_builds_that_never_end_are_cut_counted_and_open_the_breaker() {
     let run = drive(&gw, REQUESTS).await;
     run.assert_all_served("while the breaker is open on failing builds");
 }
+
+/// A stage whose `configure` holds `mib` MiB and then sleeps 200 ms at a time,
+/// forever: no per-wait timer cuts it, only the bound on the whole load.
+fn napping(mib: usize) -> String {
+    format!(
+        "[[policy.chain]]\nplugin = \"{}\"\nname = \"stuck\"\n\
+         config = {{ fault = \"pass\", configure = \"reload-nap\", ms = 200, bytes = {} }}\n\n\
+         [[policy.chain]]\nplugin = \"builtin:headroom\"\n",
+        misbehave(),
+        mib << 20
+    )
+}
+
+/// `[policy]` with the configure budget of the reload tests below.
+fn configure_timeout(ms: u64) -> String {
+    format!("[policy]\nconfigure_timeout_ms = {ms}\n\n")
+}
+
+/// POST /admin/reload: the status, the JSON answer and how long it took.
+async fn admin_reload(url: String) -> (u16, Value, Duration) {
+    let started = Instant::now();
+    let (status, body) = support::admin_post(&url, "/admin/reload", Some(ADMIN), "").await;
+    (status, body, started.elapsed())
+}
+
+/// Waits until the gateway's RSS is under `kib`; false if it is not within 10 s.
+async fn rss_settles_under(gw: &Gateway, kib: u64) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
+        if rss_kib(gw.pid()) < kib {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// A reload whose `configure` never ends is refused within its bound (twice
+/// `configure_timeout_ms` plus 2 s: 4 s here), naming the stage and the phase,
+/// and its build is dropped: four such reloads, each holding 48 MiB in the
+/// napping instance, leave the gateway's RSS within 40 MiB of where it was
+/// (measured: 4–20 MiB, what allocators keep; a build left running would add
+/// 48 MiB each), requests keep being served and the running configuration
+/// stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_whose_configure_never_ends_is_refused_in_its_bound_and_leaves_nothing() {
+    let mock = MockUpstream::start().await;
+    let dir = tempdir::Dir::new("reload-nap");
+    let path = dir.0.join("poolgate.toml");
+    let plain = "[[policy.chain]]\nplugin = \"builtin:headroom\"\nname = \"plain\"\n";
+    let gw = start(&mock, dir, &format!("{}{plain}", configure_timeout(1000)));
+    let good = std::fs::read_to_string(&path).unwrap();
+    drive(&gw, 40).await;
+    let baseline = rss_kib(gw.pid());
+    std::fs::write(&path, good.replace(plain, &napping(48))).unwrap();
+    for i in 0..4 {
+        let (status, body, took) = admin_reload(gw.url.clone()).await;
+        assert_eq!(status, 422, "reload {i}: {body}");
+        let errors = body["errors"].to_string();
+        assert!(errors.contains("policy.chain[0] (`stuck`)"), "reload {i} names the stage: {errors}");
+        assert!(errors.contains("configure"), "reload {i} names the phase: {errors}");
+        // 4 s bound, plus compiling the guest once and a busy machine.
+        assert!(took < Duration::from_secs(20), "reload {i} took {took:?}");
+        eprintln!("refused reload {i} answered in {took:?}, RSS {} KiB: {errors}", rss_kib(gw.pid()));
+    }
+    let settled = rss_settles_under(&gw, baseline + 40 * 1024).await;
+    eprintln!("RSS {baseline} KiB before, {} KiB after four refused reloads", rss_kib(gw.pid()));
+    assert!(settled, "four refused reloads left RSS at {} KiB (from {baseline} KiB)", rss_kib(gw.pid()));
+    let st = gw.admin_json("/status", ADMIN).await;
+    assert_eq!(st["config"]["generation"], 1, "{st}");
+    assert_eq!(st["chain"][0]["name"], "plain", "{st}");
+    drive(&gw, REQUESTS).await.assert_all_served("after the refused reloads");
+}
+
+/// A newer reload supersedes one stuck in `configure` rather than waiting
+/// behind it: the stuck build is dropped (its memory comes back), the newer
+/// configuration loads promptly — in seconds, where the stuck one's bound is
+/// 22 s — and the admin POST of the superseded reload answers with the
+/// outcome of the reload that superseded it (`superseded_by` naming its
+/// trigger), as docs/configuration.md (Reloading) says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_reload_supersedes_one_stuck_in_configure() {
+    let mock = MockUpstream::start().await;
+    let dir = tempdir::Dir::new("reload-supersede");
+    let path = dir.0.join("poolgate.toml");
+    let plain = "[[policy.chain]]\nplugin = \"builtin:headroom\"\nname = \"plain\"\n";
+    let gw = start(&mock, dir, &format!("{}{plain}", configure_timeout(10_000)));
+    let good = std::fs::read_to_string(&path).unwrap();
+    drive(&gw, 40).await;
+    let baseline = rss_kib(gw.pid());
+    std::fs::write(&path, good.replace(plain, &napping(48))).unwrap();
+    let stuck = tokio::spawn(admin_reload(gw.url.clone()));
+    // The napping instance holds its 48 MiB: the stuck build is under way.
+    support::eventually("the stuck configure runs", Duration::from_secs(30), async || {
+        rss_kib(gw.pid()) > baseline + 40 * 1024
+    })
+    .await;
+    eprintln!("RSS {} KiB with the stuck configure running", rss_kib(gw.pid()));
+    std::fs::write(&path, good.replace("name = \"plain\"", "name = \"winner\"")).unwrap();
+    let (status, body, took) = admin_reload(gw.url.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(took < Duration::from_secs(8), "the newer reload waited for the stuck one: {took:?}");
+    let (status, first, first_took) = stuck.await.unwrap();
+    assert_eq!(status, 200, "the superseded reload answers with the winner's outcome: {first}");
+    assert_eq!(first["ok"], true, "{first}");
+    assert!(first["superseded_by"].is_string(), "{first}");
+    assert!(first_took < Duration::from_secs(20), "the superseded reload answered after {first_took:?}");
+    let st = gw.admin_json("/status", ADMIN).await;
+    assert_eq!(st["chain"][0]["name"], "winner", "the newest file is loaded: {st}");
+    // The winner is the newer admin reload or the file watcher's (it saw the
+    // write too); if both loaded, the superseded one names the first.
+    let (won, now) = (first["generation"].as_u64().unwrap_or(0), st["config"]["generation"].as_u64().unwrap_or(0));
+    assert!(won >= 2 && won <= now, "{first} {st}");
+    assert_eq!(st["config"]["last_reload"]["ok"], true, "{st}");
+    let settled = rss_settles_under(&gw, baseline + 24 * 1024).await;
+    eprintln!(
+        "RSS {baseline} KiB before, {} KiB after; the newer reload took {took:?}, the superseded one answered \
+         after {first_took:?}: {first}",
+        rss_kib(gw.pid())
+    );
+    assert!(settled, "the superseded build's memory stayed: {} KiB (from {baseline} KiB)", rss_kib(gw.pid()));
+    drive(&gw, REQUESTS).await.assert_all_served("after the superseding reload");
+}

@@ -31,19 +31,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let engine = PolicyEngine::new(config.cache_dir())?;
     engine.set_compile_limits(config.compile_limits());
     let accounts: Vec<String> = config.accounts.iter().filter(|a| a.enabled).map(|a| a.id.clone()).collect();
-    let bound = config.compile_limits().timeout + crate::gateway::RELOAD_TIMEOUT;
     // Exactly what `serve` builds for a generation — credentials, the chain
-    // compiled, configured and smoke-tested — and nothing it would serve with.
+    // compiled, configured and smoke-tested, within the same bounds — and
+    // nothing it would serve with.
     let loaded = crate::policy::block_on(async move {
         let state: std::sync::Arc<dyn crate::policy::StateStore> =
             std::sync::Arc::new(crate::policy::MemoryState::with_limits(config.state_limits()));
         let metrics = std::sync::Arc::new(crate::gateway::metrics::Metrics::default());
         let accounts = Default::default();
-        let build = Generation::build(1, config, &engine, &state, &accounts, &metrics, None);
-        match tokio::time::timeout(bound, build).await {
-            Ok(r) => r,
-            Err(_) => Err(anyhow::anyhow!("loading the configuration took longer than {} s", bound.as_secs())),
-        }
+        Generation::build_bounded(1, config, &engine, &state, &accounts, &metrics, None).await
     });
     match loaded {
         Ok(g) => {

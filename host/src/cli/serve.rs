@@ -10,7 +10,7 @@ use crate::config::{Config, Overrides, validate};
 use sha2::{Digest, Sha256};
 
 use crate::gateway::routes::{ReloadRequest, Reloader};
-use crate::gateway::{Gateway, server, watch};
+use crate::gateway::{Gateway, ReloadError, server, watch};
 use crate::policy::PolicyEngine;
 
 /// Arguments of `poolgate serve`.
@@ -112,7 +112,9 @@ pub async fn serve(config: Config, source: Option<(PathBuf, Overrides)>) -> Resu
 const FINAL_SAVE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The reload hook of a gateway started from the file `p`: each reload reads
-/// the file in its turn, with the same `overrides` the start applied, and is
+/// the file in its turn (superseding any reload still loading, so the newest
+/// file wins), with the same `overrides` the start applied — `--listen` among
+/// them, so a reload never sees the file's own `listen` as a change — and is
 /// judged as a start would judge it (see `Gateway::reload_in_turn`).
 fn reloader(p: PathBuf, overrides: Overrides) -> server::MakeReloader {
     Box::new(move |gw: &Arc<Gateway>| {
@@ -121,25 +123,20 @@ fn reloader(p: PathBuf, overrides: Overrides) -> server::MakeReloader {
         let r: Reloader = Arc::new(move |request: ReloadRequest| {
             let (gw, p, overrides) = (gw.clone(), p.clone(), overrides.clone());
             Box::pin(async move {
-                let gw = gw.upgrade().ok_or("the gateway is shutting down")?;
+                let gw = gw.upgrade().ok_or_else(|| ReloadError::Refused("the gateway is shutting down".into()))?;
                 let trigger = request.trigger;
-                let turn = gw.reload_turn().await;
+                let turn = gw.reload_turn().await?;
                 let file = p.display().to_string();
                 let text = match std::fs::read_to_string(&p) {
                     Ok(t) => t,
-                    Err(e) => {
-                        let message = format!("cannot read config {file}: {e}");
-                        gw.refuse_reload(trigger, &message);
-                        return Err(message);
-                    }
+                    Err(e) => return Err(gw.refuse_in_turn(&turn, trigger, format!("cannot read config {file}: {e}"))),
                 };
                 // An empty file is a write in progress (a truncate before
                 // the new text), or a mistake: never a configuration that
                 // should drop every account and the admin token.
                 if text.trim().is_empty() {
                     let message = format!("config {file} is empty; the running configuration stays");
-                    gw.refuse_reload(trigger, &message);
-                    return Err(message);
+                    return Err(gw.refuse_in_turn(&turn, trigger, message));
                 }
                 if let Some(want) = request.expect_sha256
                     && <[u8; 32]>::from(Sha256::digest(text.as_bytes())) != want
@@ -153,11 +150,7 @@ fn reloader(p: PathBuf, overrides: Overrides) -> server::MakeReloader {
                     Ok((config, index)) => {
                         gw.reload_in_turn(&turn, config, trigger, &|m| validate::locate(m, &index, &file)).await
                     }
-                    Err(e) => {
-                        let message = format!("{e:#}");
-                        gw.refuse_reload(trigger, &message);
-                        Err(message)
-                    }
+                    Err(e) => Err(gw.refuse_in_turn(&turn, trigger, format!("{e:#}"))),
                 }
             })
         });

@@ -2,11 +2,21 @@
 //! and configured, account state attached — and never changed afterwards. A
 //! reload builds the next generation beside it and swaps the pointer; requests in
 //! flight finish on the generation they started with.
+//!
+//! Loading one is bounded phase by phase ([`LoadBounds`]), at start, in `check`
+//! and on every reload alike: each stage's compile by the compile budget, its
+//! `configure` by the configure budget, the smoke test by the stages' call
+//! deadlines — each plus [`LOAD_SLACK`]. This is the outer bound: it holds
+//! whatever a plugin does inside (the inner bounds of each call may be
+//! defeated by a plugin that waits in many short pieces), and a load past it
+//! is dropped — its build on the plugin builder thread aborted — and refused,
+//! naming the stage and the phase.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
 use parking_lot::Mutex;
 
 use super::accounts::AccountState;
@@ -16,6 +26,7 @@ use super::now_ms;
 use super::upstream::Target;
 use crate::config::headers::ForwardPolicy;
 use crate::config::{AccountConfig, Config, Credential, OAuthConfig};
+use crate::policy::loading::{self, LoadPhase, LoadWatch, Step};
 use crate::policy::types::{self as wit, AccountInfo};
 use crate::policy::view;
 use crate::policy::{Candidates, Chain, Fault, Phase, PolicyEngine, StateStore};
@@ -93,7 +104,129 @@ fn binding(credential: &Credential) -> Option<String> {
     }
 }
 
+/// How far past its own bound one phase of a load may run before the load is
+/// given up: what a busy machine adds between an inner bound firing and the
+/// load noticing (scheduling, dropping a half-built instance).
+pub const LOAD_SLACK: Duration = Duration::from_secs(2);
+
+/// The outer bound of each phase of loading a generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadBounds {
+    /// Reading and compiling one stage's plugin: `[policy] compile_timeout_ms`
+    /// plus the slack.
+    pub compile: Duration,
+    /// Instantiating one stage's first instance and running its `configure`:
+    /// twice `[policy] configure_timeout_ms` (its wall-clock budget: the CPU
+    /// budget, with room for a machine that is busy) plus the slack.
+    pub configure: Duration,
+    /// The smoke test through the whole chain: per stage, a `rank` and an
+    /// `observe`, each waiting for an instance at most its deadline and
+    /// running at most four times it (its wall-clock bound) — ten deadlines
+    /// per stage — plus the slack.
+    pub smoke: Duration,
+}
+
+impl LoadBounds {
+    /// The bounds of loading `config`.
+    pub fn of(config: &Config) -> Result<LoadBounds> {
+        let specs = config.stage_specs()?;
+        let configure = specs.iter().map(|s| s.plugin.limits.configure_deadline).max().unwrap_or_default();
+        let smoke: Duration = specs.iter().map(|s| s.plugin.limits.deadline * 10).sum();
+        Ok(LoadBounds {
+            compile: config.compile_limits().timeout + LOAD_SLACK,
+            configure: configure * 2 + LOAD_SLACK,
+            smoke: smoke + LOAD_SLACK,
+        })
+    }
+
+    /// The bound of `phase`.
+    pub fn of_phase(&self, phase: LoadPhase) -> Duration {
+        match phase {
+            // Nothing before the chain waits on a plugin.
+            LoadPhase::Prepare => LOAD_SLACK,
+            LoadPhase::Compile => self.compile,
+            LoadPhase::Configure => self.configure,
+            LoadPhase::Smoke => self.smoke,
+        }
+    }
+
+    /// The longest a load of `stages` stages may take, every one compiled and
+    /// configured anew.
+    pub fn total(&self, stages: usize) -> Duration {
+        LOAD_SLACK + (self.compile + self.configure) * stages as u32 + self.smoke
+    }
+
+    /// Why a load that is at `step` at `now` is given up; `None` while it is
+    /// within the bound of its phase.
+    pub fn overdue(&self, step: &Step, now: Instant) -> Option<String> {
+        let bound = self.of_phase(step.phase);
+        if now.saturating_duration_since(step.since) < bound {
+            return None;
+        }
+        let slack = LOAD_SLACK.as_secs();
+        let why = match step.phase {
+            LoadPhase::Prepare => "preparing the accounts".to_string(),
+            LoadPhase::Compile => format!("reading and compiling: [policy] compile_timeout_ms plus {slack} s of slack"),
+            LoadPhase::Configure => format!(
+                "instantiating and running `configure`: twice [policy] configure_timeout_ms plus {slack} s of slack"
+            ),
+            LoadPhase::Smoke => {
+                format!("ranking a test request: ten times each stage's timeout_ms plus {slack} s of slack")
+            }
+        };
+        let place = match &step.stage {
+            Some((i, name)) => format!("policy.chain[{i}] (`{name}`)"),
+            None => "policy.chain".to_string(),
+        };
+        Some(format!(
+            "{place}: {} did not finish within {:.1} s ({why}); the load was given up and its build dropped",
+            step.phase.as_str(),
+            bound.as_secs_f64(),
+        ))
+    }
+}
+
+/// Resolves, with the refusal, once the load `watch` follows overstays a phase.
+async fn overdue(watch: &LoadWatch, bounds: &LoadBounds) -> String {
+    loop {
+        let changed = watch.changed();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let step = watch.now();
+        let deadline = step.since + bounds.of_phase(step.phase);
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline.into()) => {
+                if let Some(why) = bounds.overdue(&watch.now(), Instant::now()) {
+                    return why;
+                }
+            }
+            () = &mut changed => {}
+        }
+    }
+}
+
 impl Generation {
+    /// [`Generation::build`] within [`LoadBounds`]: a load that overstays a
+    /// phase is dropped (nothing of it keeps running) and refused, naming the
+    /// stage and the phase.
+    pub async fn build_bounded(
+        number: u64,
+        config: Config,
+        engine: &Arc<PolicyEngine>,
+        plugin_state: &Arc<dyn StateStore>,
+        states: &Mutex<HashMap<String, Arc<AccountState>>>,
+        metrics: &Arc<Metrics>,
+        previous: Option<&Chain>,
+    ) -> Result<Generation> {
+        let bounds = LoadBounds::of(&config)?;
+        let watch = LoadWatch::new(Instant::now());
+        let build = watch.scope(Self::build(number, config, engine, plugin_state, states, metrics, previous));
+        tokio::select! {
+            built = build => built,
+            why = overdue(&watch, &bounds) => Err(anyhow!(why)),
+        }
+    }
+
     /// Loads `config`. Every problem with credentials is reported at once; the
     /// chain is compiled, instantiated, configured and smoke-ranked — except
     /// the stages it keeps from the `previous` chain, unchanged (see
@@ -165,6 +298,7 @@ impl Generation {
             loaded_ms: now_ms(),
             fallbacks,
         };
+        loading::phase(LoadPhase::Smoke);
         generation.smoke_rank().await?;
         Ok(generation)
     }
@@ -221,5 +355,55 @@ impl Generation {
     /// The account at pool index `index`.
     pub fn account(&self, index: u32) -> Option<&PoolAccount> {
         self.accounts.get(index as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(toml: &str) -> Config {
+        toml::from_str(toml).unwrap()
+    }
+
+    #[test]
+    fn each_phase_is_bounded_by_its_own_budget_plus_the_slack() {
+        let c = config(
+            "[policy]\nconfigure_timeout_ms = 1000\ncompile_timeout_ms = 3000\ntimeout_ms = 50\n\
+             [[policy.chain]]\nplugin = \"builtin:headroom\"\n[[policy.chain]]\nplugin = \"builtin:affinity\"\n\
+             timeout_ms = 100\n",
+        );
+        let b = LoadBounds::of(&c).unwrap();
+        assert_eq!(b.compile, Duration::from_secs(3) + LOAD_SLACK);
+        assert_eq!(b.configure, Duration::from_secs(2) + LOAD_SLACK);
+        assert_eq!(b.smoke, Duration::from_millis(500 + 1000) + LOAD_SLACK);
+        assert_eq!(b.total(2), LOAD_SLACK + (b.compile + b.configure) * 2 + b.smoke);
+    }
+
+    #[test]
+    fn a_load_is_overdue_only_past_the_bound_of_the_phase_it_is_in_and_says_where() {
+        let b = LoadBounds {
+            compile: Duration::from_secs(10),
+            configure: Duration::from_secs(4),
+            smoke: Duration::from_secs(3),
+        };
+        let t0 = Instant::now();
+        let step = |phase, stage: Option<(usize, &str)>| Step {
+            stage: stage.map(|(i, n)| (i, n.to_string())),
+            phase,
+            since: t0,
+            seq: 1,
+        };
+        let configuring = step(LoadPhase::Configure, Some((1, "stuck")));
+        assert_eq!(b.overdue(&configuring, t0 + Duration::from_millis(3999)), None);
+        let why = b.overdue(&configuring, t0 + Duration::from_secs(4)).unwrap();
+        assert!(why.starts_with("policy.chain[1] (`stuck`): configure did not finish within 4.0 s"), "{why}");
+        assert!(why.contains("configure_timeout_ms"), "{why}");
+        // The same time is well within a compile.
+        assert_eq!(b.overdue(&step(LoadPhase::Compile, Some((0, "a"))), t0 + Duration::from_secs(4)), None);
+        let why = b.overdue(&step(LoadPhase::Compile, Some((0, "a"))), t0 + Duration::from_secs(11)).unwrap();
+        assert!(why.starts_with("policy.chain[0] (`a`): compile did not finish"), "{why}");
+        let why = b.overdue(&step(LoadPhase::Smoke, None), t0 + Duration::from_secs(3)).unwrap();
+        assert!(why.starts_with("policy.chain: smoke test did not finish within 3.0 s"), "{why}");
     }
 }

@@ -15,6 +15,8 @@
 //!   bounds what one client connection can hold; [`lifecycle`] is the
 //!   shutdown as requests see it (draining, streams cut); [`sd_notify`]
 //!   tells systemd.
+//! - [`reload`]: a new generation built beside the running one and swapped
+//!   in; a newer reload supersedes one still loading.
 //! - [`admin`]: operators acting on accounts at run time; [`persist`]: what
 //!   was learned, kept across a restart in the state file.
 
@@ -38,6 +40,7 @@ pub mod persist;
 pub mod proxy;
 pub mod quota;
 pub mod relay;
+pub mod reload;
 pub mod request;
 pub mod routes;
 pub mod sd_notify;
@@ -58,6 +61,7 @@ use parking_lot::Mutex;
 use crate::config::Config;
 use crate::policy::{MemoryState, PolicyEngine, StateStore};
 pub use generation::Generation;
+pub use reload::{ReloadError, ReloadStatus};
 
 /// Installs the TLS crypto provider (ring) for the process, once; later calls
 /// are no-ops.
@@ -88,21 +92,6 @@ pub fn first_request_id(since_epoch: Duration) -> u64 {
     (since_epoch.as_micros() as u64).max(1)
 }
 
-/// The outcome of the last reload, for `/status`.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct ReloadStatus {
-    /// When it finished.
-    pub at_ms: u64,
-    /// Whether it was applied.
-    pub ok: bool,
-    /// What triggered it.
-    pub trigger: String,
-    /// Why it was refused, one line per problem.
-    pub errors: Vec<String>,
-    /// Reloads refused in a row.
-    pub consecutive_failures: u32,
-}
-
 /// The pooled HTTP client requests go upstream through.
 fn pooled_client(config: &Config) -> Result<Arc<upstream::Upstream>> {
     install_crypto();
@@ -116,10 +105,6 @@ struct Parts {
     metrics: Arc<metrics::Metrics>,
     shared: Arc<dyn crate::shared::StateBackend>,
 }
-
-/// How long a reload may take beyond the compile budget (instantiating and
-/// configuring every stage, each bounded by its own configure deadline).
-pub const RELOAD_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Everything the gateway shares across requests.
 pub struct Gateway {
@@ -143,8 +128,8 @@ pub struct Gateway {
     next_request: AtomicU64,
     /// The last reload's outcome.
     pub last_reload: Mutex<Option<ReloadStatus>>,
-    /// Held while a reload runs: reloads happen one at a time.
-    reloading: tokio::sync::Mutex<()>,
+    /// The reloads: which is newest, how the last one ended.
+    reloads: reload::Reloads,
     /// When the gateway started.
     pub started_ms: u64,
     /// Where learned state is shared with other replicas (the embedded
@@ -204,7 +189,7 @@ impl Gateway {
         let Parts { plugin_state, http, metrics, shared } = parts;
         let states = Mutex::new(HashMap::new());
         engine.set_compile_limits(config.compile_limits());
-        let first = Generation::build(1, config, &engine, &plugin_state, &states, &metrics, None).await?;
+        let first = Generation::build_bounded(1, config, &engine, &plugin_state, &states, &metrics, None).await?;
         plugin_state.retain_scopes(&first.chain.scopes());
         let decisions = decisions::DecisionLog::new(first.config.server.decisions_kept);
         let state = &first.config.state;
@@ -223,7 +208,7 @@ impl Gateway {
             http,
             next_request: AtomicU64::new(first_request_id(since_epoch())),
             last_reload: Mutex::new(None),
-            reloading: tokio::sync::Mutex::new(()),
+            reloads: reload::Reloads::default(),
             started_ms: now_ms(),
             shared: shared.clone(),
             listening: std::sync::OnceLock::new(),
@@ -271,141 +256,6 @@ impl Gateway {
     /// The generation in force (requests hold on to the one they started with).
     pub fn generation(&self) -> Arc<Generation> {
         self.current.load_full()
-    }
-
-    /// Builds a new generation from `config` off the request path and swaps it in
-    /// only if every part of it loads; otherwise the running one stays. `locate`
-    /// rewrites an error line to point into the file (identity when there is none).
-    ///
-    /// Reloads run one at a time, and each is bounded ([`RELOAD_TIMEOUT`] beyond
-    /// the compile budget): a plugin that hangs its loading is refused, and the
-    /// next reload starts afresh.
-    pub async fn reload(
-        &self,
-        config: Config,
-        trigger: &str,
-        locate: &(dyn Fn(&str) -> String + Sync),
-    ) -> Result<u64, String> {
-        let turn = self.reload_turn().await;
-        self.reload_in_turn(&turn, config, trigger, locate).await
-    }
-
-    /// Waits for the reloads before this one to finish: reloads run one at a
-    /// time, and a reload that reads its config from a file reads it in its
-    /// turn (so it reads what is there when it runs, not when it was asked).
-    pub async fn reload_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.reloading.lock().await
-    }
-
-    /// [`Gateway::reload`], for a caller holding its turn.
-    pub async fn reload_in_turn(
-        &self,
-        _turn: &tokio::sync::MutexGuard<'_, ()>,
-        config: Config,
-        trigger: &str,
-        locate: &(dyn Fn(&str) -> String + Sync),
-    ) -> Result<u64, String> {
-        let number = self.generation().number + 1;
-        let started = std::time::Instant::now();
-        let weakens =
-            crate::config::serving::reload_weakens(&self.generation().config, self.listening.get().copied(), &config);
-        if !weakens.is_empty() {
-            let message = weakens.iter().map(|w| locate(w)).collect::<Vec<_>>().join("\n");
-            self.refuse_reload(trigger, &message);
-            return Err(message);
-        }
-        let limits = config.compile_limits();
-        self.engine.set_compile_limits(limits);
-        let bound = limits.timeout + RELOAD_TIMEOUT;
-        let running = self.generation();
-        let build = Generation::build(
-            number,
-            config,
-            &self.engine,
-            &self.plugin_state,
-            &self.states,
-            &self.metrics,
-            Some(&running.chain),
-        );
-        let built = match tokio::time::timeout(bound, build).await {
-            Ok(r) => r,
-            Err(_) => {
-                Err(anyhow::anyhow!("loading the new configuration took longer than {} s; refused", bound.as_secs()))
-            }
-        };
-        match built {
-            Ok(generation) => {
-                let (was, now) = (&self.generation().config, &generation.config);
-                let restart_only = [
-                    ("server.listen", was.server.listen != now.server.listen),
-                    ("server.log_format", was.server.log_format != now.server.log_format),
-                    ("gateway.connect_timeout_ms", was.gateway.connect_timeout_ms != now.gateway.connect_timeout_ms),
-                    ("state", was.state != now.state),
-                ];
-                for (key, changed) in restart_only {
-                    if changed {
-                        tracing::warn!(key, "changed, but takes effect only at the next restart");
-                    }
-                }
-                let changes = change::describe(&self.generation(), &generation);
-                self.decisions.resize(generation.config.server.decisions_kept);
-                self.plugin_state.set_limits(generation.config.state_limits());
-                self.plugin_state.retain_scopes(&generation.chain.scopes());
-                self.share_seats(&generation);
-                self.current.store(Arc::new(generation));
-                admin::note_reload(self);
-                self.metrics.reload(true);
-                *self.last_reload.lock() = Some(ReloadStatus {
-                    at_ms: now_ms(),
-                    ok: true,
-                    trigger: trigger.into(),
-                    errors: Vec::new(),
-                    consecutive_failures: 0,
-                });
-                tracing::info!(
-                    target: "poolgate::reload",
-                    generation = number,
-                    trigger,
-                    took_ms = started.elapsed().as_millis() as u64,
-                    "configuration reloaded: {changes}"
-                );
-                Ok(number)
-            }
-            Err(e) => {
-                let message = locate(&format!("{e:#}"));
-                self.refuse_reload(trigger, &message);
-                Err(message)
-            }
-        }
-    }
-
-    /// Records a reload that was refused before a generation could be built (a
-    /// config file that does not parse or validate). The running one stays.
-    pub fn refuse_reload(&self, trigger: &str, message: &str) {
-        self.metrics.reload(false);
-        let mut last = self.last_reload.lock();
-        let failures = last.as_ref().map_or(0, |l| l.consecutive_failures);
-        let errors: Vec<String> = message.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect();
-        // One line per refusal, its problems in it (escaped onto the line, or
-        // a JSON string). The same problems refused again — the file watcher
-        // and a SIGHUP meeting the same file — are not written out twice.
-        let again = last.as_ref().is_some_and(|l| !l.ok && l.errors == errors);
-        if again {
-            tracing::warn!(
-                trigger,
-                refusals = failures + 1,
-                "reload refused again for the same problems; the running configuration stays"
-            );
-        } else {
-            tracing::error!(trigger, error = %message.trim_end(), "reload refused; the running configuration stays");
-        }
-        *last = Some(ReloadStatus {
-            at_ms: now_ms(),
-            ok: false,
-            trigger: trigger.into(),
-            errors,
-            consecutive_failures: failures + 1,
-        });
     }
 
     /// Writes the state file now if anything changed (at shutdown, after the

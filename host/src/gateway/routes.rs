@@ -20,13 +20,13 @@ use super::errors::{ErrorType, error, final_error};
 use super::finish::Early;
 use super::metrics::labels;
 use super::proxy::{Api, Incoming, forward};
-use super::{Gateway, now_ms};
+use super::{Gateway, ReloadError, now_ms};
 
 /// A hook the server installs to reload the configuration from its source:
-/// called with what triggered it, it resolves to the new generation's number or
-/// to why the reload was refused.
+/// called with what triggered it, it resolves to the new generation's number,
+/// to why the reload was refused, or to its being superseded by a newer one.
 pub type Reloader =
-    Arc<dyn Fn(ReloadRequest) -> futures_util::future::BoxFuture<'static, Result<u64, String>> + Send + Sync>;
+    Arc<dyn Fn(ReloadRequest) -> futures_util::future::BoxFuture<'static, Result<u64, ReloadError>> + Send + Sync>;
 
 /// What asked for a reload.
 #[derive(Debug, Clone, Copy)]
@@ -430,12 +430,46 @@ async fn reload(State(s): State<AppState>, headers: HeaderMap) -> Response {
     // on the plugin builder thread: the async workers only wait.
     match tokio::spawn(reloader(ReloadRequest::now("admin"))).await {
         Ok(Ok(generation)) => json(&serde_json::json!({ "ok": true, "generation": generation })),
-        Ok(Err(e)) => {
-            let mut r = json(&serde_json::json!({ "ok": false, "errors": e.lines().collect::<Vec<_>>() }));
-            *r.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
-            r
-        }
+        Ok(Err(ReloadError::Refused(e))) => refused(&e, None),
+        Ok(Err(ReloadError::Superseded { ticket })) => superseded(&s.gateway, ticket).await,
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, ErrorType::Api, &e.to_string()),
+    }
+}
+
+/// A refused reload's answer: 422, one line per problem.
+fn refused(errors: &str, superseded_by: Option<&str>) -> Response {
+    let mut body = serde_json::json!({ "ok": false, "errors": errors.lines().collect::<Vec<_>>() });
+    if let Some(by) = superseded_by {
+        body["superseded_by"] = by.into();
+    }
+    let mut r = json(&body);
+    *r.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
+    r
+}
+
+/// The answer of an admin reload that a newer reload superseded: the newer
+/// one read the file later, so its outcome — waited for, within the bound of
+/// a whole load — is the answer to "is the file in force?" (the body names
+/// the trigger that won in `superseded_by`). 409 if none finished in time.
+async fn superseded(gw: &Gateway, ticket: u64) -> Response {
+    let g = gw.generation();
+    let wait = super::generation::LoadBounds::of(&g.config)
+        .map(|b| b.total(g.chain.len().max(1)))
+        .unwrap_or(std::time::Duration::from_secs(60));
+    drop(g);
+    match gw.reload_outcome_after(ticket, wait).await {
+        Some(f) => match f.result {
+            Ok(generation) => {
+                json(&serde_json::json!({ "ok": true, "generation": generation, "superseded_by": f.trigger }))
+            }
+            Err(e) => refused(&e, Some(&f.trigger)),
+        },
+        None => error(
+            StatusCode::CONFLICT,
+            ErrorType::InvalidRequest,
+            "poolgate: this reload was superseded by a newer one, which has not finished yet; \
+             GET /status (config.last_reload) shows its outcome",
+        ),
     }
 }
 

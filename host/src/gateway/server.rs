@@ -193,7 +193,9 @@ fn announce_reloads(inner: Reloader) -> Reloader {
             let done = inner(request).await;
             let status = match &done {
                 Ok(generation) => format!("serving configuration generation {generation}"),
-                Err(_) => "reload refused; the running configuration stays".to_string(),
+                Err(super::ReloadError::Refused(_)) => "reload refused; the running configuration stays".to_string(),
+                // The newer reload that took over says READY=1 when it ends.
+                Err(super::ReloadError::Superseded { .. }) => return done,
             };
             sd_notify::ready(&status);
             done

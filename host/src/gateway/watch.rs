@@ -117,7 +117,9 @@ pub fn reload_on_sighup(gateway: &Arc<Gateway>, reload: Reloader) -> tokio::task
 /// was refused (`Gateway::refuse_reload`) — so a trigger adds no line of its
 /// own: one refusal is one log line, and `/status` and the metrics count it.
 /// A reload that panicked (its panic is logged by the panic hook) never got
-/// to record its refusal; that is recorded here.
+/// to record its refusal; that is recorded here. A reload superseded by a
+/// newer one has logged that (`Gateway::reload_in_turn`); the newer one's
+/// outcome is logged when it ends.
 async fn run(gateway: &std::sync::Weak<Gateway>, reload: &Reloader, request: ReloadRequest) {
     let trigger = request.trigger;
     if let Err(e) = tokio::spawn(reload(request)).await

@@ -128,6 +128,7 @@ impl Chain {
         let mut stages = Vec::with_capacity(specs.len());
         for (i, spec) in specs.into_iter().enumerate() {
             let context = || format!("policy.chain[{i}] (`{}`)", spec.name);
+            super::loading::stage(i, &spec.name);
             let read = Plugin::read(&spec.plugin.plugin).await.with_context(context)?;
             let kept = previous.and_then(|p| {
                 p.stages.iter().find(|s| {

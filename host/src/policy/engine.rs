@@ -201,9 +201,21 @@ impl Builder {
         self.handle.spawn(task);
     }
 
-    /// Runs `task` on the builder thread and waits for its result.
+    /// Runs `task` on the builder thread and waits for its result. Dropping
+    /// the wait aborts the task (a start or reload that gives up leaves no
+    /// build running there, nor the instance it was making).
     pub async fn run<T: Send + 'static>(&self, task: impl Future<Output = T> + Send + 'static) -> Result<T> {
-        self.handle.spawn(task).await.context("the plugin builder thread failed")
+        let mut task = AbortOnDrop(self.handle.spawn(task));
+        (&mut task.0).await.context("the plugin builder thread failed")
+    }
+}
+
+/// A task aborted when its handle is dropped before it finished.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -7,7 +7,8 @@
 //!   bounded by [`bounded`] (wall clock, panics) and fuel (CPU).
 //! - [`sandbox`]: what a running plugin can touch (the host interface, nothing
 //!   else), with [`limiter`] (memory) and [`stdio`] (its output, bounded).
-//! - [`chain`]: the stages in order — where a request's account order is decided.
+//! - [`chain`]: the stages in order — where a request's account order is decided;
+//!   [`loading`]: where a chain load is, for the bound a start or reload puts on it.
 //! - [`view`]: the account model turned into the records plugins receive.
 //! - [`breaker`], [`events`], [`fault`], [`decision`], [`state`], [`names`]: the
 //!   pieces around it.
@@ -28,6 +29,7 @@ pub mod events;
 pub mod fault;
 pub mod instance;
 pub mod limiter;
+pub mod loading;
 mod lowering;
 pub mod names;
 pub mod plugin;

@@ -301,6 +301,7 @@ impl Plugin {
         });
         // Configure one instance now: a bad option must refuse the chain at load,
         // not fail the first request.
+        super::loading::phase(super::loading::LoadPhase::Configure);
         let first = {
             let recipe = shared.recipe.clone();
             engine.builder().run(async move { recipe.build().await }).await?

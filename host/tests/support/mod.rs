@@ -62,6 +62,14 @@ impl Gateway {
         Self::serve(Command::new(env!("CARGO_BIN_EXE_poolgate")), path, env, dir)
     }
 
+    /// Starts the binary on an existing config file without `--listen`: it
+    /// listens where the file says (a test that needs this picks a free port).
+    pub fn start_file_as_written(path: &std::path::Path, env: &[(&str, &str)], dir: tempdir::Dir) -> Gateway {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_poolgate"));
+        cmd.arg("serve").arg("--config").arg(path);
+        Self::spawn(cmd, env, dir, path)
+    }
+
     /// As [`Gateway::start`], under an open-file limit of `nofile` (`ulimit
     /// -n` sets the soft and the hard limit, so the gateway cannot raise it).
     pub fn start_with_open_files(config: &str, env: &[(&str, &str)], nofile: u64) -> Gateway {

@@ -6,7 +6,7 @@
 //!
 //! Beyond `rank`: `observe` (`trap`, `loop`, `sleep`) misbehaves in `observe`;
 //! `configure` (`spin`, `sleep`, `spin-after-first`, `sleep-after-first`,
-//! `trap-after-first`) misbehaves while an instance is configured — "after first"
+//! `trap-after-first`, `reload-nap`) misbehaves while an instance is configured — "after first"
 //! meaning every instance but the first one the process ever configured (told
 //! apart through plugin state); `ms` is how long a sleep or spin lasts and
 //! `bytes` how big a flood or a reason is.
@@ -186,6 +186,18 @@ fn pool_fill(bytes: usize) -> Result<(), String> {
     }
 }
 
+/// `configure = "reload-nap"`: holds `bytes` of memory (touched, so it is
+/// really resident) and then sleeps `ms` at a time, forever — each piece
+/// short enough for any per-wait timer, the whole never ending: what only a
+/// bound on the whole load can stop, and what must be freed when it does.
+fn nap_forever(ms: u64, bytes: usize) -> ! {
+    let held: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
+    loop {
+        std::hint::black_box(&held);
+        sleep(ms);
+    }
+}
+
 /// Whether an instance was configured before this one (in this process).
 fn not_the_first() -> bool {
     let seen = state::get("configured-before").is_some();
@@ -251,6 +263,7 @@ impl Ranker for Misbehave {
                 | "log-loop-after-first"
                 | "pool-nap-after-first",
             ) => {}
+            Some("reload-nap") => nap_forever(ms, bytes),
             Some(other) => return Err(format!("option `configure`: unknown mode `{other}`")),
         }
         let big = if fault == "stdout-write" { vec![b'x'; bytes] } else { Vec::new() };
