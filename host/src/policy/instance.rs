@@ -226,21 +226,21 @@ pub fn over_budget(phase: &str, spent: &Spent, budget: Budget, guest: Option<Dur
     let host = spent.on_cpu - guest;
     let parts = [
         (spent.waited, "waiting in host calls (a sleep, a slow host call): waits count toward the deadline too"),
-        (spent.preempted(), "with its thread preempted by other work: the machine is overloaded"),
         (host, "in host calls (its CPU budget counts only its own instructions)"),
         (guest, "running its own code"),
     ];
-    let (_, most) = parts.iter().max_by_key(|(d, _)| *d).expect("four parts");
+    let (_, most) = parts.iter().max_by_key(|(d, _)| *d).expect("three parts");
     format!(
         "{phase} cut after {} ms, over its budget of {} ms ({} ms deadline + {} ms slack) of its own time: \
-         it ran {} ms ({} ms of it on a CPU) and waited {} ms; most of it {most}",
+         it ran {} ms on a CPU and waited {} ms (preempted {} ms, queued {} ms: not counted); most of it {most}",
         ms(spent.total),
         ms(budget.wall.own),
         ms(budget.cpu),
         ms(budget.wall.own.saturating_sub(budget.cpu)),
-        ms(spent.running),
         ms(spent.on_cpu),
         ms(spent.waited),
+        ms(spent.preempted()),
+        ms(spent.queued()),
     )
 }
 
@@ -248,13 +248,17 @@ pub fn over_budget(phase: &str, spent: &Spent, budget: Budget, guest: Option<Dur
 /// for a thread.
 pub fn over_cap(phase: &str, spent: &Spent, budget: Budget) -> String {
     format!(
-        "{phase} cut after {} ms, its hard cap ({} × its budget of {} ms): it ran {} ms and waited {} ms, \
-         and was queued {} ms for a thread (the machine or the thread is overloaded)",
+        "{phase} cut after {} ms, its hard cap ({} ms: {} × its budget of {} ms + {} ms): it ran {} ms on a CPU \
+         and waited {} ms, and was preempted or blocked {} ms and queued {} ms for a thread (the machine or the \
+         thread is overloaded)",
         ms(spent.total),
+        ms(budget.wall.cap),
         super::bounded::CAP_FACTOR,
         ms(budget.wall.own),
-        ms(spent.running),
+        ms(super::bounded::CAP_SLACK),
+        ms(spent.on_cpu),
         ms(spent.waited),
+        ms(spent.preempted()),
         ms(spent.queued()),
     )
 }
