@@ -277,3 +277,51 @@ fn one_memory_fill_runs_to_its_end_bounded_by_the_instance_memory() {
     eprintln!("calls with one 200 MiB memory.fill: {fills:?}");
     assert!(!fills.is_empty());
 }
+
+/// The attack of #22: `rank` is a loop of 10 ms sleeps, each far under any
+/// single-wait bound. The waits add up, and the call is cut when they reach
+/// its budget (25 ms deadline + 20 ms slack), as a `timeout` whose message
+/// names the phase and where the time went.
+#[test]
+fn a_rank_napping_in_short_pieces_is_cut_at_its_budget() {
+    let (case, chain) = faulty_with(json!({ "fault": "budget-nap", "on_model": "boom", "ms": 10 }), 25);
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let d = rank(&chain, &case, "boom");
+        let took = started.elapsed();
+        let e = &d.policy_errors[0];
+        assert_eq!(e.cause, Cause::Timeout, "{d:?}");
+        assert!(e.message.starts_with("rank cut after "), "{}", e.message);
+        assert!(e.message.contains("most of it waiting in host calls"), "{}", e.message);
+        // The budget is 45 ms and the hard cap 180 ms; a second leaves room
+        // for a debug build on two busy cores. Before #22 this call never ended.
+        assert!(took < std::time::Duration::from_secs(1), "a 45 ms budget took {took:?}");
+    }
+    assert!(rank(&chain, &case, "fine").policy_errors.is_empty());
+}
+
+/// The same in `configure`: a build made of short sleeps is cut at its budget
+/// (here 200 ms + 50 ms slack), and the load is refused naming the phase.
+#[test]
+fn a_configure_napping_in_short_pieces_is_refused_within_its_budget() {
+    let case = pool_case(2);
+    let mut spec = stage(&guest("misbehave"), json!({ "fault": "pass", "configure": "budget-nap", "ms": 20 }), 25);
+    spec.plugin.limits.configure_deadline = std::time::Duration::from_millis(200);
+    let started = std::time::Instant::now();
+    let err = poolgate::policy::block_on(poolgate::policy::Chain::load(
+        &ENGINE,
+        vec![spec],
+        case.pool(),
+        std::sync::Arc::new(poolgate::policy::MemoryState::default()),
+        Default::default(),
+    ))
+    .err()
+    .expect("refused");
+    let took = started.elapsed();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("configure cut after"), "{msg}");
+    assert!(msg.contains("over its budget of 250 ms"), "{msg}");
+    // Compiling the guest (cached after the first test) plus 250 ms of naps;
+    // before #22 the load never ended.
+    assert!(took < std::time::Duration::from_secs(20), "took {took:?}");
+}

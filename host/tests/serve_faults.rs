@@ -79,6 +79,8 @@ struct Run {
     /// Response headers of interest, per request: (x-poolgate-reason, x-poolgate-policy-error).
     headers: Vec<(String, String)>,
     slowest_request: Duration,
+    /// How long each request took, in the order they ended per worker.
+    latencies: Vec<Duration>,
     slowest_healthz: Duration,
     /// The 90th percentile of the `/healthz` probes.
     healthz_p90: Duration,
@@ -86,6 +88,13 @@ struct Run {
 }
 
 impl Run {
+    /// The 99th percentile of the request latencies.
+    fn p99(&self) -> Duration {
+        let mut l = self.latencies.clone();
+        l.sort();
+        l[(l.len() * 99 / 100).min(l.len() - 1)]
+    }
+
     fn assert_all_served(&self, what: &str) {
         let failed: Vec<_> = self.statuses.iter().filter(|s| **s != 200).collect();
         assert!(failed.is_empty(), "{what}: {} of {} requests failed: {failed:?}", failed.len(), self.statuses.len());
@@ -150,6 +159,7 @@ async fn drive(gw: &Gateway, n: usize) -> Run {
         statuses: Vec::new(),
         headers: Vec::new(),
         slowest_request: Duration::ZERO,
+        latencies: Vec::new(),
         slowest_healthz: Duration::ZERO,
         healthz_p90: Duration::ZERO,
         peak_rss_kib: 0,
@@ -159,6 +169,7 @@ async fn drive(gw: &Gateway, n: usize) -> Run {
             run.statuses.push(status);
             run.headers.push(headers);
             run.slowest_request = run.slowest_request.max(took);
+            run.latencies.push(took);
         }
     }
     done.store(true, Ordering::Release);
@@ -1246,4 +1257,60 @@ async fn a_newer_reload_supersedes_one_stuck_in_configure() {
     );
     assert!(settled, "the superseded build's memory stayed: {} KiB (from {baseline} KiB)", rss_kib(gw.pid()));
     drive(&gw, REQUESTS).await.assert_all_served("after the superseding reload");
+}
+
+/// The attacks of #22: a plugin whose `rank`, `observe` or `configure` is a
+/// loop of short sleeps (10 ms, far under any single-wait bound — a retry loop
+/// with a short sleep). The waits add up to the call's budget (25 ms deadline +
+/// 20 ms slack), the call is cut as `timeout` naming the phase, the breaker
+/// counts it and opens, and no request fails or is held: p99 under 1 s, which
+/// is the 45 ms budget (180 ms hard cap) with room for a debug build on two
+/// cores shared with other builds. Before #22 such a `rank` held each request
+/// until its client gave up, with nothing recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_napping_in_short_pieces_is_cut_at_its_budget_in_every_phase() {
+    const P99: Duration = Duration::from_secs(1);
+    let (gw, _mock, run, d) = through_serve("rank naps", "fault = \"budget-nap\", ms = 10", 25).await;
+    assert!(run.p99() < P99, "rank naps: p99 {:?}", run.p99());
+    let timeouts: Vec<_> = rank_errors(&d).into_iter().filter(|(c, _)| c == "timeout").collect();
+    assert!(!timeouts.is_empty(), "{:?}", rank_errors(&d));
+    let message = &timeouts[0].1;
+    assert!(message.starts_with("rank cut after "), "{message}");
+    assert!(message.contains("over its budget of 45 ms (25 ms deadline + 20 ms slack)"), "{message}");
+    assert!(message.contains("most of it waiting in host calls"), "{message}");
+    assert_breaker_opened(&gw, "rank naps").await;
+    drop(gw);
+
+    let options = "fault = \"pass\", observe = \"budget-nap\", ms = 10";
+    let (gw, _mock, run, _) = through_serve("observe naps", options, 25).await;
+    assert!(run.p99() < P99, "observe naps: p99 {:?}", run.p99());
+    let d = assert_breaker_opened(&gw, "observe naps").await;
+    let bg = background_errors(&d);
+    let observed: Vec<_> = bg.iter().filter(|(c, _)| c == "observe:timeout").collect();
+    assert!(!observed.is_empty(), "{bg:?}");
+    assert!(observed[0].1.starts_with("observe cut after "), "{}", observed[0].1);
+    let stage = hostile_stage(&gw).await;
+    assert_eq!(stage["observe"]["last"]["cause"], "timeout", "{stage:#}");
+    drop(gw);
+
+    // Every instance but the first naps in `configure` (with a 300 ms
+    // configure deadline: a 375 ms budget). The first serves; the refill's
+    // builds are cut, recorded and counted.
+    let options = "fault = \"pass\", configure = \"budget-nap-after-first\", ms = 10";
+    let mock = MockUpstream::start().await;
+    let stages = format!("[policy]\nconfigure_timeout_ms = 300\n\n{}", hostile(&misbehave(), options, 25));
+    let gw = start(&mock, tempdir::Dir::new("configure-naps"), &stages);
+    support::eventually("a napping build is cut and counted", Duration::from_secs(10), async || {
+        hostile_stage(&gw).await["configure"]["failures"].as_u64() >= Some(1)
+    })
+    .await;
+    let run = drive(&gw, REQUESTS).await;
+    run.assert_all_served("configure naps");
+    assert!(run.p99() < P99, "configure naps: p99 {:?}", run.p99());
+    let stage = hostile_stage(&gw).await;
+    let last = &stage["configure"]["last"];
+    assert_eq!(last["cause"], "timeout", "{stage:#}");
+    let message = last["message"].as_str().unwrap();
+    assert!(message.starts_with("configure cut after "), "{message}");
+    assert!(message.contains("over its budget of 375 ms"), "{message}");
 }

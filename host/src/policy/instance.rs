@@ -1,5 +1,8 @@
 //! One plugin instance: its store, its exports, and every call into it — each
-//! bounded by a CPU budget (fuel), a wall-clock bound, and a net for panics.
+//! bounded by a CPU budget (fuel), a wall-clock budget that sums every wait and
+//! a hard cap (see [`super::bounded`]), and a net for panics. Building an
+//! instance (instantiation, then `configure`) is one budget too: the two share
+//! one [`Tally`], so a start made of many short waits ends like a call does.
 //!
 //! An instance whose call failed in any way is never used again (a trapped
 //! instance cannot be entered, and one cut short mid-call is in an unknown
@@ -11,8 +14,9 @@ use wasmtime::Store;
 use wasmtime::component::{ComponentExportIndex, Func, TypedFunc};
 
 use super::bindings::{Account, AccountInfo, Outcome, Policy, PolicyPre, QuotaWindow, Ranking, Request};
-use super::bounded::{Bounded, Cut};
-use super::engine::{CallGuard, YIELD_FUEL, fuel};
+use super::bounded::{Bounded, Cut, Limit, Spent, Tally};
+use super::breaker::Phase;
+use super::engine::{CallGuard, FUEL_PER_MS, YIELD_FUEL, fuel};
 use super::fault::{Cause, Fault};
 use super::lowering::{FastAccount, FastWindow, fast_accounts, fast_windows};
 use super::sandbox::{MAX_HOSTCALL_BYTES, Sandbox, SandboxSpec};
@@ -22,15 +26,23 @@ type RankParams<'a> = (&'a Request, &'a [FastAccount], &'a [FastWindow]);
 type RankResults = (Result<Ranking, String>,);
 
 /// The time bounds of one call.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
-    /// CPU budget: the call's fuel is this many ms of work.
+    /// CPU budget: the call's fuel is this many ms of work. It is the
+    /// configured deadline.
     pub cpu: Duration,
-    /// Wall-clock bound: what the call may take however it spends it.
-    pub wall: Duration,
+    /// Wall-clock limits: the plugin's own time (running plus waiting) and the
+    /// hard cap (see [`super::bounded`]).
+    pub wall: Limit,
 }
 
 impl Budget {
+    /// The bounds of a call whose configured deadline is `deadline`: that much
+    /// fuel, and [`Limit::for_deadline`] on the wall clock.
+    pub fn for_deadline(deadline: Duration) -> Budget {
+        Budget { cpu: deadline, wall: Limit::for_deadline(deadline) }
+    }
+
     fn describe(&self) -> String {
         format!("{} ms", self.cpu.as_millis())
     }
@@ -66,11 +78,12 @@ impl Instance {
         // resumes (a plain re-wake could run 61 such slices back to back, and a
         // `/healthz` waiting on the driver would wait for all of them).
         store.epoch_deadline_callback(|_| {
-            Ok(wasmtime::UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())))
+            Ok(wasmtime::UpdateDeadline::YieldCustom(1, Box::pin(super::bounded::yield_now())))
         });
         store.set_epoch_deadline(1);
         let _running = CallGuard::enter();
         prepared.map_err(|e| Fault::new(Cause::Host, format!("cannot prepare the store: {e}")))?;
+        let mut tally = Tally::new(budget.wall);
         let instantiated = Bounded::new(
             async {
                 let instance = pre.instance_pre().instantiate_async(&mut store).await?;
@@ -82,16 +95,21 @@ impl Instance {
                 rank.typed::<RankParams<'_>, RankResults>(&store)?;
                 wasmtime::Result::Ok((policy, rank))
             },
-            budget.wall,
+            &mut tally,
         )
         .await;
-        let (policy, rank) = settle(&mut store, instantiated, budget).map_err(|f| f.context("instantiation failed"))?;
+        let call = Call { phase: Phase::Configure, budget, tally: &tally };
+        let (policy, rank) = settle(&mut store, instantiated, call).map_err(|f| {
+            if f.cause == Cause::Timeout { f.context("while instantiating") } else { f.context("instantiation failed") }
+        })?;
         let configured =
-            Bounded::new(policy.poolgate_policy_ranker().call_configure(&mut store, config_json, pool), budget.wall)
+            Bounded::new(policy.poolgate_policy_ranker().call_configure(&mut store, config_json, pool), &mut tally)
                 .await;
-        match settle(&mut store, configured, budget) {
+        let call = Call { phase: Phase::Configure, budget, tally: &tally };
+        match settle(&mut store, configured, call) {
             Ok(Ok(())) => Ok(Instance { store, policy, rank }),
             Ok(Err(msg)) => Err(Fault::new(Cause::Error, format!("configure refused its options: {msg}"))),
+            Err(f) if f.cause == Cause::Timeout => Err(f),
             Err(f) => Err(f.context("configure failed")),
         }
     }
@@ -109,12 +127,13 @@ impl Instance {
         // SAFETY: `rank` was type-checked against exactly these types when the
         // instance was created.
         let typed = unsafe { TypedFunc::<RankParams<'_>, RankResults>::new_unchecked(self.rank) };
+        let mut tally = Tally::new(budget.wall);
         let called = Bounded::new(
             typed.call_async(&mut self.store, (req, fast_accounts(candidates), fast_windows(windows))),
-            budget.wall,
+            &mut tally,
         )
         .await;
-        let (answer,) = settle(&mut self.store, called, budget)?;
+        let (answer,) = settle(&mut self.store, called, Call { phase: Phase::Rank, budget, tally: &tally })?;
         answer.map_err(|msg| Fault::new(Cause::Error, msg))
     }
 
@@ -127,12 +146,13 @@ impl Instance {
         budget: Budget,
     ) -> Result<(), Fault> {
         let _running = self.begin(req, budget)?;
+        let mut tally = Tally::new(budget.wall);
         let called = Bounded::new(
             self.policy.poolgate_policy_ranker().call_observe(&mut self.store, req, account, *outcome),
-            budget.wall,
+            &mut tally,
         )
         .await;
-        settle(&mut self.store, called, budget)
+        settle(&mut self.store, called, Call { phase: Phase::Observe, budget, tally: &tally })
     }
 
     fn begin(&mut self, req: &Request, budget: Budget) -> Result<CallGuard, Fault> {
@@ -153,35 +173,97 @@ impl Instance {
     }
 }
 
+/// What a bounded call was, for the message of its fault.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    phase: Phase,
+    budget: Budget,
+    tally: &'a Tally,
+}
+
 /// Classifies how a bounded call ended, after turning the guest's stdio into log
 /// lines; a trap's message carries what the guest last wrote to stderr.
-fn settle<T>(store: &mut Store<Sandbox>, result: Result<wasmtime::Result<T>, Cut>, budget: Budget) -> Result<T, Fault> {
+fn settle<T>(store: &mut Store<Sandbox>, result: Result<wasmtime::Result<T>, Cut>, call: Call<'_>) -> Result<T, Fault> {
     let stderr = store.data_mut().flush_stdio();
+    let phase = call.phase.as_str();
     match result {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
-            let f = Fault::from_call_error(&e, store.data().limiter.denied, &budget.describe());
+            let f = Fault::from_call_error(&e, store.data().limiter.denied, &call.budget.describe());
+            if f.cause == Cause::Timeout {
+                let total = call.tally.spent(tokio::time::Instant::now()).total;
+                return Err(f.context(&format!("{phase} cut after {} ms", total.as_millis())));
+            }
             // What the guest printed last explains a trap, and an `oom` that
             // ended in a panic ("memory allocation failed").
             Err(if matches!(f.cause, Cause::Trap | Cause::Oom) { f.with_stderr(stderr) } else { f })
         }
-        Err(Cut::Busy(d)) => Err(Fault::new(
-            Cause::Timeout,
-            format!(
-                "busy for its wall-clock bound of {} ms, most of it in host calls (its CPU budget counts only its own instructions)",
-                d.as_millis()
-            ),
-        )),
-        Err(Cut::Waited(d)) => Err(Fault::new(
-            Cause::Timeout,
-            format!(
-                "waited {} ms at once in a host call (a sleep or a poll): past its wall-clock bound",
-                d.as_millis()
-            ),
-        )),
+        Err(Cut::OverBudget(spent)) => {
+            let guest = guest_time(store, call.budget);
+            Err(Fault::new(Cause::Timeout, over_budget(phase, &spent, call.budget, guest)))
+        }
+        Err(Cut::OverCap(spent)) => Err(Fault::new(Cause::Timeout, over_cap(phase, &spent, call.budget))),
         Err(Cut::Panicked(m)) => Err(Fault::new(
             Cause::Host,
             format!("poolgate failed while serving the call (caught; the instance is discarded): {m}"),
         )),
     }
+}
+
+/// About how long the guest's own instructions took, from the fuel it burned
+/// (at the rate fuel is calibrated to).
+fn guest_time(store: &Store<Sandbox>, budget: Budget) -> Option<Duration> {
+    let left = store.get_fuel().ok()?;
+    let burned = fuel(budget.cpu).saturating_sub(left);
+    Some(Duration::from_micros(burned.saturating_mul(1000) / FUEL_PER_MS))
+}
+
+fn ms(d: Duration) -> u128 {
+    d.as_millis()
+}
+
+/// The message of a call cut at its own-time budget: the phase, the total, how
+/// it was spent, and where most of it went — by what was measured.
+pub fn over_budget(phase: &str, spent: &Spent, budget: Budget, guest: Option<Duration>) -> String {
+    // Of the time on a CPU, the guest's own instructions (by fuel) and the rest:
+    // host calls (which burn no fuel).
+    let guest = guest.unwrap_or_default().min(spent.on_cpu);
+    let host = spent.on_cpu - guest;
+    let parts = [
+        (spent.waited, "waiting in host calls (a sleep, a slow host call): waits count toward the deadline too"),
+        (host, "in host calls (its CPU budget counts only its own instructions)"),
+        (guest, "running its own code"),
+    ];
+    let (_, most) = parts.iter().max_by_key(|(d, _)| *d).expect("three parts");
+    format!(
+        "{phase} cut after {} ms, over its budget of {} ms ({} ms deadline + {} ms slack) of its own time: \
+         it ran {} ms on a CPU and waited {} ms (preempted {} ms, queued {} ms: not counted); most of it {most}",
+        ms(spent.total),
+        ms(budget.wall.own),
+        ms(budget.cpu),
+        ms(budget.wall.own.saturating_sub(budget.cpu)),
+        ms(spent.on_cpu),
+        ms(spent.waited),
+        ms(spent.preempted()),
+        ms(spent.queued()),
+    )
+}
+
+/// The message of a call cut at its hard cap: most of its time it sat queued
+/// for a thread.
+pub fn over_cap(phase: &str, spent: &Spent, budget: Budget) -> String {
+    format!(
+        "{phase} cut after {} ms, its hard cap ({} ms: {} × its budget of {} ms + {} ms): it ran {} ms on a CPU \
+         and waited {} ms, and was preempted or blocked {} ms and queued {} ms for a thread (the machine or the \
+         thread is overloaded)",
+        ms(spent.total),
+        ms(budget.wall.cap),
+        super::bounded::CAP_FACTOR,
+        ms(budget.wall.own),
+        ms(super::bounded::CAP_SLACK),
+        ms(spent.on_cpu),
+        ms(spent.waited),
+        ms(spent.preempted()),
+        ms(spent.queued()),
+    )
 }

@@ -127,17 +127,18 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// The bounds of a `rank` or `observe` call: the deadline as CPU budget, and
-    /// a wall-clock bound four times as long (at least 20 ms more) for a guest
-    /// that waits or is starved.
+    /// The bounds of a `rank` or `observe` call: the deadline as CPU budget
+    /// (fuel), and on the wall clock the deadline plus its slack for the
+    /// plugin's own time — running and waiting summed — with a hard cap of four
+    /// times that (see [`super::bounded`]).
     pub fn call_budget(&self) -> Budget {
-        Budget { cpu: self.deadline, wall: (self.deadline * 4).max(self.deadline + Duration::from_millis(20)) }
+        Budget::for_deadline(self.deadline)
     }
 
-    /// The bounds of building an instance: the configure deadline as CPU
-    /// budget, twice that as wall-clock bound.
+    /// The bounds of building an instance (instantiation and `configure`
+    /// together), by the same arithmetic from the configure deadline.
     pub fn configure_budget(&self) -> Budget {
-        Budget { cpu: self.configure_deadline, wall: self.configure_deadline * 2 }
+        Budget::for_deadline(self.configure_deadline)
     }
 }
 

@@ -36,6 +36,11 @@
 //!
 //! `slow_model`: requests for that model sleep `ms` and then succeed (a slow but
 //! healthy plugin); `reason`: the `reason` mode answers with that reason.
+//!
+//! `budget-nap` (as `fault`, `observe` or `configure`, and `configure =
+//! "budget-nap-after-first"`): a loop of short sleeps of `ms` each that never
+//! ends on its own — a retry loop with a short sleep — each sleep shorter than
+//! any single-wait bound, so only a budget that sums the waits cuts it.
 
 // A WebAssembly component only: on a native target (`cargo build --workspace`)
 // the crate is empty, since its exports' names are not native symbol names.
@@ -156,6 +161,13 @@ fn sleep(ms: u64) {
     std::thread::sleep(std::time::Duration::from_millis(ms));
 }
 
+/// Sleeps `ms` at a time, forever (see `budget-nap` in the crate docs).
+fn budget_nap(ms: u64) -> ! {
+    loop {
+        sleep(ms);
+    }
+}
+
 fn endless() -> ! {
     let mut x: u64 = 0;
     loop {
@@ -256,12 +268,15 @@ impl Ranker for Misbehave {
             Some("pool-nap-after-first") if not_the_first() => loop {
                 sleep(100);
             },
+            Some("budget-nap") => budget_nap(ms),
+            Some("budget-nap-after-first") if not_the_first() => budget_nap(ms),
             Some(
                 "spin-after-first"
                 | "sleep-after-first"
                 | "trap-after-first"
                 | "log-loop-after-first"
-                | "pool-nap-after-first",
+                | "pool-nap-after-first"
+                | "budget-nap-after-first",
             ) => {}
             Some("reload-nap") => nap_forever(ms, bytes),
             Some(other) => return Err(format!("option `configure`: unknown mode `{other}`")),
@@ -302,6 +317,7 @@ impl Ranker for Misbehave {
         }
         match self.fault.as_str() {
             "log-loop" => host_call_loop("log", self.bytes),
+            "budget-nap" => budget_nap(self.ms),
             "state-get-loop" => host_call_loop("state-get", self.bytes),
             "state-set-loop" => host_call_loop("state-set", self.bytes),
             "err-lines" => Err("a\n".repeat(self.bytes / 2)),
@@ -483,6 +499,7 @@ impl Ranker for Misbehave {
             "trap" => panic!("misbehave: observe fails"),
             "loop" => endless(),
             "sleep" => sleep(self.ms),
+            "budget-nap" => budget_nap(self.ms),
             _ => {}
         }
     }
