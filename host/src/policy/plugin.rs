@@ -9,8 +9,8 @@
 //!
 //! The refill builds on the engine's builder thread, as many instances at once
 //! as the pool is short of, each bounded by the configure budget and, on top of
-//! that, by a hard cap of its own ([`BUILD_SLACK`] past the budget's wall
-//! clock) that no pattern of waiting inside `configure` can extend. A build
+//! that, by a hard cap of its own ([`BUILD_SLACK`] past the budget's hard
+//! cap) that no pattern of waiting inside `configure` can extend. A build
 //! that fails or runs out is a failure of the stage's `configure` phase like
 //! any other: counted, shown in `/status` and the metrics with its cause, and
 //! held against the breaker. The builds hold only what building needs (the
@@ -160,7 +160,7 @@ pub struct PluginSpec {
     pub max_instances: usize,
 }
 
-/// How far past its wall-clock bound a build may run before the refill
+/// How far past its hard cap a build may run before the refill
 /// gives up on it, whatever the call's own bounds do.
 pub const BUILD_SLACK: Duration = Duration::from_secs(1);
 
@@ -176,10 +176,11 @@ struct Recipe {
 }
 
 impl Recipe {
-    /// Builds one instance, cut at the budget's wall clock plus
-    /// [`BUILD_SLACK`] whatever happens inside.
+    /// Builds one instance, cut at the budget's hard cap plus
+    /// [`BUILD_SLACK`] whatever happens inside (the bounds inside the build
+    /// cut it first; this holds if they do not).
     async fn build(&self) -> Result<Instance, Fault> {
-        let cap = self.budget.wall + BUILD_SLACK;
+        let cap = self.budget.wall.cap + BUILD_SLACK;
         let build = Instance::create(
             &self.pre,
             self.rank_export,
@@ -193,8 +194,8 @@ impl Recipe {
             Err(_) => Err(Fault::new(
                 Cause::Timeout,
                 format!(
-                    "building an instance (instantiate and configure) ran for {} ms, past its wall-clock bound \
-                     (twice `configure_timeout_ms`, plus {} ms): cut",
+                    "building an instance (instantiate and configure) ran for {} ms, past its hard cap \
+                     (see `configure_timeout_ms`), plus {} ms: cut",
                     cap.as_millis(),
                     BUILD_SLACK.as_millis()
                 ),
