@@ -51,7 +51,11 @@ fn check(dir: &Path, text: &str, limit: Duration) -> (bool, String, Duration) {
 fn a_configure_that_sleeps_or_spins_is_refused_within_its_budget() {
     let dir = tempdir::Dir::new("limits-configure");
     let policy = "configure_timeout_ms = 300";
-    for (mode, expect) in [("sleep", "configure cut after"), ("spin", "configure failed")] {
+    // A spin ends at its fuel or, on a machine slower than fuel's
+    // calibration, at its own-time budget a little before: refused either way.
+    for (mode, expect) in
+        [("sleep", &["configure cut after"][..]), ("spin", &["configure failed", "configure cut after"])]
+    {
         let text = config(
             "http://127.0.0.1:9",
             policy,
@@ -59,7 +63,7 @@ fn a_configure_that_sleeps_or_spins_is_refused_within_its_budget() {
         );
         let (ok, out, took) = check(&dir.0, &text, Duration::from_secs(20));
         assert!(!ok, "{mode}: accepted:\n{out}");
-        assert!(out.contains(expect), "{mode}: {out}");
+        assert!(expect.iter().any(|e| out.contains(e)), "{mode}: {out}");
         assert!(took < Duration::from_secs(10), "{mode}: check took {took:?}");
     }
 }

@@ -125,8 +125,17 @@ fn reloader(p: PathBuf, overrides: Overrides) -> server::MakeReloader {
             Box::pin(async move {
                 let gw = gw.upgrade().ok_or_else(|| ReloadError::Refused("the gateway is shutting down".into()))?;
                 let trigger = request.trigger;
-                let turn = gw.reload_turn().await?;
                 let file = p.display().to_string();
+                // Checked before taking a turn too: a turn supersedes a reload
+                // still loading, and a watcher's reload of a file that is
+                // still changing must not stop one without loading anything.
+                if let Some(want) = request.expect_sha256
+                    && std::fs::read(&p).is_ok_and(|b| <[u8; 32]>::from(Sha256::digest(&b)) != want)
+                {
+                    tracing::debug!(file, "config changed again before its reload ran; waiting for it to settle");
+                    return Ok(gw.generation().number);
+                }
+                let turn = gw.reload_turn().await?;
                 let text = match std::fs::read_to_string(&p) {
                     Ok(t) => t,
                     Err(e) => return Err(gw.refuse_in_turn(&turn, trigger, format!("cannot read config {file}: {e}"))),
@@ -144,7 +153,7 @@ fn reloader(p: PathBuf, overrides: Overrides) -> server::MakeReloader {
                     // Rewritten since the watcher saw it settle: it will see
                     // that change and come back once the file is whole.
                     tracing::debug!(file, "config changed again before its reload ran; waiting for it to settle");
-                    return Ok(gw.generation().number);
+                    return Ok(gw.pass_turn(&turn, trigger));
                 }
                 match Config::load_with(&p, &text, &overrides) {
                     Ok((config, index)) => {

@@ -368,7 +368,10 @@ impl Config {
             &p.chain
         };
         let max_idle = p.instances.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-        let max_instances = p.max_instances.unwrap_or(max_idle.saturating_mul(policy::DEFAULT_INSTANCE_GROWTH));
+        // The default stays within what may be set (4,096), however many CPUs.
+        let max_instances = p
+            .max_instances
+            .unwrap_or_else(|| max_idle.saturating_mul(policy::DEFAULT_INSTANCE_GROWTH).clamp(max_idle, 4096));
         if max_instances < max_idle {
             anyhow::bail!(
                 "policy.max_instances ({max_instances}) is below policy.instances ({max_idle}): the pool keeps \

@@ -116,13 +116,14 @@ pub struct LoadBounds {
     /// plus the slack.
     pub compile: Duration,
     /// Instantiating one stage's first instance and running its `configure`:
-    /// twice `[policy] configure_timeout_ms` (its wall-clock budget: the CPU
-    /// budget, with room for a machine that is busy) plus the slack.
+    /// the build's own hard cap (twice `[policy] configure_timeout_ms` plus
+    /// 2 s; see [`crate::policy::bounded::Limit::for_configure`]) plus the slack.
     pub configure: Duration,
-    /// The smoke test through the whole chain: per stage, a `rank` and an
-    /// `observe`, each waiting for an instance at most its deadline and
-    /// running at most four times it (its wall-clock bound) — ten deadlines
-    /// per stage — plus the slack.
+    /// The smoke test through the whole chain: per stage, a `rank` (waiting
+    /// for an instance at most its deadline, then its hard cap) and an
+    /// `observe` (queued at most the observe queue's wait, then its hard cap),
+    /// plus the slack. A stage a reload keeps shares its live pool with
+    /// traffic, so its smoke calls may queue.
     pub smoke: Duration,
 }
 
@@ -130,11 +131,17 @@ impl LoadBounds {
     /// The bounds of loading `config`.
     pub fn of(config: &Config) -> Result<LoadBounds> {
         let specs = config.stage_specs()?;
-        let configure = specs.iter().map(|s| s.plugin.limits.configure_deadline).max().unwrap_or_default();
-        let smoke: Duration = specs.iter().map(|s| s.plugin.limits.deadline * 10).sum();
+        let configure = specs.iter().map(|s| s.plugin.limits.configure_budget().wall.cap).max().unwrap_or_default();
+        let smoke: Duration = specs
+            .iter()
+            .map(|s| {
+                let limits = &s.plugin.limits;
+                limits.deadline + crate::policy::pool::OBSERVE_WAIT + limits.call_budget().wall.cap * 2
+            })
+            .sum();
         Ok(LoadBounds {
             compile: config.compile_limits().timeout + LOAD_SLACK,
-            configure: configure * 2 + LOAD_SLACK,
+            configure: configure + LOAD_SLACK,
             smoke: smoke + LOAD_SLACK,
         })
     }
@@ -168,11 +175,13 @@ impl LoadBounds {
             LoadPhase::Prepare => "preparing the accounts".to_string(),
             LoadPhase::Compile => format!("reading and compiling: [policy] compile_timeout_ms plus {slack} s of slack"),
             LoadPhase::Configure => format!(
-                "instantiating and running `configure`: twice [policy] configure_timeout_ms plus {slack} s of slack"
+                "instantiating and running `configure`: its hard cap, twice [policy] configure_timeout_ms plus 2 s, \
+                 and {slack} s of slack"
             ),
-            LoadPhase::Smoke => {
-                format!("ranking a test request: ten times each stage's timeout_ms plus {slack} s of slack")
-            }
+            LoadPhase::Smoke => format!(
+                "ranking and observing a test request: each stage's waits for an instance and hard caps, plus \
+                 {slack} s of slack"
+            ),
         };
         let place = match &step.stage {
             Some((i, name)) => format!("policy.chain[{i}] (`{name}`)"),
@@ -325,12 +334,17 @@ impl Generation {
         // A stage its breaker bypasses is one a reload kept as it was (a new
         // stage's breaker starts closed): the breaker already judged it, and
         // refusing the reload for it would refuse every reload while it rests.
-        let failed = decision.policy_errors.iter().find(|e| e.cause != crate::policy::Cause::Bypassed);
+        // `busy` is traffic's, not the plugin's: a kept stage shares its live
+        // pool with the requests being served.
+        let excused =
+            |c: crate::policy::Cause| matches!(c, crate::policy::Cause::Bypassed | crate::policy::Cause::Busy);
+        let failed = decision.policy_errors.iter().find(|e| !excused(e.cause));
         if let Some(e) = failed {
             bail!("policy.chain: stage `{}` failed its smoke test ({}): {}", e.stage, e.cause.as_str(), e.message);
         }
         let head = decision.order.indices().first().copied().unwrap_or(0);
-        if let Some(e) = self.chain.observe(&req, head, &wit::Outcome::Success).await.first() {
+        let observed = self.chain.observe(&req, head, &wit::Outcome::Success).await;
+        if let Some(e) = observed.iter().find(|e| !excused(e.cause)) {
             bail!(
                 "policy.chain: stage `{}` failed its smoke test in observe ({}): {}",
                 e.stage,
@@ -375,8 +389,11 @@ mod tests {
         );
         let b = LoadBounds::of(&c).unwrap();
         assert_eq!(b.compile, Duration::from_secs(3) + LOAD_SLACK);
-        assert_eq!(b.configure, Duration::from_secs(2) + LOAD_SLACK);
-        assert_eq!(b.smoke, Duration::from_millis(500 + 1000) + LOAD_SLACK);
+        // The build's hard cap: twice the deadline plus 2 s.
+        assert_eq!(b.configure, Duration::from_secs(4) + LOAD_SLACK);
+        // Per stage: its deadline, the observe queue's 5 s, and two hard caps
+        // (4 × (deadline + max(20 ms, a quarter)) + 100 ms): 380 and 600 ms.
+        assert_eq!(b.smoke, Duration::from_millis(50 + 5000 + 760 + 100 + 5000 + 1200) + LOAD_SLACK);
         assert_eq!(b.total(2), LOAD_SLACK + (b.compile + b.configure) * 2 + b.smoke);
     }
 

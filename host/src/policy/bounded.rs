@@ -74,6 +74,8 @@ pub const MIN_SLACK: Duration = Duration::from_millis(20);
 pub const CAP_FACTOR: u32 = 4;
 /// ... plus this much.
 pub const CAP_SLACK: Duration = Duration::from_millis(100);
+/// A build's hard cap is twice its configure deadline plus this much.
+pub const CONFIGURE_CAP_SLACK: Duration = Duration::from_secs(2);
 
 /// The slack a deadline of `deadline` gets: max([`MIN_SLACK`], a quarter of it).
 pub fn slack(deadline: Duration) -> Duration {
@@ -98,6 +100,18 @@ impl Limit {
     pub fn for_deadline(deadline: Duration) -> Limit {
         let own = deadline + slack(deadline);
         Limit { own, cap: own * CAP_FACTOR + CAP_SLACK }
+    }
+
+    /// The limits of building an instance (instantiation and `configure`)
+    /// with a configure deadline of `deadline`: the same own time, and a hard
+    /// cap of twice the deadline plus [`CONFIGURE_CAP_SLACK`] — the bound a
+    /// start or reload gives a stage's `configure` too, so one hanging build
+    /// is cut at one time whoever built it. (Four times the own time would be
+    /// 25 s at the default; builds do not share a thread four ways: see
+    /// [`super::engine::REFILL_BUILDS`].)
+    pub fn for_configure(deadline: Duration) -> Limit {
+        let own = deadline + slack(deadline);
+        Limit { own, cap: (deadline * 2 + CONFIGURE_CAP_SLACK).max(own) }
     }
 }
 

@@ -169,44 +169,71 @@ impl PolicyEngine {
     }
 }
 
-/// A thread with a single-threaded tokio runtime, where plugin instances are
-/// created and configured. Building is asynchronous too (bounded by fuel and a
-/// wall clock), so one thread interleaves every plugin's builds; it stops when
-/// the engine is dropped.
+/// Background builds (the pools' refills) running at once, engine-wide; more
+/// wait their turn. Builds interleave on one thread, and a build's hard cap
+/// counts the time others run: two CPU-heavy `configure`s share the thread
+/// within their cap (see [`super::bounded::Limit::for_configure`]), a burst's
+/// dozens would each run out of it.
+pub const REFILL_BUILDS: usize = 2;
+
+/// Two threads, each with a single-threaded tokio runtime, where plugin
+/// instances are created, configured and torn down — never a request's worker.
+/// Building is asynchronous (bounded by fuel and a wall clock), so a thread
+/// interleaves builds. The pools' refills and teardowns run on one, at most
+/// [`REFILL_BUILDS`] builds at once; a start or reload builds a stage's first
+/// instance on the other, alone, so that its bound never counts a refill's
+/// time. Both stop when the engine is dropped.
 pub struct Builder {
-    handle: tokio::runtime::Handle,
-    _stop: tokio::sync::oneshot::Sender<()>,
+    background: tokio::runtime::Handle,
+    loads: tokio::runtime::Handle,
+    refills: Arc<tokio::sync::Semaphore>,
+    _stop: [tokio::sync::oneshot::Sender<()>; 2],
 }
 
 impl Builder {
     fn start() -> Result<Builder> {
+        let (background, stop_background) = Self::thread("poolgate-plugins")?;
+        let (loads, stop_loads) = Self::thread("poolgate-loads")?;
+        let refills = Arc::new(tokio::sync::Semaphore::new(REFILL_BUILDS));
+        Ok(Builder { background, loads, refills, _stop: [stop_background, stop_loads] })
+    }
+
+    /// A thread running a current-thread runtime until the sender is dropped.
+    fn thread(name: &str) -> Result<(tokio::runtime::Handle, tokio::sync::oneshot::Sender<()>)> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let handle = runtime.handle().clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        std::thread::Builder::new().name("poolgate-plugins".into()).spawn(move || {
+        std::thread::Builder::new().name(name.into()).spawn(move || {
             runtime.block_on(async {
                 let _ = stopped.await;
             });
         })?;
-        Ok(Builder { handle, _stop: stop })
+        Ok((handle, stop))
     }
 
-    /// The builder thread's runtime: where instances are built and torn down.
+    /// The background thread's runtime: where pools are refilled and
+    /// instances torn down.
     pub fn handle(&self) -> &tokio::runtime::Handle {
-        &self.handle
+        &self.background
     }
 
-    /// Runs `task` on the builder thread in the background.
+    /// Runs `task` on the background thread.
     pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
-        self.handle.spawn(task);
+        self.background.spawn(task);
     }
 
-    /// Runs `task` on the builder thread and waits for its result. Dropping
+    /// The engine-wide turns of background builds: a refill build holds one
+    /// while it runs ([`REFILL_BUILDS`]).
+    pub fn refills(&self) -> Arc<tokio::sync::Semaphore> {
+        self.refills.clone()
+    }
+
+    /// Runs `task` on the load thread and waits for its result. Dropping
     /// the wait aborts the task (a start or reload that gives up leaves no
     /// build running there, nor the instance it was making).
     pub async fn run<T: Send + 'static>(&self, task: impl Future<Output = T> + Send + 'static) -> Result<T> {
-        let mut task = AbortOnDrop(self.handle.spawn(task));
-        (&mut task.0).await.context("the plugin builder thread failed")
+        let mut task = AbortOnDrop(self.loads.spawn(task));
+        (&mut task.0).await.context("the plugin load thread failed")
     }
 }
 

@@ -136,9 +136,10 @@ impl Limits {
     }
 
     /// The bounds of building an instance (instantiation and `configure`
-    /// together), by the same arithmetic from the configure deadline.
+    /// together): the configure deadline as fuel, the same own-time
+    /// arithmetic, and a hard cap of twice the deadline plus 2 s.
     pub fn configure_budget(&self) -> Budget {
-        Budget::for_deadline(self.configure_deadline)
+        Budget::for_configure(self.configure_deadline)
     }
 }
 
@@ -194,8 +195,8 @@ impl Recipe {
             Err(_) => Err(Fault::new(
                 Cause::Timeout,
                 format!(
-                    "building an instance (instantiate and configure) ran for {} ms, past its hard cap \
-                     (see `configure_timeout_ms`), plus {} ms: cut",
+                    "building an instance (instantiate and configure) ran for {} ms: its hard cap (twice \
+                     `configure_timeout_ms`, plus 2 s) and {} ms more: cut",
                     cap.as_millis(),
                     BUILD_SLACK.as_millis()
                 ),
@@ -217,7 +218,9 @@ struct Shared {
 /// A loaded, configured plugin, ready to rank.
 pub struct Plugin {
     shared: Arc<Shared>,
-    wake: Arc<Notify>,
+    /// Dropped after `shared` (fields drop in order): the refill task sees
+    /// the plugin gone only once it can no longer reach it.
+    _alive: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Plugin {
@@ -311,9 +314,11 @@ impl Plugin {
         let first = first.map_err(|f| anyhow!("{}: {}", shared.label, f.message))?;
         shared.instances.adopt(first);
         let wake = shared.instances.wake_signal();
-        engine.builder().spawn(refill(Arc::downgrade(&shared), wake.clone()));
+        let (alive, gone) = tokio::sync::oneshot::channel();
+        let turns = engine.builder().refills();
+        engine.builder().spawn(refill(Arc::downgrade(&shared), wake.clone(), turns, gone));
         wake.notify_one();
-        Ok(Plugin { shared, wake })
+        Ok(Plugin { shared, _alive: alive })
     }
 
     /// The plugin's label (`builtin:headroom`, or its path).
@@ -348,7 +353,7 @@ impl Plugin {
         let mut lease = Lease::take(&self.shared.instances, Wait::Rank(budget.cpu)).await?;
         let started = Instant::now();
         let answer = lease.instance().rank(req, candidates, windows, budget).await;
-        self.shared.instances.record_call(Phase::Rank, started.elapsed());
+        self.shared.instances.record_call(Phase::Rank, started.elapsed(), lease.instance().last_own());
         lease.finish(answer.is_ok());
         answer
     }
@@ -361,7 +366,7 @@ impl Plugin {
         let mut lease = Lease::take(&self.shared.instances, Wait::Observe).await?;
         let started = Instant::now();
         let done = lease.instance().observe(req, account, outcome, budget).await;
-        self.shared.instances.record_call(Phase::Observe, started.elapsed());
+        self.shared.instances.record_call(Phase::Observe, started.elapsed(), lease.instance().last_own());
         lease.finish(done.is_ok());
         done
     }
@@ -394,14 +399,6 @@ impl Plugin {
     /// Bytes held by the idle instances.
     pub fn idle_memory_bytes(&self) -> usize {
         self.shared.instances.idle_memory_bytes()
-    }
-}
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        // The builder holds only a weak reference; wake it so that it sees the
-        // plugin is gone and ends.
-        self.wake.notify_one();
     }
 }
 
@@ -445,10 +442,16 @@ impl Drop for Lease<'_> {
 /// an instance whenever one is missing or calls wait that no running build
 /// will serve (several at once, up to the pool's bound), trims what a burst
 /// left once it is over, and backs off after failures, which are reported to
-/// the stage like any other. It holds the plugin only between builds; the
+/// the stage like any other. Each build waits for one of the engine's
+/// background `turns` first. It holds the plugin only between builds; the
 /// builds hold the [`Recipe`], and are aborted (the `JoinSet` dropped) once
-/// the plugin is gone.
-async fn refill(shared: Weak<Shared>, wake: Arc<Notify>) {
+/// the plugin is gone (`gone`).
+async fn refill(
+    shared: Weak<Shared>,
+    wake: Arc<Notify>,
+    turns: Arc<tokio::sync::Semaphore>,
+    mut gone: tokio::sync::oneshot::Receiver<()>,
+) {
     let mut builds = tokio::task::JoinSet::new();
     let mut delay: Option<Duration> = None;
     let mut retry_at: Option<tokio::time::Instant> = None;
@@ -459,8 +462,9 @@ async fn refill(shared: Weak<Shared>, wake: Arc<Notify>) {
                 retry_at = None;
             }
             while retry_at.is_none() && s.instances.reserve() {
-                let recipe = s.recipe.clone();
+                let (recipe, turns) = (s.recipe.clone(), turns.clone());
                 builds.spawn(async move {
+                    let _turn = turns.acquire_owned().await;
                     let started = Instant::now();
                     (recipe.build().await, started.elapsed())
                 });
@@ -481,6 +485,7 @@ async fn refill(shared: Weak<Shared>, wake: Arc<Notify>) {
             }
         };
         tokio::select! {
+            _ = &mut gone => return,
             () = wake.notified() => {}
             () = retry => {}
             () = trim => {}

@@ -20,7 +20,10 @@
 //! **Waiting is fair and fits the budget.** Waiters queue in order and a
 //! returned (or newly built) instance is handed straight to the oldest one
 //! still waiting, so a late arrival never takes it from under a request that
-//! has waited longer. A `rank` waits at most its deadline. When the pool can
+//! has waited longer. `rank` calls, which a client waits for, come first: an
+//! instance goes to a queued `observe` only when no `rank` waits (hundreds of
+//! streams ending together must not make the next requests' rankings wait
+//! behind their bookkeeping). A `rank` waits at most its deadline. When the pool can
 //! grow no more and the measured hold time says the wait cannot end within that
 //! deadline (a plugin whose calls take 90 ms, with a 25 ms deadline), the call
 //! is skipped as `busy` at once instead of waiting the deadline for nothing —
@@ -89,13 +92,13 @@ pub struct InstancePool {
     /// pool alive).
     wake: Arc<Notify>,
     last_build_error: Mutex<Option<Fault>>,
-    /// How long calls held an instance: `rank`, `observe`, and both together.
-    times: [Average; 3],
+    /// How long calls held an instance: `rank`, `observe`.
+    times: [Average; 2],
     /// How long builds take.
     build_time: Average,
     /// The last 64 calls of each phase (`rank`, `observe`), newest in the low
-    /// bit: 1 for one that held its instance longer than a `rank` may wait
-    /// (see [`InstancePool::hopeless`]).
+    /// bit: 1 for one whose own time (on a CPU plus waiting) was longer than
+    /// a `rank` may wait (see [`InstancePool::hopeless`]).
     long_holds: [AtomicU64; 2],
     /// Calls in each `long_holds` window (up to 64).
     long_samples: [AtomicU64; 2],
@@ -108,8 +111,20 @@ pub struct InstancePool {
 #[derive(Default)]
 struct Queue {
     idle: Vec<Instance>,
-    /// Calls waiting, oldest first.
-    waiters: VecDeque<oneshot::Sender<Instance>>,
+    /// `rank` calls waiting, oldest first: served before any `observe`.
+    ranks: VecDeque<oneshot::Sender<Instance>>,
+    /// `observe` calls waiting, oldest first.
+    observes: VecDeque<oneshot::Sender<Instance>>,
+}
+
+impl Queue {
+    /// The queue of calls waiting as `wait` says.
+    fn of(&mut self, wait: Wait) -> &mut VecDeque<oneshot::Sender<Instance>> {
+        match wait {
+            Wait::Rank(_) => &mut self.ranks,
+            Wait::Observe => &mut self.observes,
+        }
+    }
 }
 
 /// A running average of durations, in nanoseconds (0 until the first sample):
@@ -236,17 +251,19 @@ impl InstancePool {
 
     /// Takes an idle instance, or waits for one as `wait` says.
     pub async fn take(&self, wait: Wait) -> Result<Instance, Fault> {
-        let rx = {
+        let (rx, _observing) = {
             let mut q = self.queue.lock();
             if let Some(i) = q.idle.pop() {
                 return Ok(i);
             }
             if let Wait::Rank(limit) = wait
-                && let Some(expected) = self.hopeless(q.waiters.len(), limit)
+                && let Some(expected) = self.hopeless(q.ranks.len(), limit)
             {
                 drop(q);
                 return Err(self.none_free(limit, Some(expected)));
             }
+            // Checked and counted under the lock, so that calls arriving
+            // together cannot pass the bound between the two.
             if wait == Wait::Observe && self.observe_waiting.load(Ordering::Acquire) >= OBSERVE_QUEUE {
                 drop(q);
                 self.observe_dropped.fetch_add(1, Ordering::Relaxed);
@@ -255,18 +272,19 @@ impl InstancePool {
                     self.remedy(None)
                 )));
             }
-            if q.waiters.len() >= 32 && q.waiters.len().is_power_of_two() {
+            let observing = (wait == Wait::Observe).then(|| Count::new(&self.observe_waiting));
+            let waiters = q.of(wait);
+            if waiters.len() >= 32 && waiters.len().is_power_of_two() {
                 // Waiters that gave up leave closed senders behind.
-                q.waiters.retain(|w| !w.is_closed());
+                waiters.retain(|w| !w.is_closed());
             }
             let (tx, rx) = oneshot::channel();
-            q.waiters.push_back(tx);
+            waiters.push_back(tx);
             // Counted under the lock, so that `give_back` never uncounts it first.
             self.waiting.fetch_add(1, Ordering::AcqRel);
-            Waiter { pool: self, rx: Some(rx) }
+            (Waiter { pool: self, rx: Some(rx) }, observing)
         };
         self.last_short_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-        let _observing = (wait == Wait::Observe).then(|| Count::new(&self.observe_waiting));
         self.wake.notify_one();
         let limit = match wait {
             Wait::Rank(d) => d,
@@ -291,13 +309,12 @@ impl InstancePool {
         }
     }
 
-    /// Whether waiting `limit` is in vain: the pool cannot grow, and most of
-    /// the last (up to) 64 calls of a phase — four at least — held their instance longer than `limit`
-    /// — that phase's calls are slow, not merely some of them set aside by a
-    /// busy executor (a microsecond call that yields can wait behind the
-    /// executor's whole queue; an average alone would take those few for a
-    /// slow plugin) — and its mean hold says the wait would be longer. The
-    /// expected wait, if so.
+    /// Whether waiting `limit` is in vain: the pool cannot grow, most of the
+    /// last (up to) 64 calls of a phase — four at least — took longer than
+    /// `limit` of the plugin's own time (that phase's calls are slow, not
+    /// merely set aside by a busy executor: a microsecond call that yields can
+    /// wait behind the executor's whole queue, holding its instance), and its
+    /// mean hold says the wait would be longer. The expected wait, if so.
     fn hopeless(&self, ahead: usize, limit: Duration) -> Option<Duration> {
         self.rank_wait_ns.store(limit.as_nanos() as u64, Ordering::Relaxed);
         let live = self.live.load(Ordering::Acquire);
@@ -305,12 +322,23 @@ impl InstancePool {
             return None;
         }
         (0..2)
-            .filter(|&p| {
-                let n = self.long_samples[p].load(Ordering::Relaxed);
-                n >= 4 && u64::from(self.long_holds[p].load(Ordering::Relaxed).count_ones()) * 2 > n
-            })
+            .filter(|&p| self.slow_phase(p))
             .filter_map(|p| Some(self.times[p].get()?.mul_f64((ahead + 1) as f64 / live as f64)))
             .find(|expected| *expected > limit)
+    }
+
+    /// Whether most of the last (up to) 64 calls of phase `p` (0: `rank`,
+    /// 1: `observe`) — four at least — took longer than a `rank` may wait, in
+    /// the plugin's own time.
+    fn slow_phase(&self, p: usize) -> bool {
+        let n = self.long_samples[p].load(Ordering::Relaxed);
+        n >= 4 && u64::from(self.long_holds[p].load(Ordering::Relaxed).count_ones()) * 2 > n
+    }
+
+    /// Whether the plugin's calls are slow in either phase (the remedy that
+    /// fits is then a faster plugin, not more instances).
+    fn slow(&self) -> bool {
+        self.slow_phase(0) || self.slow_phase(1)
     }
 
     /// Why no instance was free, and what to do about it.
@@ -354,8 +382,10 @@ impl InstancePool {
         } else {
             format!("its calls hold an instance {} on average; ", times.join(" and "))
         };
-        let hold = self.times[2].get().unwrap_or_default();
-        let long = wait.is_some_and(|w| hold > w);
+        // Long by the measure the pool skips and stops growing by: most recent
+        // calls of a phase held longer than the wait (a mean over both phases
+        // would hide a slow `observe` behind microsecond `rank`s).
+        let long = wait.is_some() && self.slow();
         if long {
             format!(
                 "{held}calls longer than the wait cannot be absorbed by more instances for long: make the plugin's \
@@ -367,16 +397,20 @@ impl InstancePool {
         }
     }
 
-    /// Counts a call of `phase` that held an instance for `held`.
-    pub fn record_call(&self, phase: Phase, held: Duration) {
+    /// Counts a call of `phase` that held an instance for `held`, of which
+    /// `own` was the plugin's own time (on a CPU plus waiting). A call is
+    /// judged long by its own time: a microsecond call that yielded and then
+    /// sat behind a busy executor's queue held its instance long, but another
+    /// instance serves the next call sooner, so it is no reason to give up
+    /// waiting (see [`InstancePool::hopeless`]).
+    pub fn record_call(&self, phase: Phase, held: Duration, own: Duration) {
         match phase {
             Phase::Rank => self.times[0].add(held),
             Phase::Observe => self.times[1].add(held),
             Phase::Configure => return,
         }
-        self.times[2].add(held);
         let wait = self.rank_wait_ns.load(Ordering::Relaxed);
-        let long = wait > 0 && held.as_nanos() as u64 > wait;
+        let long = wait > 0 && own.as_nanos() as u64 > wait;
         let slot = if phase == Phase::Rank { 0 } else { 1 };
         if wait > 0 {
             let _ = self.long_holds[slot]
@@ -393,11 +427,12 @@ impl InstancePool {
     }
 
     /// Returns an instance after a successful call: to the oldest waiting
-    /// call, or to the idle list.
+    /// `rank`, else the oldest waiting `observe`, else the idle list.
     pub fn give_back(&self, instance: Instance) {
         let mut q = self.queue.lock();
         let mut instance = instance;
-        while let Some(w) = q.waiters.pop_front() {
+        let Queue { ranks, observes, .. } = &mut *q;
+        while let Some(w) = ranks.pop_front().or_else(|| observes.pop_front()) {
             match w.send(instance) {
                 Ok(()) => {
                     self.waiting.fetch_sub(1, Ordering::AcqRel);
@@ -425,16 +460,18 @@ impl InstancePool {
     }
 
     /// Reserves a slot for a new instance if the pool is short of `keep`, or
-    /// calls wait that no running build will serve and it may grow. The
+    /// calls wait that no running build will serve and it may grow (up to
+    /// `max`). The
     /// caller must then report [`InstancePool::built`] or
     /// [`InstancePool::build_failed`].
     pub fn reserve(&self) -> bool {
         let waiting = self.waiting.load(Ordering::Acquire);
         let building = self.building.load(Ordering::Acquire);
+        let grow = waiting > building;
         let reserved = self
             .live
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.keep || (waiting > building && n < self.max)).then_some(n + 1)
+                (n < self.keep || (grow && n < self.max)).then_some(n + 1)
             })
             .ok();
         let Some(before) = reserved else { return false };
