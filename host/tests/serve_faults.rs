@@ -1330,11 +1330,11 @@ async fn a_plugin_napping_in_short_pieces_is_cut_at_its_budget_in_every_phase() 
 }
 
 /// `rank` calls come before queued `observe` calls. One instance, whose
-/// `observe` takes 10 ms: requests arrive faster than their observes end, so
-/// hundreds queue. A `rank` waits at most for the call in progress, never
-/// behind the queue: no ranking is skipped as `busy`. (With one queue for
-/// both, a `rank` waited behind every queued observe — seconds — and was
-/// skipped.)
+/// `observe` takes 10 ms: 100 requests at once leave a second of observes
+/// queued behind them. The requests that follow are ranked at once — a `rank`
+/// waits at most for the call in progress, never behind the queue — so no
+/// ranking is skipped as `busy`. (With one queue for both, each of them waited
+/// behind the backlog past its 200 ms deadline and was skipped.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_observes_never_make_a_ranking_wait_behind_them() {
     let mock = MockUpstream::start().await;
@@ -1343,10 +1343,15 @@ async fn queued_observes_never_make_a_ranking_wait_behind_them() {
         hostile(&misbehave(), "fault = \"pass\", observe = \"sleep\", ms = 10", 200)
     );
     let gw = start(&mock, tempdir::Dir::new("observe-queue"), &stages);
-    let run = drive(&gw, 300).await;
-    run.assert_all_served("observes queued behind one instance");
+    let client = Gateway::client();
+    let at_once: Vec<_> = (0..100).map(|_| send_message(&client, &gw.url, MODEL)).collect();
+    for r in futures_util::future::join_all(at_once).await {
+        assert_eq!(r.unwrap().status(), 200);
+    }
+    let backlog = hostile_stage(&gw).await["pool"]["observe_queued"].as_u64().unwrap();
+    let run = drive(&gw, REQUESTS).await;
+    run.assert_all_served("after a backlog of observes");
     let stage = hostile_stage(&gw).await;
-    eprintln!("{stage:#}");
-    assert!(stage["pool"]["observe_queued"].as_u64().unwrap() + stage["observe"]["calls"].as_u64().unwrap() > 0);
-    assert_eq!(stage["rank"]["busy"], 0, "rankings waited behind queued observes: {stage:#}");
+    assert!(backlog >= 20, "no backlog of observes to wait behind ({backlog}): {stage:#}");
+    assert_eq!(stage["rank"]["busy"], 0, "rankings waited behind {backlog} queued observes: {stage:#}");
 }
