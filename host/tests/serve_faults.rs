@@ -1031,10 +1031,10 @@ async fn burst(url: &str, n: usize, wave: usize) -> Vec<u16> {
 
 /// A morning burst: 200 slow streams opening at once, wave after wave, through
 /// the built-in default chain on this 2-core machine. The built-ins answer in
-/// microseconds: no `observe` call may be lost and no request fail. How many
-/// rankings skip a stage as `busy` is printed (see below).
+/// microseconds: no ranking may skip a stage as `busy`, no `observe` call may
+/// be lost and no request fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_of_streams_opening_together_loses_no_observe_and_fails_no_request() {
+async fn a_burst_of_streams_opening_together_skips_no_stage_loses_no_observe_and_fails_no_request() {
     const STREAMS: usize = 200;
     const WAVES: usize = 10;
     let mock = MockUpstream::start().await;
@@ -1092,13 +1092,13 @@ async fn a_burst_of_streams_opening_together_loses_no_observe_and_fails_no_reque
     eprintln!("{} streams in {took:?}\n{}", STREAMS * WAVES, report.join("\n"));
     assert_eq!(failed, 0, "requests failed in the burst");
     assert_eq!((observe_busy, dropped), (0, 0), "observe calls lost:\n{}", report.join("\n"));
-    // Busy skips are reported, not asserted: #22 asks for none, and this debug
-    // build on two cores skips 0 to 23 % of rankings from run to run (the
-    // executor, saturated by 2,000 streams, keeps a microsecond call that
-    // yielded waiting with its instance held; docs/benchmarks.md, "Bursts").
-    // Open with #22: plugin calls on threads of their own.
+    // A microsecond call that yields (its thread preempted at an epoch tick)
+    // moves to the plugin call threads instead of waiting, its instance held,
+    // behind every request task of the burst (policy/calls.rs): before that,
+    // this debug build on two cores skipped 0 to 23 % of rankings as `busy`.
     let rankings = STREAMS * WAVES * stages.len();
     eprintln!("{rank_busy} of {rankings} rankings skipped as busy");
+    assert_eq!(rank_busy, 0, "fast stages skipped as busy in the burst:\n{}", report.join("\n"));
 }
 
 /// A later `configure` that never ends — naps of 100 ms, forever — would leave

@@ -53,7 +53,7 @@ pub struct Generation {
     /// The configuration it was built from.
     pub config: Config,
     /// The policy chain.
-    pub chain: Chain,
+    pub chain: Arc<Chain>,
     /// Enabled accounts, in pool order.
     pub accounts: Vec<PoolAccount>,
     /// Disabled accounts (shown in `/status`, never routed to).
@@ -299,7 +299,7 @@ impl Generation {
         let generation = Generation {
             number,
             config,
-            chain,
+            chain: Arc::new(chain),
             accounts,
             disabled,
             client_keys,

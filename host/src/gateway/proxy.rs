@@ -247,7 +247,7 @@ impl Exchange {
             replayable: true,
             decided_by: None,
         };
-        let decision = self.generation.chain.rank(request.clone(), candidates).await;
+        let decision = self.generation.chain.decide(request.clone(), candidates).await;
         self.gw.metrics.chain_duration(decision.duration_us / 1e6);
         self.record.reason.clone_from(&decision.reason);
         let mut order: Vec<u32> = decision.order.indices().iter().copied().filter(|i| usable.contains(i)).collect();

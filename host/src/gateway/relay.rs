@@ -37,28 +37,13 @@ pub const STREAM_ERROR_EVENT: &[u8] =
 /// period ends.
 pub const STREAM_SHUTDOWN_EVENT: &[u8] = b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"poolgate is shutting down: the stream was cut at the end of its shutdown grace period\"}}\n\n";
 
-/// Tells the chain how a request ended. The calls run at once when they finish
-/// in one go (microseconds: the common case), so that what they store — an
-/// affinity binding — is in place before the client can send its next request;
-/// a call that has to wait (a plugin computing past a yield, or sleeping, or a
-/// stage whose instances are all in use) goes on as a task, bounded like every
-/// plugin call. One waiting for an instance queues for it (the pool grows
-/// meanwhile; see `policy::pool`) instead of being dropped: only past the
-/// queue's bound is an `observe` dropped, and then counted.
+/// Tells the chain how a request ended: at once when the calls finish in
+/// one go, else on the plugin call threads (see [`crate::policy::calls`]).
+/// One waiting for an instance queues for it (the pool grows meanwhile; see
+/// `policy::pool`) instead of being dropped: only past the queue's bound is an
+/// `observe` dropped, and then counted.
 pub fn observe(generation: Arc<Generation>, request: wit::Request, account: u32, ended: wit::Outcome) {
-    let mut calls = Box::pin(async move {
-        generation.chain.observe(&request, account, &ended).await;
-    });
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    if calls.as_mut().poll(&mut cx).is_ready() {
-        return;
-    }
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) => {
-            handle.spawn(calls);
-        }
-        Err(_) => tracing::warn!("observe could not finish: no async runtime to continue on"),
-    }
+    generation.chain.observe_detached(request, account, ended);
 }
 
 /// Passes SSE chunks on at event boundaries: a chunk that ends inside an event

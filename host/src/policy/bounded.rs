@@ -61,8 +61,9 @@ use std::cell::Cell;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, RawWaker, RawWakerVTable, Wake, Waker};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
@@ -74,6 +75,9 @@ pub const MIN_SLACK: Duration = Duration::from_millis(20);
 pub const CAP_FACTOR: u32 = 4;
 /// ... plus this much.
 pub const CAP_SLACK: Duration = Duration::from_millis(100);
+/// A poll shorter than this is taken as all on a CPU, without a second read
+/// of the thread's CPU clock (see [`Bounded`]).
+pub const CPU_CHECK: Duration = Duration::from_micros(200);
 /// A build's hard cap is twice its configure deadline plus this much.
 pub const CONFIGURE_CAP_SLACK: Duration = Duration::from_secs(2);
 
@@ -191,14 +195,33 @@ impl Tally {
 
     /// A poll starts at `now`; `woken` is when the call was woken since it
     /// paused, if it was. A wait counts until the wake, never past `now`.
-    pub fn resume(&mut self, now: Instant, woken: Option<Instant>) {
-        let first = *self.first.get_or_insert(now);
+    /// Whether the call had been polled before (a first poll has spent
+    /// nothing, and needs no look at its limits).
+    pub fn resume(&mut self, now: Instant, woken: Option<Instant>) -> bool {
+        let Some(first) = self.first else {
+            self.first = Some(now);
+            return false;
+        };
         if let Some((Pause::Waiting, since)) = self.pause.take() {
             let end = woken.map_or(now, |w| w.clamp(since, now));
             self.spent.waited += end.saturating_duration_since(since);
         }
         self.pause = None;
         self.spent.total = now.saturating_duration_since(first);
+        true
+    }
+
+    /// The call ended at `now` (its last poll returned there).
+    pub fn end(&mut self, now: Instant) {
+        if let Some(first) = self.first {
+            self.spent.total = now.saturating_duration_since(first);
+        }
+    }
+
+    /// The time spent as of the call's last poll: after the call, what it
+    /// spent, without reading the clock again.
+    pub fn settled(&self) -> Spent {
+        self.spent
     }
 
     /// A poll ran for `wall`, its thread on a CPU for `cpu` of it (`None`: not
@@ -277,6 +300,10 @@ struct Watched {
 }
 
 impl Watch {
+    fn new(waker: Waker) -> Arc<Watch> {
+        Arc::new(Watch { state: parking_lot::Mutex::new(Watched { waker, woken: None }) })
+    }
+
     /// A poll starts: the task's current waker, and when the call was woken
     /// since the last poll (cleared).
     fn begin(&self, waker: &Waker) -> Option<Instant> {
@@ -305,6 +332,68 @@ impl Wake for Watch {
         };
         waker.wake();
     }
+}
+
+/// The waker of a call's first poll, which is nearly always its only one: it
+/// tells whether the call woke itself during the poll (a yield) without
+/// allocating. Only if the call keeps a waker — clones it, to be woken later —
+/// is a [`Watch`] made, and the clone is the `Watch`'s.
+///
+/// It lives on the stack of [`Bounded::poll`] and is handed out only as the
+/// `&Waker` of that poll's `Context`, which cannot outlive the poll; every
+/// waker that can is a clone, which holds the `Watch`, not the probe.
+struct Probe<'a> {
+    task: &'a Waker,
+    woke: AtomicBool,
+    watch: OnceLock<Arc<Watch>>,
+}
+
+impl<'a> Probe<'a> {
+    const VTABLE: RawWakerVTable =
+        RawWakerVTable::new(Self::clone_raw, Self::wake_raw, Self::wake_by_ref_raw, Self::drop_raw);
+
+    fn new(task: &'a Waker) -> Self {
+        Probe { task, woke: AtomicBool::new(false), watch: OnceLock::new() }
+    }
+
+    /// A waker pointing at the probe: valid only while the probe lives.
+    fn waker(&self) -> std::mem::ManuallyDrop<Waker> {
+        let raw = RawWaker::new(std::ptr::from_ref(self).cast(), &Self::VTABLE);
+        // SAFETY: the vtable's functions uphold `RawWaker`'s contract for a
+        // pointer to a live `Probe` (which `Bounded::poll` guarantees by
+        // dropping the probe only after the poll that uses the waker), and
+        // the probe is `Sync`: it may be woken from any thread meanwhile.
+        std::mem::ManuallyDrop::new(unsafe { Waker::from_raw(raw) })
+    }
+
+    /// # Safety
+    /// `p` points at a live `Probe`.
+    unsafe fn get<'p>(p: *const ()) -> &'p Probe<'p> {
+        // SAFETY: as the caller promises.
+        unsafe { &*p.cast::<Probe<'p>>() }
+    }
+
+    unsafe fn clone_raw(p: *const ()) -> RawWaker {
+        // SAFETY: wakers of the probe exist only while it lives.
+        let probe = unsafe { Self::get(p) };
+        let watch = probe.watch.get_or_init(|| Watch::new(probe.task.clone())).clone();
+        let waker = std::mem::ManuallyDrop::new(Waker::from(watch));
+        RawWaker::new(waker.data(), waker.vtable())
+    }
+
+    unsafe fn wake_by_ref_raw(p: *const ()) {
+        // SAFETY: as in `clone_raw`.
+        let probe = unsafe { Self::get(p) };
+        probe.woke.store(true, Ordering::Release);
+        probe.task.wake_by_ref();
+    }
+
+    unsafe fn wake_raw(p: *const ()) {
+        // SAFETY: as in `clone_raw`; a by-value wake of the probe owns nothing.
+        unsafe { Self::wake_by_ref_raw(p) }
+    }
+
+    unsafe fn drop_raw(_: *const ()) {}
 }
 
 /// The CPU time of the calling thread.
@@ -349,29 +438,47 @@ impl<F: Future> Future for Bounded<'_, F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         let now = Instant::now();
-        let (watch, waker) = this.watch.get_or_insert_with(|| {
-            let watch =
-                Arc::new(Watch { state: parking_lot::Mutex::new(Watched { waker: cx.waker().clone(), woken: None }) });
-            (watch.clone(), Waker::from(watch))
-        });
-        let woken = watch.begin(cx.waker());
-        this.tally.resume(now, woken);
-        if let Some(cut) = this.tally.over(now) {
+        let woken = this.watch.as_ref().and_then(|(watch, _)| watch.begin(cx.waker()));
+        if this.tally.resume(now, woken)
+            && let Some(cut) = this.tally.over(now)
+        {
             return Poll::Ready(Err(cut));
         }
         let cpu_before = thread_cpu();
         let outer_yield = YIELDED.replace(false);
-        let polled = catch_unwind(AssertUnwindSafe(|| this.inner.as_mut().poll(&mut Context::from_waker(waker))));
+        let (polled, woke_itself) = match &*this.watch {
+            Some((_, waker)) => {
+                (catch_unwind(AssertUnwindSafe(|| this.inner.as_mut().poll(&mut Context::from_waker(waker)))), false)
+            }
+            None => {
+                let probe = Probe::new(cx.waker());
+                let waker = probe.waker();
+                let polled =
+                    catch_unwind(AssertUnwindSafe(|| this.inner.as_mut().poll(&mut Context::from_waker(&waker))));
+                if let Some(watch) = probe.watch.get() {
+                    *this.watch = Some((watch.clone(), Waker::from(watch.clone())));
+                }
+                (polled, probe.woke.load(Ordering::Acquire))
+            }
+        };
         let yielded = YIELDED.replace(outer_yield);
         let after = Instant::now();
-        let cpu = cpu_before.and_then(|b| Some(thread_cpu()?.saturating_sub(b)));
-        this.tally.ran(after.saturating_duration_since(now), cpu);
+        let wall = after.saturating_duration_since(now);
+        // A short poll is taken as all on a CPU (an error of at most
+        // `CPU_CHECK`, against the plugin): the common microsecond call reads
+        // the thread's CPU clock once.
+        let cpu = if wall < CPU_CHECK { None } else { cpu_before.and_then(|b| Some(thread_cpu()?.saturating_sub(b))) };
+        this.tally.ran(wall, cpu);
         match polled {
-            Ok(Poll::Ready(v)) => return Poll::Ready(Ok(v)),
+            Ok(Poll::Ready(v)) => {
+                this.tally.end(after);
+                return Poll::Ready(Ok(v));
+            }
             Ok(Poll::Pending) => {}
             Err(payload) => return Poll::Ready(Err(Cut::Panicked(panic_message(payload.as_ref())))),
         }
-        let why = if yielded || watch.woken() { Pause::Yielded } else { Pause::Waiting };
+        let woke_itself = woke_itself || yielded || this.watch.as_ref().is_some_and(|(watch, _)| watch.woken());
+        let why = if woke_itself { Pause::Yielded } else { Pause::Waiting };
         this.tally.pause(after, why);
         if let Some(cut) = this.tally.over(after) {
             return Poll::Ready(Err(cut));

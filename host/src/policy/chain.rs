@@ -18,6 +18,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use super::bindings::{Account, AccountInfo, Outcome, QuotaWindow, Ranking, Request};
+use super::calls::CallThreads;
 use super::breaker::{Admit, BreakerConfig, BreakerStatus, Phase};
 use super::decision::{Decision, Order, POOL_ORDER, PolicyError, ROUTING_POLICY_ERROR, StageRecord};
 use super::engine::PolicyEngine;
@@ -57,6 +58,7 @@ struct Stage {
 /// A loaded chain, shared by every request of one configuration generation.
 pub struct Chain {
     stages: Vec<Stage>,
+    calls: Arc<CallThreads>,
     pool: Arc<Vec<AccountInfo>>,
     ids: Arc<[String]>,
 }
@@ -148,7 +150,7 @@ impl Chain {
             stages.push(Stage { name: spec.name, plugin: Arc::new(plugin), events });
         }
         let ids = pool.iter().map(|a| a.id.clone()).collect();
-        Ok(Chain { stages, pool: Arc::new(pool), ids })
+        Ok(Chain { stages, calls: engine.calls().clone(), pool: Arc::new(pool), ids })
     }
 
     /// Reports every stage failure from now on to `sink` (the gateway's metrics).
@@ -208,7 +210,28 @@ impl Chain {
         Order::new(accounts.iter().map(|a| a.id).collect(), self.ids.clone())
     }
 
-    /// Decides the order of `candidates` for `req`.
+    /// Decides the order of `candidates` for `req`, as [`Chain::rank`] does,
+    /// on the request's thread while no call waits and on the call threads
+    /// from the first that does (see [`super::calls`]): what the gateway
+    /// calls for every request.
+    pub async fn decide(self: &Arc<Self>, req: Request, candidates: Candidates) -> Decision {
+        let chain = self.clone();
+        self.calls.run(async move { chain.rank(req, candidates).await }).await
+    }
+
+    /// Tells every stage how a request ended, as [`Chain::observe`] does,
+    /// without waiting: the calls run at once when they finish in one go
+    /// (microseconds: the common case), so that what they store — an affinity
+    /// binding — is in place before the client can send its next request; a
+    /// call that has to wait goes on on the call threads.
+    pub fn observe_detached(self: &Arc<Self>, req: Request, account: u32, outcome: Outcome) {
+        let chain = self.clone();
+        self.calls.detach(async move {
+            chain.observe(&req, account, &outcome).await;
+        });
+    }
+
+    /// Decides the order of `candidates` for `req`, on the caller's thread.
     pub async fn rank(&self, mut req: Request, candidates: Candidates) -> Decision {
         let started = Instant::now();
         let Candidates { accounts, windows } = candidates;

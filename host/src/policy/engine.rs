@@ -18,7 +18,9 @@
 //!
 //! Instances are instantiated and configured on a thread of their own — never
 //! on the threads that serve requests — so a plugin whose `configure` is slow
-//! never stalls a request or `/healthz` (see [`super::pool`]).
+//! never stalls a request or `/healthz` (see [`super::pool`]). Calls start on
+//! the request's thread and move to threads of their own once they have to
+//! wait (see [`super::calls`]).
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -31,6 +33,7 @@ use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime::{Config, Engine};
 
 use super::bindings::Policy;
+use super::calls::{AbortOnDrop, CallThreads};
 use super::compile::{CompileLimits, Compiler};
 use super::sandbox::Sandbox;
 
@@ -53,6 +56,7 @@ pub struct PolicyEngine {
     linker: Linker<Sandbox>,
     compiler: Compiler,
     builder: Builder,
+    calls: Arc<CallThreads>,
     builtins_ready: AtomicBool,
 }
 
@@ -95,6 +99,7 @@ impl PolicyEngine {
             linker,
             compiler: Compiler::new(cache_dir),
             builder: Builder::start()?,
+            calls: Arc::new(CallThreads::start()?),
             builtins_ready: AtomicBool::new(false),
         }))
     }
@@ -118,6 +123,11 @@ impl PolicyEngine {
     /// The thread instances are built on.
     pub fn builder(&self) -> &Builder {
         &self.builder
+    }
+
+    /// Where plugin calls that have to wait run (see [`super::calls`]).
+    pub fn calls(&self) -> &Arc<CallThreads> {
+        &self.calls
     }
 
     /// Replaces the compile limits (size, budget, cache bound).
@@ -234,15 +244,6 @@ impl Builder {
     pub async fn run<T: Send + 'static>(&self, task: impl Future<Output = T> + Send + 'static) -> Result<T> {
         let mut task = AbortOnDrop(self.loads.spawn(task));
         (&mut task.0).await.context("the plugin load thread failed")
-    }
-}
-
-/// A task aborted when its handle is dropped before it finished.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

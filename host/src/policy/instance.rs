@@ -60,10 +60,11 @@ pub struct Instance {
     policy: Policy,
     /// `rank`, type-checked against the bulk-lowering parameter types once.
     rank: Func,
-    /// The plugin's own time in its last call (on a CPU plus waiting): what
-    /// the pool judges a plugin's speed by, since the wall time an instance
-    /// is held also counts time the call sat queued for a thread.
-    last_own: Duration,
+    /// Where the time of its last call went: its own time (on a CPU plus
+    /// waiting) is what the pool judges a plugin's speed by, since the wall
+    /// time an instance is held also counts time the call sat queued for a
+    /// thread.
+    last: Spent,
 }
 
 impl Instance {
@@ -117,7 +118,7 @@ impl Instance {
                 .await;
         let call = Call { phase: Phase::Configure, budget, tally: &tally };
         match settle(&mut store, configured, call) {
-            Ok(Ok(())) => Ok(Instance { store, policy, rank, last_own: Duration::ZERO }),
+            Ok(Ok(())) => Ok(Instance { store, policy, rank, last: Spent::default() }),
             Ok(Err(msg)) => Err(Fault::new(Cause::Error, format!("configure refused its options: {msg}"))),
             Err(f) if f.cause == Cause::Timeout => Err(f),
             Err(f) => Err(f.context("configure failed")),
@@ -143,7 +144,7 @@ impl Instance {
             &mut tally,
         )
         .await;
-        self.last_own = tally.spent(tokio::time::Instant::now()).own();
+        self.last = tally.settled();
         let (answer,) = settle(&mut self.store, called, Call { phase: Phase::Rank, budget, tally: &tally })?;
         answer.map_err(|msg| Fault::new(Cause::Error, msg))
     }
@@ -163,25 +164,25 @@ impl Instance {
             &mut tally,
         )
         .await;
-        self.last_own = tally.spent(tokio::time::Instant::now()).own();
+        self.last = tally.settled();
         settle(&mut self.store, called, Call { phase: Phase::Observe, budget, tally: &tally })
     }
 
     fn begin(&mut self, req: &Request, budget: Budget) -> Result<CallGuard, Fault> {
         self.store.data_mut().begin_call(req.id, req.now_ms);
         // Two ticks, not one: a call that starts just before a tick would
-        // otherwise yield after microseconds, and a yielded call waits behind
-        // the executor's whole queue holding its instance — under a burst, tens
-        // of milliseconds for a microsecond plugin (docs/benchmarks.md,
-        // "Bursts"). Every call still yields within 2 ms.
+        // otherwise yield after microseconds, and a yielded call leaves the
+        // request's thread for the call threads (`policy::calls`) — a move
+        // that costs more than the call. Every call still yields within 2 ms.
         self.store.set_epoch_deadline(2);
         self.store.set_fuel(fuel(budget.cpu)).map_err(|e| Fault::new(Cause::Host, format!("cannot refuel: {e}")))?;
         Ok(CallGuard::enter())
     }
 
-    /// The plugin's own time in its last call (see `last_own`).
-    pub fn last_own(&self) -> Duration {
-        self.last_own
+    /// Where the time of its last call went, from its first poll to its
+    /// end (see `last`).
+    pub fn last_spent(&self) -> Spent {
+        self.last
     }
 
     /// Bytes of memory the instance holds (all memories and tables).

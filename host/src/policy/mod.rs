@@ -1,6 +1,8 @@
 //! The plugin runtime: WebAssembly policy components run in a sandbox, chained.
 //!
 //! - [`engine`]: the process's wasmtime engine, its linker and builder thread;
+//!   [`calls`]: where plugin calls run (the request's thread, or threads of
+//!   their own once they wait);
 //!   [`compile`]: compiling within limits, and the bounded compile caches.
 //! - [`plugin`]: one configured plugin; [`pool`]: its warm instances, refilled
 //!   in the background; [`instance`]: one instance and every call into it,
@@ -21,6 +23,7 @@
 mod bindings;
 pub mod bounded;
 pub mod breaker;
+pub mod calls;
 pub mod chain;
 pub mod compile;
 pub mod decision;

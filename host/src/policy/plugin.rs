@@ -210,6 +210,8 @@ struct Shared {
     label: Arc<str>,
     sha256: String,
     spec: PluginSpec,
+    /// The bounds of each `rank` and `observe` call, worked out once.
+    call_budget: Budget,
     recipe: Arc<Recipe>,
     instances: InstancePool,
     events: Arc<StageEvents>,
@@ -300,6 +302,7 @@ impl Plugin {
             label,
             sha256,
             instances: InstancePool::new(spec.max_idle, spec.max_instances, Some(engine.builder().handle().clone())),
+            call_budget: spec.limits.call_budget(),
             spec,
             recipe,
             events,
@@ -349,24 +352,24 @@ impl Plugin {
     /// Asks the plugin to order `candidates`. Only the shape of the answer is
     /// checked here; the chain validates it against the input.
     pub async fn rank(&self, req: &Request, candidates: &[Account], windows: &[QuotaWindow]) -> Result<Ranking, Fault> {
-        let budget = self.shared.spec.limits.call_budget();
+        let budget = self.shared.call_budget;
         let mut lease = Lease::take(&self.shared.instances, Wait::Rank(budget.cpu)).await?;
-        let started = Instant::now();
         let answer = lease.instance().rank(req, candidates, windows, budget).await;
-        self.shared.instances.record_call(Phase::Rank, started.elapsed(), lease.instance().last_own());
+        let spent = lease.instance().last_spent();
+        self.shared.instances.record_call(Phase::Rank, spent.total, spent.own());
         lease.finish(answer.is_ok());
         answer
     }
 
     /// Tells the plugin how a request ended on pool account `account`.
     pub async fn observe(&self, req: &Request, account: u32, outcome: &Outcome) -> Result<(), Fault> {
-        let budget = self.shared.spec.limits.call_budget();
+        let budget = self.shared.call_budget;
         // No client waits for it: it queues for an instance (within the
         // pool's bound) rather than being dropped when the pool is busy.
         let mut lease = Lease::take(&self.shared.instances, Wait::Observe).await?;
-        let started = Instant::now();
         let done = lease.instance().observe(req, account, outcome, budget).await;
-        self.shared.instances.record_call(Phase::Observe, started.elapsed(), lease.instance().last_own());
+        let spent = lease.instance().last_spent();
+        self.shared.instances.record_call(Phase::Observe, spent.total, spent.own());
         lease.finish(done.is_ok());
         done
     }

@@ -10,12 +10,12 @@
 //! **Demand, not a fixed size.** A call that finds no idle instance queues for
 //! one and asks the builder for another, up to `max` alive at once
 //! (`[policy] max_instances`). Measured under a burst (docs/benchmarks.md,
-//! "Bursts"), a microsecond plugin's instance is held for tens of
-//! milliseconds whenever its call yields at an epoch tick and then waits behind
-//! every other task in the executor's queue: with a fixed two instances, 200
-//! streams opening at once skipped stages as `busy`. Instances built for a
-//! burst stay while it lasts and are trimmed back to `keep` once no call has
-//! found the pool short for [`TRIM_AFTER`].
+//! "Bursts"), 200 streams opening at once take 2–13 instances of a
+//! microsecond built-in on two cores: calls that yield at an epoch tick (their
+//! thread preempted) move to the call threads ([`super::calls`]) and hold
+//! their instance for a few milliseconds. Instances built for a burst stay
+//! while it lasts and are trimmed back to `keep` once no call has found the
+//! pool short for [`TRIM_AFTER`].
 //!
 //! **Waiting is fair and fits the budget.** Waiters queue in order and a
 //! returned (or newly built) instance is handed straight to the oldest one

@@ -1,0 +1,96 @@
+//! Where plugin calls run: on the request's own thread while they finish at
+//! once, on threads of their own from the moment they have to wait.
+//!
+//! Nearly every call into a built-in plugin finishes in its first poll, in
+//! microseconds; handing it to another thread would cost more than the call.
+//! But a call that goes pending — it yielded at an epoch tick (its thread was
+//! preempted, or it computes for longer), it sleeps, or it queues for an
+//! instance — is polled again only when the executor gets to it. On the
+//! request runtime that is behind every request task that is ready: under a
+//! burst of new streams on two cores, 340 ms was measured for a call of a few
+//! microseconds, holding its instance all along, so that the stage's other
+//! rankings found every instance taken and skipped it as `busy`
+//! (docs/benchmarks.md, "Bursts").
+//!
+//! So a call that goes pending moves, with everything it holds, to the
+//! [`CallThreads`] runtime, whose queue holds plugin calls only — each a few
+//! microseconds between yields — and comes back to the request as the answer.
+//! Its budget is unchanged (see [`super::bounded`]): the time a move takes is
+//! queue time, which the plugin is not charged for, and the hard cap still
+//! bounds it.
+
+use std::future::Future;
+use std::panic::resume_unwind;
+use std::task::{Context, Poll, Waker};
+
+use anyhow::Result;
+
+/// A runtime of its own for plugin calls that have to wait: as many threads
+/// as the machine has cores, so that a plugin that computes still has every
+/// core, as it had on the request workers. Stops when dropped.
+pub struct CallThreads {
+    handle: tokio::runtime::Handle,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl CallThreads {
+    /// Starts the runtime.
+    pub fn start() -> Result<CallThreads> {
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cores)
+            .thread_name("poolgate-calls")
+            .enable_all()
+            .build()?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        // Dropped on a thread of its own, never inside an async context
+        // (which tokio refuses): the last chain may go on a request's worker.
+        std::thread::Builder::new().name("poolgate-calls-main".into()).spawn(move || {
+            runtime.block_on(async {
+                let _ = stopped.await;
+            });
+        })?;
+        Ok(CallThreads { handle, _stop: stop })
+    }
+
+    /// Runs `call` here while it finishes in its first poll; if it has to
+    /// wait, the rest of it runs on the call threads and this waits for its
+    /// answer. Dropping the wait drops the call (on the call threads). A panic
+    /// in it is passed on here, as if it had run here.
+    pub async fn run<T: Send + 'static>(&self, call: impl Future<Output = T> + Send + 'static) -> T {
+        let mut call = Box::pin(call);
+        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        if let Poll::Ready(answer) = first {
+            return answer;
+        }
+        let mut task = AbortOnDrop(self.handle.spawn(call));
+        match (&mut task.0).await {
+            Ok(answer) => answer,
+            Err(e) if e.is_panic() => resume_unwind(e.into_panic()),
+            // Only `abort` (on drop, when nothing waits any more) or the
+            // runtime's end cancels the task; the runtime lives as long as
+            // the chain whose call this is, which the caller holds.
+            Err(e) => unreachable!("a plugin call was cancelled while its answer was awaited: {e}"),
+        }
+    }
+
+    /// Runs `call` here if it finishes in its first poll, else lets it finish
+    /// on the call threads; nothing waits for it.
+    pub fn detach(&self, call: impl Future<Output = ()> + Send + 'static) {
+        let mut call = Box::pin(call);
+        if call.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready() {
+            return;
+        }
+        drop(self.handle.spawn(call));
+    }
+}
+
+/// A task aborted when its handle is dropped before it finished.
+pub(super) struct AbortOnDrop<T>(pub(super) tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
