@@ -21,6 +21,7 @@
 
 use std::future::Future;
 use std::panic::resume_unwind;
+use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use anyhow::Result;
@@ -55,24 +56,17 @@ impl CallThreads {
     }
 
     /// Runs `call` here while it finishes in its first poll; if it has to
-    /// wait, the rest of it runs on the call threads and this waits for its
-    /// answer. Dropping the wait drops the call (on the call threads). A panic
-    /// in it is passed on here, as if it had run here.
-    pub async fn run<T: Send + 'static>(&self, call: impl Future<Output = T> + Send + 'static) -> T {
-        let mut call = Box::pin(call);
-        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-        if let Poll::Ready(answer) = first {
-            return answer;
-        }
-        let mut task = AbortOnDrop(self.handle.spawn(call));
-        match (&mut task.0).await {
-            Ok(answer) => answer,
-            Err(e) if e.is_panic() => resume_unwind(e.into_panic()),
-            // Only `abort` (on drop, when nothing waits any more) or the
-            // runtime's end cancels the task; the runtime lives as long as
-            // the chain whose call this is, which the caller holds.
-            Err(e) => unreachable!("a plugin call was cancelled while its answer was awaited: {e}"),
-        }
+    /// wait, the rest of it runs on the call threads and the returned future
+    /// waits for its answer. Dropping that future drops the call (on the call
+    /// threads). A panic in it is passed on, as if it had run here.
+    ///
+    /// `make` makes the call right in its box (no copy of a future of a few
+    /// KiB), and the caller's future holds only a pointer to it.
+    pub fn run<T: Send + 'static, F: Future<Output = T> + Send + 'static>(
+        &self,
+        make: impl FnOnce() -> F,
+    ) -> Run<'_, T> {
+        Run { threads: self, state: State::Here(Box::pin(make())) }
     }
 
     /// Runs `call` here if it finishes in its first poll, else lets it finish
@@ -83,6 +77,53 @@ impl CallThreads {
             return;
         }
         drop(self.handle.spawn(call));
+    }
+}
+
+/// A call run by [`CallThreads::run`].
+pub struct Run<'a, T> {
+    threads: &'a CallThreads,
+    state: State<T>,
+}
+
+enum State<T> {
+    /// Not polled yet: its first poll is the caller's.
+    Here(Pin<Box<dyn Future<Output = T> + Send>>),
+    /// It had to wait: it runs on the call threads.
+    There(AbortOnDrop<T>),
+    /// It answered.
+    Done,
+}
+
+impl<T: Send + 'static> Future for Run<'_, T> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let this = self.get_mut();
+        if let State::Here(call) = &mut this.state {
+            if let Poll::Ready(answer) = call.as_mut().poll(cx) {
+                this.state = State::Done;
+                return Poll::Ready(answer);
+            }
+            let State::Here(call) = std::mem::replace(&mut this.state, State::Done) else { unreachable!() };
+            this.state = State::There(AbortOnDrop(this.threads.handle.spawn(call)));
+        }
+        let State::There(task) = &mut this.state else { panic!("a plugin call polled after it answered") };
+        match Pin::new(&mut task.0).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(answer) => {
+                this.state = State::Done;
+                match answer {
+                    Ok(answer) => Poll::Ready(answer),
+                    Err(e) if e.is_panic() => resume_unwind(e.into_panic()),
+                    // Only `abort` (on drop, when nothing waits any more) or
+                    // the runtime's end cancels the task; the runtime lives as
+                    // long as the chain whose call this is, which the caller
+                    // holds.
+                    Err(e) => unreachable!("a plugin call was cancelled while its answer was awaited: {e}"),
+                }
+            }
+        }
     }
 }
 

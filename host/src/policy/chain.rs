@@ -18,8 +18,8 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use super::bindings::{Account, AccountInfo, Outcome, QuotaWindow, Ranking, Request};
-use super::calls::CallThreads;
 use super::breaker::{Admit, BreakerConfig, BreakerStatus, Phase};
+use super::calls::{CallThreads, Run};
 use super::decision::{Decision, Order, POOL_ORDER, PolicyError, ROUTING_POLICY_ERROR, StageRecord};
 use super::engine::PolicyEngine;
 use super::events::{BusyShare, FaultSink, PhaseHealth, RECENT_RANKS, StageEvents};
@@ -214,9 +214,9 @@ impl Chain {
     /// on the request's thread while no call waits and on the call threads
     /// from the first that does (see [`super::calls`]): what the gateway
     /// calls for every request.
-    pub async fn decide(self: &Arc<Self>, req: Request, candidates: Candidates) -> Decision {
+    pub fn decide(self: &Arc<Self>, req: Request, candidates: Candidates) -> Run<'_, Decision> {
         let chain = self.clone();
-        self.calls.run(async move { chain.rank(req, candidates).await }).await
+        self.calls.run(move || async move { chain.rank(req, candidates).await })
     }
 
     /// Tells every stage how a request ended, as [`Chain::observe`] does,

@@ -60,11 +60,6 @@ pub struct Instance {
     policy: Policy,
     /// `rank`, type-checked against the bulk-lowering parameter types once.
     rank: Func,
-    /// Where the time of its last call went: its own time (on a CPU plus
-    /// waiting) is what the pool judges a plugin's speed by, since the wall
-    /// time an instance is held also counts time the call sat queued for a
-    /// thread.
-    last: Spent,
 }
 
 impl Instance {
@@ -118,7 +113,7 @@ impl Instance {
                 .await;
         let call = Call { phase: Phase::Configure, budget, tally: &tally };
         match settle(&mut store, configured, call) {
-            Ok(Ok(())) => Ok(Instance { store, policy, rank, last: Spent::default() }),
+            Ok(Ok(())) => Ok(Instance { store, policy, rank }),
             Ok(Err(msg)) => Err(Fault::new(Cause::Error, format!("configure refused its options: {msg}"))),
             Err(f) if f.cause == Cause::Timeout => Err(f),
             Err(f) => Err(f.context("configure failed")),
@@ -126,13 +121,19 @@ impl Instance {
     }
 
     /// Asks the plugin to order `candidates`. Only the shape of the answer is
-    /// checked here; the chain validates it against the input.
+    /// checked here; the chain validates it against the input. Where the
+    /// call's time went is left in `spent`: its own time (on a CPU plus
+    /// waiting) is what the pool judges a plugin's speed by, since the wall
+    /// time an instance is held also counts time the call sat queued for a
+    /// thread. (Not kept in the instance: every byte of it is copied each
+    /// time the instance goes back to its pool.)
     pub async fn rank(
         &mut self,
         req: &Request,
         candidates: &[Account],
         windows: &[QuotaWindow],
         budget: Budget,
+        spent: &mut Spent,
     ) -> Result<Ranking, Fault> {
         let _running = self.begin(req, budget)?;
         // SAFETY: `rank` was type-checked against exactly these types when the
@@ -144,18 +145,20 @@ impl Instance {
             &mut tally,
         )
         .await;
-        self.last = tally.settled();
+        *spent = tally.settled();
         let (answer,) = settle(&mut self.store, called, Call { phase: Phase::Rank, budget, tally: &tally })?;
         answer.map_err(|msg| Fault::new(Cause::Error, msg))
     }
 
-    /// Tells the plugin how a request ended on pool account `account`.
+    /// Tells the plugin how a request ended on pool account `account`; where
+    /// the call's time went is left in `spent` (as for `rank`).
     pub async fn observe(
         &mut self,
         req: &Request,
         account: u32,
         outcome: &Outcome,
         budget: Budget,
+        spent: &mut Spent,
     ) -> Result<(), Fault> {
         let _running = self.begin(req, budget)?;
         let mut tally = Tally::new(budget.wall);
@@ -164,7 +167,7 @@ impl Instance {
             &mut tally,
         )
         .await;
-        self.last = tally.settled();
+        *spent = tally.settled();
         settle(&mut self.store, called, Call { phase: Phase::Observe, budget, tally: &tally })
     }
 
@@ -177,12 +180,6 @@ impl Instance {
         self.store.set_epoch_deadline(2);
         self.store.set_fuel(fuel(budget.cpu)).map_err(|e| Fault::new(Cause::Host, format!("cannot refuel: {e}")))?;
         Ok(CallGuard::enter())
-    }
-
-    /// Where the time of its last call went, from its first poll to its
-    /// end (see `last`).
-    pub fn last_spent(&self) -> Spent {
-        self.last
     }
 
     /// Bytes of memory the instance holds (all memories and tables).

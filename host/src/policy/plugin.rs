@@ -27,6 +27,7 @@ use tokio::sync::Notify;
 use wasmtime::component::ComponentExportIndex;
 
 use super::bindings::{Account, AccountInfo, Outcome, PolicyPre, QuotaWindow, Ranking, Request};
+use super::bounded::Spent;
 use super::breaker::{BreakerConfig, Phase};
 use super::engine::{PolicyEngine, check_component};
 use super::events::{StageEvents, wall_ms};
@@ -354,8 +355,8 @@ impl Plugin {
     pub async fn rank(&self, req: &Request, candidates: &[Account], windows: &[QuotaWindow]) -> Result<Ranking, Fault> {
         let budget = self.shared.call_budget;
         let mut lease = Lease::take(&self.shared.instances, Wait::Rank(budget.cpu)).await?;
-        let answer = lease.instance().rank(req, candidates, windows, budget).await;
-        let spent = lease.instance().last_spent();
+        let mut spent = Spent::default();
+        let answer = lease.instance().rank(req, candidates, windows, budget, &mut spent).await;
         self.shared.instances.record_call(Phase::Rank, spent.total, spent.own());
         lease.finish(answer.is_ok());
         answer
@@ -367,8 +368,8 @@ impl Plugin {
         // No client waits for it: it queues for an instance (within the
         // pool's bound) rather than being dropped when the pool is busy.
         let mut lease = Lease::take(&self.shared.instances, Wait::Observe).await?;
-        let done = lease.instance().observe(req, account, outcome, budget).await;
-        let spent = lease.instance().last_spent();
+        let mut spent = Spent::default();
+        let done = lease.instance().observe(req, account, outcome, budget, &mut spent).await;
         self.shared.instances.record_call(Phase::Observe, spent.total, spent.own());
         lease.finish(done.is_ok());
         done

@@ -224,7 +224,10 @@ impl InstancePool {
             Wait::Observe => OBSERVE_WAIT,
         };
         let mut waiter = rx;
-        match tokio::time::timeout(limit, waiter.rx.as_mut().expect("a waiter holds its receiver")).await {
+        // Boxed: a timer is made only for a call that waits, and every call's
+        // future (which the plugin call threads box) stays small.
+        let waited = Box::pin(tokio::time::timeout(limit, waiter.rx.as_mut().expect("a waiter holds its receiver")));
+        match waited.await {
             Ok(Ok(i)) => {
                 waiter.rx = None;
                 Ok(i)
