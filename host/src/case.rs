@@ -47,6 +47,10 @@ pub struct Case {
     /// The plugin's options (for `plugin test`; `{}` when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<serde_json::Value>,
+    /// How old a quota reading may be and still count as fresh, ms: what the
+    /// operator's `[policy] freshness_ms` would say (15 minutes when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freshness_ms: Option<u64>,
     /// A whole chain to run instead of the plugin under test; a stage whose plugin
     /// is `self` is the plugin under test.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -34,14 +34,14 @@ impl CaseResult {
     }
 }
 
-fn spec(plugin: &PluginRef, config: Option<&serde_json::Value>, timeout: Duration) -> StageSpec {
+fn spec(plugin: &PluginRef, config: Option<&serde_json::Value>, timeout: Duration, freshness_ms: u64) -> StageSpec {
     StageSpec {
         name: plugin.to_string(),
         plugin: PluginSpec {
             scope: plugin.default_scope(),
             plugin: plugin.clone(),
             config_json: config.map_or_else(|| "{}".to_string(), |c| c.to_string()),
-            limits: Limits { deadline: timeout, ..Limits::default() },
+            limits: Limits { deadline: timeout, freshness_ms, ..Limits::default() },
             max_idle: 1,
             max_instances: 1,
         },
@@ -51,26 +51,28 @@ fn spec(plugin: &PluginRef, config: Option<&serde_json::Value>, timeout: Duratio
 /// The chain a case runs: its own `chain` (where `self` is `plugin`), or `plugin`
 /// alone with the case's `config`.
 pub fn stages_for(case: &Case, plugin: &PluginRef, timeout: Duration) -> Vec<StageSpec> {
+    let freshness = case.freshness_ms.unwrap_or(DEFAULT_FRESHNESS_MS);
     match &case.chain {
         Some(stages) => stages
             .iter()
             .map(|s| {
                 let p = if s.plugin == "self" { plugin.clone() } else { PluginRef::parse(&s.plugin) };
-                spec(&p, s.config.as_ref(), timeout)
+                spec(&p, s.config.as_ref(), timeout, freshness)
             })
             .collect(),
-        None => vec![spec(plugin, case.config.as_ref(), timeout)],
+        None => vec![spec(plugin, case.config.as_ref(), timeout, freshness)],
     }
 }
 
 /// Runs one case: a fresh chain and state store, the observations in order, then
-/// the ranking.
+/// the ranking. Also answers how each `observe` that failed failed (one line
+/// each): a case whose `observe` trapped fails, whatever its ranking.
 pub async fn run_case(
     engine: &Arc<PolicyEngine>,
     plugin: &PluginRef,
     case: &Case,
     timeout: Duration,
-) -> Result<Decision> {
+) -> Result<(Decision, Vec<String>)> {
     let chain = Chain::load(
         engine,
         stages_for(case, plugin, timeout),
@@ -79,10 +81,20 @@ pub async fn run_case(
         BreakerConfig::default(),
     )
     .await?;
-    for (req, account, outcome) in case.observations() {
-        chain.observe(&req, account, &outcome).await;
+    let mut observe_failures = Vec::new();
+    for (i, (req, account, outcome)) in case.observations().into_iter().enumerate() {
+        for e in chain.observe(&req, account, &outcome).await {
+            observe_failures.push(format!(
+                "observe #{} (account {account}) failed in stage `{}` ({}): {}",
+                i + 1,
+                e.stage,
+                e.cause.as_str(),
+                e.message
+            ));
+        }
     }
-    Ok(chain.rank(case.request(), case.candidates(DEFAULT_FRESHNESS_MS)).await)
+    let decision = chain.rank(case.request(), case.candidates(case.freshness_ms.unwrap_or(DEFAULT_FRESHNESS_MS))).await;
+    Ok((decision, observe_failures))
 }
 
 /// Compares a decision with a case's `expect`; each mismatch is one line.
@@ -142,8 +154,9 @@ pub fn run_all(
         for (i, (file, case)) in cases.iter().enumerate() {
             let name = case.name.clone().unwrap_or_else(|| format!("case #{}", i + 1));
             results.push(match run_case(engine, plugin, case, timeout).await {
-                Ok(decision) => {
-                    CaseResult { file: file.clone(), name, failures: check(case, &decision), decision: Some(decision) }
+                Ok((decision, mut failures)) => {
+                    failures.extend(check(case, &decision));
+                    CaseResult { file: file.clone(), name, failures, decision: Some(decision) }
                 }
                 Err(e) => CaseResult {
                     file: file.clone(),

@@ -51,9 +51,9 @@ fn inspect_describes_a_compatible_component() {
     let c = built(Lang::C);
     let (ok, out) = inspect(&c.wasm.display().to_string());
     assert!(ok, "{out}");
-    assert!(out.contains("world      poolgate:policy@0.1.0"), "{out}");
+    assert!(out.contains("world      poolgate:policy@0.1.1"), "{out}");
     assert!(out.contains("rank: func(req: request, candidates: list<account>, windows: list<quota-window>) -> result<ranking, string>"), "{out}");
-    assert!(out.contains("import poolgate:policy/host@0.1.0"), "{out}");
+    assert!(out.contains("import poolgate:policy/host@0.1.1"), "{out}");
     assert!(out.contains(&format!("({} bytes)", c.size)), "{out}");
     assert!(out.contains("verdict    compatible"), "{out}");
 }
@@ -63,7 +63,7 @@ fn inspect_names_both_versions_of_a_wrong_version_component() {
     let (ok, out) = inspect(&common::guest("wit-v2"));
     assert!(!ok, "exit status says incompatible: {out}");
     assert!(out.contains("INCOMPATIBLE"), "{out}");
-    assert!(out.contains("targets poolgate:policy@0.2.0") && out.contains("speaks poolgate:policy@0.1.0"), "{out}");
+    assert!(out.contains("targets poolgate:policy@0.2.0") && out.contains("speaks poolgate:policy@0.1.1"), "{out}");
 }
 
 #[test]
@@ -73,6 +73,53 @@ fn inspect_names_a_forbidden_import() {
     assert!(out.contains("forbidden import: `wasi:http/client@0.3.0`"), "{out}");
     // Everything else about it is fine, so that is the only problem listed.
     assert_eq!(out.matches("\n  - ").count(), 1, "{out}");
+}
+
+/// #23: a case whose `observe` traps fails `plugin test`, naming the
+/// observation, the stage and the cause — however right its ranking is.
+#[test]
+fn plugin_test_fails_a_case_whose_observe_trapped() {
+    let dir = std::env::temp_dir().join(format!("poolgate-observe-trap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let case = serde_json::json!([{
+        "name": "observe traps",
+        "now_ms": 1_760_000_000_000u64,
+        "config": { "fault": "pass", "observe": "trap" },
+        "accounts": [{ "id": "a" }, { "id": "b" }],
+        "observe": [{ "at_ms": 1_759_999_990_000u64, "account": "a", "outcome": "success" }],
+        "expect": { "order": ["a", "b"] }
+    }]);
+    std::fs::write(dir.join("cases.json"), case.to_string()).unwrap();
+    let o = poolgate(&["plugin", "test", &common::guest("misbehave"), "cases.json"], &dir);
+    let out = text(&o);
+    assert!(!o.status.success(), "a trapped observe passed:\n{out}");
+    assert!(out.contains("observe #1") && out.contains("trap"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// #23: WIT 0.1.1 added `host.freshness-ms`. A patch release only adds host
+/// functions, so a plugin built against 0.1.0 still loads on this host and
+/// its host calls (state, log, window names) still work.
+#[test]
+fn a_plugin_built_against_wit_0_1_0_loads_and_ranks_on_this_host() {
+    let path = common::guest("wit-0-1-0");
+    let (ok, out) = inspect(&path);
+    assert!(ok, "{out}");
+    assert!(out.contains("import poolgate:policy/host@0.1.0"), "{out}");
+    assert!(out.contains("verdict    compatible"), "{out}");
+    let case = common::pool_case(3);
+    let chain = poolgate::policy::block_on(poolgate::policy::Chain::load(
+        &common::ENGINE,
+        vec![common::stage(&path, serde_json::json!({}), 25)],
+        case.pool(),
+        std::sync::Arc::new(poolgate::policy::MemoryState::default()),
+        poolgate::policy::BreakerConfig::default(),
+    ))
+    .expect("a 0.1.0 plugin loads on a 0.1.1 host");
+    let decision = poolgate::policy::block_on(chain.rank(case.request(), case.candidates(60_000)));
+    assert!(decision.policy_errors.is_empty(), "{:?}", decision.policy_errors);
+    assert!(decision.reason.starts_with("v010-yes-"), "{}", decision.reason);
+    assert_eq!(decision.order.indices(), &[2, 1, 0]);
 }
 
 /// A 0.1.x component calling a host function this host lacks: its import
@@ -123,7 +170,7 @@ fn loading_a_wrong_version_component_fails_naming_both_versions() {
     .expect("a 0.2.0 plugin is refused");
     let msg = format!("{err:#}");
     assert!(msg.contains("poolgate:policy@0.2.0"), "{msg}");
-    assert!(msg.contains("poolgate:policy@0.1.0") && msg.contains("0.1.x"), "{msg}");
+    assert!(msg.contains("poolgate:policy@0.1.1") && msg.contains("0.1.x"), "{msg}");
 }
 
 #[test]

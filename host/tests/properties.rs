@@ -88,6 +88,12 @@ fn window(rng: &mut Rng, name: &str, resets: &[Option<u64>]) -> Value {
 /// shares one 5h/7d reading, so that the late rungs (per-model utilization,
 /// primary, pool index) decide.
 fn random_case(rng: &mut Rng) -> Case {
+    random_case_with(rng, false)
+}
+
+/// As [`random_case`]; with `fable`, accounts also report `7d_fable` buckets
+/// and `7d_oi` ones in any state, so that two buckets often bind one family.
+fn random_case_with(rng: &mut Rng, fable: bool) -> Case {
     let n = 2 + rng.below(7);
     let session_resets =
         [None, Some(NOW - MIN), Some(NOW + HOUR), Some(NOW + HOUR), Some(NOW + 70 * MIN), Some(NOW + 2 * HOUR)];
@@ -131,6 +137,12 @@ fn random_case(rng: &mut Rng) -> Case {
             if rng.chance(20) {
                 windows.push(window(rng, "7d_opus", &weekly_resets));
             }
+            if fable && rng.chance(60) {
+                windows.push(window(rng, "7d_fable", &weekly_resets));
+                if !windows.iter().any(|w| w["name"] == "7d_oi") {
+                    windows.push(window(rng, "7d_oi", &weekly_resets));
+                }
+            }
             a["windows"] = Value::Array(windows);
             a
         })
@@ -161,6 +173,24 @@ fn rank(plugin: &Plugin, req: &Request, accounts: &[Account], windows: &[QuotaWi
     let ids = r.order.iter().map(|&i| accounts[i as usize].id).collect::<Vec<_>>();
     assert_eq!(ids.len(), accounts.len(), "a comparator drops nothing");
     (ids, r.reason)
+}
+
+/// As [`rank`], for any built-in: a filter may drop accounts.
+fn rank_any(plugin: &Plugin, req: &Request, accounts: &[Account], windows: &[QuotaWindow]) -> (Vec<u32>, String) {
+    let r = poolgate::policy::block_on(plugin.rank(req, accounts, windows)).expect("rank succeeds");
+    (r.order.iter().map(|&i| accounts[i as usize].id).collect(), r.reason)
+}
+
+/// Every account's windows in a random order (still grouped by account, as
+/// the host sends them).
+fn permute_windows(rng: &mut Rng, windows: &[QuotaWindow]) -> Vec<QuotaWindow> {
+    let mut out = Vec::with_capacity(windows.len());
+    for group in windows.chunk_by(|a, b| a.account == b.account) {
+        let mut group = group.to_vec();
+        rng.shuffle(&mut group);
+        out.extend(group);
+    }
+    out
 }
 
 fn seed_for(name: &str, property: u64) -> u64 {
@@ -246,6 +276,80 @@ fn a_comparator_is_transitive_and_agrees_with_its_pairs() {
                 }
             }
         }
+    }
+}
+
+const BUILTINS: [&str; 8] = [
+    "skip-exhausted",
+    "headroom",
+    "fill-first",
+    "expiry-first",
+    "headroom-first",
+    "affinity",
+    "prefer-primary",
+    "spill",
+];
+
+/// #23: which bucket binds a family is a function of the readings, never of
+/// the order the upstream listed them in: permuting an account's windows
+/// changes no built-in's order or reason.
+#[test]
+fn no_builtin_depends_on_the_order_of_an_accounts_windows() {
+    for name in BUILTINS {
+        let seed = seed_for(name, 3);
+        let mut rng = Rng::new(seed);
+        for n in 0..CASES / 2 {
+            let case = random_case_with(&mut rng, true);
+            let plugin = load(name, &case);
+            let req = case.request();
+            let c = case.candidates(DEFAULT_FRESHNESS_MS);
+            let expected = rank_any(&plugin, &req, &c.accounts, &c.windows);
+            for _ in 0..4 {
+                let windows = permute_windows(&mut rng, &c.windows);
+                let got = rank_any(&plugin, &req, &c.accounts, &windows);
+                assert_eq!(
+                    got,
+                    expected,
+                    "{name}, seed {seed:#x}, case {n}: reordering the windows changed the decision\n{}",
+                    serde_json::to_string(&case).unwrap()
+                );
+            }
+        }
+    }
+}
+
+/// #23: a `rejected` bucket never raises headroom: marking one of an
+/// account's buckets rejected never moves it earlier in headroom's order.
+#[test]
+fn a_rejected_bucket_never_moves_an_account_earlier_in_headroom() {
+    use poolgate::policy::types::WindowStatus;
+    let seed = seed_for("headroom", 4);
+    let mut rng = Rng::new(seed);
+    let plugin = load("headroom", &random_case(&mut Rng::new(1)));
+    for n in 0..CASES {
+        let case = random_case_with(&mut rng, true);
+        let req = case.request();
+        let c = case.candidates(DEFAULT_FRESHNESS_MS);
+        let (before, _) = rank(&plugin, &req, &c.accounts, &c.windows);
+        let buckets: Vec<usize> = (0..c.windows.len())
+            .filter(|&i| c.windows[i].kind == poolgate::policy::types::WindowKind::SevenDayModel)
+            .collect();
+        if buckets.is_empty() {
+            continue;
+        }
+        let i = buckets[rng.below(buckets.len())];
+        let mut windows = c.windows.clone();
+        windows[i].status = WindowStatus::Rejected;
+        let account = windows[i].account;
+        let (after, _) = rank(&plugin, &req, &c.accounts, &windows);
+        let at = |order: &[u32]| order.iter().position(|&a| a == account).unwrap();
+        assert!(
+            at(&after) >= at(&before),
+            "seed {seed:#x}, case {n}: rejecting window {i} moved account {account} from {} to {}\n{}",
+            at(&before),
+            at(&after),
+            serde_json::to_string(&case).unwrap()
+        );
     }
 }
 

@@ -1029,6 +1029,45 @@ async fn burst(url: &str, n: usize, wave: usize) -> Vec<u16> {
     statuses
 }
 
+/// #23: the operator's freshness reaches the plugins end to end: `[policy]
+/// freshness_ms`, a stage's own `freshness_ms` over it, and a reload that
+/// changes it, each seen by the plugin (`host.freshness-ms`) in the decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configured_freshness_reaches_every_stage_and_follows_a_reload() {
+    let mock = MockUpstream::start().await;
+    let stages = |policy: u64, own: u64| {
+        format!(
+            "[policy]\nfreshness_ms = {policy}\n\n             [[policy.chain]]\nplugin = \"{m}\"\nname = \"inherits\"\nconfig = {{ fault = \"freshness\" }}\n\n             [[policy.chain]]\nplugin = \"{m}\"\nname = \"own\"\nfreshness_ms = {own}\n             config = {{ fault = \"freshness\" }}\n",
+            m = misbehave()
+        )
+    };
+    let dir = tempdir::Dir::new("freshness");
+    let path = dir.0.join("poolgate.toml");
+    let gw = start(&mock, dir, &stages(123_000, 4_000));
+    let seen = || async {
+        let r = send_message(&Gateway::client(), &gw.url, MODEL).await.unwrap();
+        assert_eq!(r.status(), 200);
+        let d = decisions(&gw).await;
+        let newest = d.first().expect("a decision").clone();
+        let reasons: Vec<String> = newest["attempts"][0]["decision"]["stages"]
+            .as_array()
+            .unwrap_or_else(|| panic!("stage records: {newest:#}"))
+            .iter()
+            .map(|s| s["reason"].as_str().unwrap_or_default().to_string())
+            .collect();
+        reasons
+    };
+    assert_eq!(seen().await, ["freshness-123000", "freshness-4000"]);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let text = text
+        .replace("freshness_ms = 123000", "freshness_ms = 60000")
+        .replace("freshness_ms = 4000", "freshness_ms = 7000");
+    std::fs::write(&path, text).unwrap();
+    let r = Gateway::client().post(format!("{}/admin/reload", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert_eq!(seen().await, ["freshness-60000", "freshness-7000"]);
+}
+
 /// A morning burst: 200 slow streams opening at once, wave after wave, through
 /// the built-in default chain on this 2-core machine. The built-ins answer in
 /// microseconds: no ranking may skip a stage as `busy`, no `observe` call may

@@ -75,7 +75,7 @@ pub mod poolgate {
                     let ptr0 = vec0.as_ptr().cast::<u8>();
                     let len0 = vec0.len();
                     #[cfg(target_arch = "wasm32")]
-                    #[link(wasm_import_module = "poolgate:policy/host@0.1.0")]
+                    #[link(wasm_import_module = "poolgate:policy/host@0.1.1")]
                     unsafe extern "C" {
                         #[link_name = "log"]
                         fn wit_import1(_: i32, _: *mut u8, _: usize);
@@ -109,7 +109,7 @@ pub mod poolgate {
                     let len0 = vec0.len();
                     let ptr1 = ret_area.0.as_mut_ptr().cast::<u8>();
                     #[cfg(target_arch = "wasm32")]
-                    #[link(wasm_import_module = "poolgate:policy/host@0.1.0")]
+                    #[link(wasm_import_module = "poolgate:policy/host@0.1.1")]
                     unsafe extern "C" {
                         #[link_name = "state-get"]
                         fn wit_import2(_: *mut u8, _: usize, _: *mut u8);
@@ -167,7 +167,7 @@ pub mod poolgate {
                         None => (0i32, 0i64),
                     };
                     #[cfg(target_arch = "wasm32")]
-                    #[link(wasm_import_module = "poolgate:policy/host@0.1.0")]
+                    #[link(wasm_import_module = "poolgate:policy/host@0.1.1")]
                     unsafe extern "C" {
                         #[link_name = "state-set"]
                         fn wit_import3(
@@ -209,7 +209,7 @@ pub mod poolgate {
                     let ptr0 = vec0.as_ptr().cast::<u8>();
                     let len0 = vec0.len();
                     #[cfg(target_arch = "wasm32")]
-                    #[link(wasm_import_module = "poolgate:policy/host@0.1.0")]
+                    #[link(wasm_import_module = "poolgate:policy/host@0.1.1")]
                     unsafe extern "C" {
                         #[link_name = "state-delete"]
                         fn wit_import1(_: *mut u8, _: usize);
@@ -227,7 +227,7 @@ pub mod poolgate {
             pub fn state_limit(max_entries: u32) -> () {
                 unsafe {
                     #[cfg(target_arch = "wasm32")]
-                    #[link(wasm_import_module = "poolgate:policy/host@0.1.0")]
+                    #[link(wasm_import_module = "poolgate:policy/host@0.1.1")]
                     unsafe extern "C" {
                         #[link_name = "state-limit"]
                         fn wit_import0(_: i32);
@@ -257,7 +257,7 @@ pub mod poolgate {
                     );
                     let ptr0 = ret_area.0.as_mut_ptr().cast::<u8>();
                     #[cfg(target_arch = "wasm32")]
-                    #[link(wasm_import_module = "poolgate:policy/host@0.1.0")]
+                    #[link(wasm_import_module = "poolgate:policy/host@0.1.1")]
                     unsafe extern "C" {
                         #[link_name = "window-name"]
                         fn wit_import1(_: i32, _: *mut u8);
@@ -275,6 +275,30 @@ pub mod poolgate {
                     let bytes4 = _rt::Vec::from_raw_parts(l2.cast(), len4, len4);
                     let result5 = _rt::string_lift(bytes4);
                     result5
+                }
+            }
+            #[allow(unused_unsafe, clippy::all)]
+            /// How old a quota reading (`quota-window.observed-at-ms`) may be and still
+            /// count as fresh, in ms: the operator's `[policy] freshness_ms`, or this
+            /// stage's own `freshness_ms`. The same for every call of an instance. The
+            /// rule poolgate's rankers follow: a stale reading still orders, at its
+            /// last value until its window resets; only a fresh one excludes an
+            /// account (docs/strategies.md). Since 0.1.1.
+            #[allow(async_fn_in_trait)]
+            pub fn freshness_ms() -> u64 {
+                unsafe {
+                    #[cfg(target_arch = "wasm32")]
+                    #[link(wasm_import_module = "poolgate:policy/host@0.1.1")]
+                    unsafe extern "C" {
+                        #[link_name = "freshness-ms"]
+                        fn wit_import0() -> i64;
+                    }
+                    #[cfg(not(target_arch = "wasm32"))]
+                    unsafe extern "C" fn wit_import0() -> i64 {
+                        unreachable!()
+                    }
+                    let ret = wit_import0();
+                    ret as u64
                 }
             }
         }
@@ -1461,31 +1485,31 @@ pub mod exports {
                 }
                 #[doc(hidden)]
                 #[macro_export]
-                macro_rules! __export_poolgate_policy_ranker_0_1_0_cabi {
+                macro_rules! __export_poolgate_policy_ranker_0_1_1_cabi {
                     ($ty:ident with_types_in $($path_to_types:tt)*) => {
                         const _ : () = { #[unsafe (export_name =
-                        "poolgate:policy/ranker@0.1.0#configure")] unsafe extern "C" fn
+                        "poolgate:policy/ranker@0.1.1#configure")] unsafe extern "C" fn
                         export_configure(arg0 : * mut u8, arg1 : usize, arg2 : * mut u8,
                         arg3 : usize,) -> * mut u8 { unsafe { $($path_to_types)*::
                         _export_configure_cabi::<$ty > (arg0, arg1, arg2, arg3) } }
                         #[unsafe (export_name =
-                        "cabi_post_poolgate:policy/ranker@0.1.0#configure")] unsafe
+                        "cabi_post_poolgate:policy/ranker@0.1.1#configure")] unsafe
                         extern "C" fn _post_return_configure(arg0 : * mut u8,) { unsafe {
                         $($path_to_types)*:: __post_return_configure::<$ty > (arg0) } }
-                        #[unsafe (export_name = "poolgate:policy/ranker@0.1.0#rank")]
+                        #[unsafe (export_name = "poolgate:policy/ranker@0.1.1#rank")]
                         unsafe extern "C" fn export_rank(arg0 : * mut u8,) -> * mut u8 {
                         unsafe { $($path_to_types)*:: _export_rank_cabi::<$ty > (arg0) }
                         } #[unsafe (export_name =
-                        "cabi_post_poolgate:policy/ranker@0.1.0#rank")] unsafe extern "C"
+                        "cabi_post_poolgate:policy/ranker@0.1.1#rank")] unsafe extern "C"
                         fn _post_return_rank(arg0 : * mut u8,) { unsafe {
                         $($path_to_types)*:: __post_return_rank::<$ty > (arg0) } }
-                        #[unsafe (export_name = "poolgate:policy/ranker@0.1.0#observe")]
+                        #[unsafe (export_name = "poolgate:policy/ranker@0.1.1#observe")]
                         unsafe extern "C" fn export_observe(arg0 : * mut u8,) { unsafe {
                         $($path_to_types)*:: _export_observe_cabi::<$ty > (arg0) } } };
                     };
                 }
                 #[doc(hidden)]
-                pub use __export_poolgate_policy_ranker_0_1_0_cabi;
+                pub use __export_poolgate_policy_ranker_0_1_1_cabi;
                 #[cfg_attr(target_pointer_width = "64", repr(align(8)))]
                 #[cfg_attr(target_pointer_width = "32", repr(align(4)))]
                 struct _RetArea(
@@ -1655,51 +1679,52 @@ macro_rules! __export_policy_impl {
     };
     ($ty:ident with_types_in $($path_to_types_root:tt)*) => {
         $($path_to_types_root)*::
-        exports::poolgate::policy::ranker::__export_poolgate_policy_ranker_0_1_0_cabi!($ty
+        exports::poolgate::policy::ranker::__export_poolgate_policy_ranker_0_1_1_cabi!($ty
         with_types_in $($path_to_types_root)*:: exports::poolgate::policy::ranker); const
         _ : () = { #[rustfmt::skip] #[cfg(target_arch = "wasm32")] #[unsafe (link_section
         =
-        "component-type:wit-bindgen:0.63.0:poolgate:policy@0.1.0:policy:imports and exports")]
+        "component-type:wit-bindgen:0.63.0:poolgate:policy@0.1.1:policy:imports and exports")]
         #[doc(hidden)] #[allow(clippy::octal_escapes)] pub static
-        __WIT_BINDGEN_COMPONENT_TYPE : [u8; 1720] = *
+        __WIT_BINDGEN_COMPONENT_TYPE : [u8; 1742] = *
         b"\
-\0asm\x0d\0\x01\0\0\x19\x16wit-component-encoding\x04\0\x07\xbb\x0c\x01A\x02\x01\
-A\x0c\x01B\x10\x01m\x05\x05trace\x05debug\x04info\x04warn\x05error\x04\0\x05leve\
+\0asm\x0d\0\x01\0\0\x19\x16wit-component-encoding\x04\0\x07\xd1\x0c\x01A\x02\x01\
+A\x0c\x01B\x12\x01m\x05\x05trace\x05debug\x04info\x04warn\x05error\x04\0\x05leve\
 l\x03\0\0\x01@\x02\x05level\x01\x07messages\x01\0\x04\0\x03log\x01\x02\x01ks\x01\
 @\x01\x03keys\0\x03\x04\0\x09state-get\x01\x04\x01kw\x01@\x03\x03keys\x05values\x06\
 ttl-ms\x05\x01\0\x04\0\x09state-set\x01\x06\x01@\x01\x03keys\x01\0\x04\0\x0cstat\
 e-delete\x01\x07\x01@\x01\x0bmax-entriesy\x01\0\x04\0\x0bstate-limit\x01\x08\x01\
-@\x01\x04namey\0s\x04\0\x0bwindow-name\x01\x09\x03\0\x1apoolgate:policy/host@0.1\
-.0\x05\0\x01B\x1d\x01m\x04\x07allowed\x0fallowed-warning\x08rejected\x07unknown\x04\
-\0\x0dwindow-status\x03\0\0\x01m\x07\x09five-hour\x09seven-day\x0fseven-day-mode\
-l\x07overage\x08requests\x06tokens\x05other\x04\0\x0bwindow-kind\x03\0\x02\x01m\x03\
-\x05fresh\x05stale\x07unknown\x04\0\x09freshness\x03\0\x04\x01m\x09\x10weekly-ex\
-hausted\x11session-exhausted\x0fmodel-exhausted\x10unified-rejected\x09transient\
-\x0aoverloaded\x0eupstream-error\x04auth\x08disabled\x04\0\x0fcooldown-reason\x03\
-\0\x06\x01m\x04\x08messages\x0ccount-tokens\x10chat-completions\x06models\x04\0\x09\
-api-shape\x03\0\x08\x01kw\x01r\x07\x07accounty\x04kind\x03\x04namey\x0butilizati\
-onu\x0cresets-at-ms\x0a\x06status\x01\x0eobserved-at-msw\x04\0\x0cquota-window\x03\
-\0\x0b\x01r\x02\x08until-msw\x06reason\x07\x04\0\x08cooldown\x03\0\x0d\x01k\x0e\x01\
-ky\x01r\x09\x02idy\x07primary\x7f\x06usable\x7f\x08cooldown\x0f\x09in-flighty\x0d\
-max-in-flight\x10\x06status\x01\x0cresets-at-ms\x0a\x0fquota-freshness\x05\x04\0\
-\x07account\x03\0\x11\x01r\x03\x02ids\x05aliass\x07primary\x7f\x04\0\x0caccount-\
-info\x03\0\x13\x01ks\x01r\x08\x02idw\x06now-msw\x05models\x07session\x15\x03api\x09\
-\x07attempty\x0areplayable\x7f\x0adecided-by\x15\x04\0\x07request\x03\0\x16\x01p\
-y\x01r\x03\x05order\x18\x06reasons\x06detail\x15\x04\0\x07ranking\x03\0\x19\x01q\
-\x05\x07success\0\0\x0crate-limited\x01\x0a\0\x0aoverloaded\0\0\x0eupstream-erro\
-r\x01{\0\x06failed\0\0\x04\0\x07outcome\x03\0\x1b\x03\0\x1bpoolgate:policy/types\
-@0.1.0\x05\x01\x02\x03\0\x01\x07request\x02\x03\0\x01\x07account\x02\x03\0\x01\x0c\
-account-info\x02\x03\0\x01\x0cquota-window\x02\x03\0\x01\x07ranking\x02\x03\0\x01\
-\x07outcome\x01B\x17\x02\x03\x02\x01\x02\x04\0\x07request\x03\0\0\x02\x03\x02\x01\
-\x03\x04\0\x07account\x03\0\x02\x02\x03\x02\x01\x04\x04\0\x0caccount-info\x03\0\x04\
-\x02\x03\x02\x01\x05\x04\0\x0cquota-window\x03\0\x06\x02\x03\x02\x01\x06\x04\0\x07\
-ranking\x03\0\x08\x02\x03\x02\x01\x07\x04\0\x07outcome\x03\0\x0a\x01p\x05\x01j\0\
-\x01s\x01@\x02\x06configs\x04pool\x0c\0\x0d\x04\0\x09configure\x01\x0e\x01p\x03\x01\
-p\x07\x01j\x01\x09\x01s\x01@\x03\x03req\x01\x0acandidates\x0f\x07windows\x10\0\x11\
-\x04\0\x04rank\x01\x12\x01@\x03\x03req\x01\x07accounty\x05ended\x0b\x01\0\x04\0\x07\
-observe\x01\x13\x04\0\x1cpoolgate:policy/ranker@0.1.0\x05\x08\x04\0\x1cpoolgate:\
-policy/policy@0.1.0\x04\0\x0b\x0c\x01\0\x06policy\x03\0\0\0G\x09producers\x01\x0c\
-processed-by\x02\x0dwit-component\x070.262.0\x10wit-bindgen-rust\x060.63.0";
+@\x01\x04namey\0s\x04\0\x0bwindow-name\x01\x09\x01@\0\0w\x04\0\x0cfreshness-ms\x01\
+\x0a\x03\0\x1apoolgate:policy/host@0.1.1\x05\0\x01B\x1d\x01m\x04\x07allowed\x0fa\
+llowed-warning\x08rejected\x07unknown\x04\0\x0dwindow-status\x03\0\0\x01m\x07\x09\
+five-hour\x09seven-day\x0fseven-day-model\x07overage\x08requests\x06tokens\x05ot\
+her\x04\0\x0bwindow-kind\x03\0\x02\x01m\x03\x05fresh\x05stale\x07unknown\x04\0\x09\
+freshness\x03\0\x04\x01m\x09\x10weekly-exhausted\x11session-exhausted\x0fmodel-e\
+xhausted\x10unified-rejected\x09transient\x0aoverloaded\x0eupstream-error\x04aut\
+h\x08disabled\x04\0\x0fcooldown-reason\x03\0\x06\x01m\x04\x08messages\x0ccount-t\
+okens\x10chat-completions\x06models\x04\0\x09api-shape\x03\0\x08\x01kw\x01r\x07\x07\
+accounty\x04kind\x03\x04namey\x0butilizationu\x0cresets-at-ms\x0a\x06status\x01\x0e\
+observed-at-msw\x04\0\x0cquota-window\x03\0\x0b\x01r\x02\x08until-msw\x06reason\x07\
+\x04\0\x08cooldown\x03\0\x0d\x01k\x0e\x01ky\x01r\x09\x02idy\x07primary\x7f\x06us\
+able\x7f\x08cooldown\x0f\x09in-flighty\x0dmax-in-flight\x10\x06status\x01\x0cres\
+ets-at-ms\x0a\x0fquota-freshness\x05\x04\0\x07account\x03\0\x11\x01r\x03\x02ids\x05\
+aliass\x07primary\x7f\x04\0\x0caccount-info\x03\0\x13\x01ks\x01r\x08\x02idw\x06n\
+ow-msw\x05models\x07session\x15\x03api\x09\x07attempty\x0areplayable\x7f\x0adeci\
+ded-by\x15\x04\0\x07request\x03\0\x16\x01py\x01r\x03\x05order\x18\x06reasons\x06\
+detail\x15\x04\0\x07ranking\x03\0\x19\x01q\x05\x07success\0\0\x0crate-limited\x01\
+\x0a\0\x0aoverloaded\0\0\x0eupstream-error\x01{\0\x06failed\0\0\x04\0\x07outcome\
+\x03\0\x1b\x03\0\x1bpoolgate:policy/types@0.1.1\x05\x01\x02\x03\0\x01\x07request\
+\x02\x03\0\x01\x07account\x02\x03\0\x01\x0caccount-info\x02\x03\0\x01\x0cquota-w\
+indow\x02\x03\0\x01\x07ranking\x02\x03\0\x01\x07outcome\x01B\x17\x02\x03\x02\x01\
+\x02\x04\0\x07request\x03\0\0\x02\x03\x02\x01\x03\x04\0\x07account\x03\0\x02\x02\
+\x03\x02\x01\x04\x04\0\x0caccount-info\x03\0\x04\x02\x03\x02\x01\x05\x04\0\x0cqu\
+ota-window\x03\0\x06\x02\x03\x02\x01\x06\x04\0\x07ranking\x03\0\x08\x02\x03\x02\x01\
+\x07\x04\0\x07outcome\x03\0\x0a\x01p\x05\x01j\0\x01s\x01@\x02\x06configs\x04pool\
+\x0c\0\x0d\x04\0\x09configure\x01\x0e\x01p\x03\x01p\x07\x01j\x01\x09\x01s\x01@\x03\
+\x03req\x01\x0acandidates\x0f\x07windows\x10\0\x11\x04\0\x04rank\x01\x12\x01@\x03\
+\x03req\x01\x07accounty\x05ended\x0b\x01\0\x04\0\x07observe\x01\x13\x04\0\x1cpoo\
+lgate:policy/ranker@0.1.1\x05\x08\x04\0\x1cpoolgate:policy/policy@0.1.1\x04\0\x0b\
+\x0c\x01\0\x06policy\x03\0\0\0G\x09producers\x01\x0cprocessed-by\x02\x0dwit-comp\
+onent\x070.262.0\x10wit-bindgen-rust\x060.63.0";
         };
     };
 }
@@ -1708,40 +1733,40 @@ pub use __export_policy_impl as __export_policy;
 #[rustfmt::skip]
 #[cfg(target_arch = "wasm32")]
 #[unsafe(
-    link_section = "component-type:wit-bindgen:0.63.0:poolgate:policy@0.1.0:policy-with-all-of-its-exports-removed:encoded world"
+    link_section = "component-type:wit-bindgen:0.63.0:poolgate:policy@0.1.1:policy-with-all-of-its-exports-removed:encoded world"
 )]
 #[doc(hidden)]
 #[allow(clippy::octal_escapes)]
-pub static __WIT_BINDGEN_COMPONENT_TYPE: [u8; 1417] = *b"\
-\0asm\x0d\0\x01\0\0\x19\x16wit-component-encoding\x04\0\x07\xec\x09\x01A\x02\x01\
-A\x04\x01B\x10\x01m\x05\x05trace\x05debug\x04info\x04warn\x05error\x04\0\x05leve\
+pub static __WIT_BINDGEN_COMPONENT_TYPE: [u8; 1439] = *b"\
+\0asm\x0d\0\x01\0\0\x19\x16wit-component-encoding\x04\0\x07\x82\x0a\x01A\x02\x01\
+A\x04\x01B\x12\x01m\x05\x05trace\x05debug\x04info\x04warn\x05error\x04\0\x05leve\
 l\x03\0\0\x01@\x02\x05level\x01\x07messages\x01\0\x04\0\x03log\x01\x02\x01ks\x01\
 @\x01\x03keys\0\x03\x04\0\x09state-get\x01\x04\x01kw\x01@\x03\x03keys\x05values\x06\
 ttl-ms\x05\x01\0\x04\0\x09state-set\x01\x06\x01@\x01\x03keys\x01\0\x04\0\x0cstat\
 e-delete\x01\x07\x01@\x01\x0bmax-entriesy\x01\0\x04\0\x0bstate-limit\x01\x08\x01\
-@\x01\x04namey\0s\x04\0\x0bwindow-name\x01\x09\x03\0\x1apoolgate:policy/host@0.1\
-.0\x05\0\x01B\x1d\x01m\x04\x07allowed\x0fallowed-warning\x08rejected\x07unknown\x04\
-\0\x0dwindow-status\x03\0\0\x01m\x07\x09five-hour\x09seven-day\x0fseven-day-mode\
-l\x07overage\x08requests\x06tokens\x05other\x04\0\x0bwindow-kind\x03\0\x02\x01m\x03\
-\x05fresh\x05stale\x07unknown\x04\0\x09freshness\x03\0\x04\x01m\x09\x10weekly-ex\
-hausted\x11session-exhausted\x0fmodel-exhausted\x10unified-rejected\x09transient\
-\x0aoverloaded\x0eupstream-error\x04auth\x08disabled\x04\0\x0fcooldown-reason\x03\
-\0\x06\x01m\x04\x08messages\x0ccount-tokens\x10chat-completions\x06models\x04\0\x09\
-api-shape\x03\0\x08\x01kw\x01r\x07\x07accounty\x04kind\x03\x04namey\x0butilizati\
-onu\x0cresets-at-ms\x0a\x06status\x01\x0eobserved-at-msw\x04\0\x0cquota-window\x03\
-\0\x0b\x01r\x02\x08until-msw\x06reason\x07\x04\0\x08cooldown\x03\0\x0d\x01k\x0e\x01\
-ky\x01r\x09\x02idy\x07primary\x7f\x06usable\x7f\x08cooldown\x0f\x09in-flighty\x0d\
-max-in-flight\x10\x06status\x01\x0cresets-at-ms\x0a\x0fquota-freshness\x05\x04\0\
-\x07account\x03\0\x11\x01r\x03\x02ids\x05aliass\x07primary\x7f\x04\0\x0caccount-\
-info\x03\0\x13\x01ks\x01r\x08\x02idw\x06now-msw\x05models\x07session\x15\x03api\x09\
-\x07attempty\x0areplayable\x7f\x0adecided-by\x15\x04\0\x07request\x03\0\x16\x01p\
-y\x01r\x03\x05order\x18\x06reasons\x06detail\x15\x04\0\x07ranking\x03\0\x19\x01q\
-\x05\x07success\0\0\x0crate-limited\x01\x0a\0\x0aoverloaded\0\0\x0eupstream-erro\
-r\x01{\0\x06failed\0\0\x04\0\x07outcome\x03\0\x1b\x03\0\x1bpoolgate:policy/types\
-@0.1.0\x05\x01\x04\0<poolgate:policy/policy-with-all-of-its-exports-removed@0.1.\
-0\x04\0\x0b,\x01\0&policy-with-all-of-its-exports-removed\x03\0\0\0G\x09producer\
-s\x01\x0cprocessed-by\x02\x0dwit-component\x070.262.0\x10wit-bindgen-rust\x060.6\
-3.0";
+@\x01\x04namey\0s\x04\0\x0bwindow-name\x01\x09\x01@\0\0w\x04\0\x0cfreshness-ms\x01\
+\x0a\x03\0\x1apoolgate:policy/host@0.1.1\x05\0\x01B\x1d\x01m\x04\x07allowed\x0fa\
+llowed-warning\x08rejected\x07unknown\x04\0\x0dwindow-status\x03\0\0\x01m\x07\x09\
+five-hour\x09seven-day\x0fseven-day-model\x07overage\x08requests\x06tokens\x05ot\
+her\x04\0\x0bwindow-kind\x03\0\x02\x01m\x03\x05fresh\x05stale\x07unknown\x04\0\x09\
+freshness\x03\0\x04\x01m\x09\x10weekly-exhausted\x11session-exhausted\x0fmodel-e\
+xhausted\x10unified-rejected\x09transient\x0aoverloaded\x0eupstream-error\x04aut\
+h\x08disabled\x04\0\x0fcooldown-reason\x03\0\x06\x01m\x04\x08messages\x0ccount-t\
+okens\x10chat-completions\x06models\x04\0\x09api-shape\x03\0\x08\x01kw\x01r\x07\x07\
+accounty\x04kind\x03\x04namey\x0butilizationu\x0cresets-at-ms\x0a\x06status\x01\x0e\
+observed-at-msw\x04\0\x0cquota-window\x03\0\x0b\x01r\x02\x08until-msw\x06reason\x07\
+\x04\0\x08cooldown\x03\0\x0d\x01k\x0e\x01ky\x01r\x09\x02idy\x07primary\x7f\x06us\
+able\x7f\x08cooldown\x0f\x09in-flighty\x0dmax-in-flight\x10\x06status\x01\x0cres\
+ets-at-ms\x0a\x0fquota-freshness\x05\x04\0\x07account\x03\0\x11\x01r\x03\x02ids\x05\
+aliass\x07primary\x7f\x04\0\x0caccount-info\x03\0\x13\x01ks\x01r\x08\x02idw\x06n\
+ow-msw\x05models\x07session\x15\x03api\x09\x07attempty\x0areplayable\x7f\x0adeci\
+ded-by\x15\x04\0\x07request\x03\0\x16\x01py\x01r\x03\x05order\x18\x06reasons\x06\
+detail\x15\x04\0\x07ranking\x03\0\x19\x01q\x05\x07success\0\0\x0crate-limited\x01\
+\x0a\0\x0aoverloaded\0\0\x0eupstream-error\x01{\0\x06failed\0\0\x04\0\x07outcome\
+\x03\0\x1b\x03\0\x1bpoolgate:policy/types@0.1.1\x05\x01\x04\0<poolgate:policy/po\
+licy-with-all-of-its-exports-removed@0.1.1\x04\0\x0b,\x01\0&policy-with-all-of-i\
+ts-exports-removed\x03\0\0\0G\x09producers\x01\x0cprocessed-by\x02\x0dwit-compon\
+ent\x070.262.0\x10wit-bindgen-rust\x060.63.0";
 #[inline(never)]
 #[doc(hidden)]
 pub fn __link_custom_section_describing_imports() {

@@ -3,7 +3,7 @@
 
 use std::ops::Deref;
 
-use crate::quota::{DEFAULT_FRESHNESS_MS, Exhaustion, exhaustion, is_fresh};
+use crate::quota::{Exhaustion, exhaustion, is_fresh, used};
 use crate::{Account, AccountInfo, Freshness, QuotaWindow, WindowKind, WindowStatus};
 
 /// A candidate account with its windows. Dereferences to the [`Account`] record.
@@ -17,6 +17,9 @@ pub struct Candidate<'c> {
     pub windows: &'c [QuotaWindow],
     /// Its pool entry (string id, alias).
     pub info: &'c AccountInfo,
+    /// How old a reading may be and still count as fresh, ms (the pool's,
+    /// [`crate::Pool::freshness_ms`]).
+    pub freshness_ms: u64,
 }
 
 impl Deref for Candidate<'_> {
@@ -52,19 +55,17 @@ impl<'c> Candidate<'c> {
         self.utilization(WindowKind::SevenDay)
     }
 
-    /// `1 − max(5h, 7d, requests, tokens)` utilization: the subscription
+    /// `1 − max(5h, 7d, requests, tokens)` used (as [`crate::quota::used`]
+    /// reads a window: a `rejected` one is all used): the subscription
     /// windows, and an API key's per-minute `requests` and token limits (its
     /// `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-*`
-    /// headers), so a key near its per-minute limit ranks accordingly. An
-    /// unreported window counts as unused, so an account that never reported
-    /// quota has headroom 1.0.
+    /// headers), so a key near its per-minute limit ranks accordingly. Every
+    /// reading counts, stale ones at their last value (see [`crate::quota`]);
+    /// an unreported window counts as unused, so an account that never
+    /// reported quota has headroom 1.0.
     pub fn headroom(&self) -> f64 {
-        let used = self
-            .windows
-            .iter()
-            .filter(|w| Self::account_wide(w.kind) && w.utilization.is_finite())
-            .fold(0.0f64, |m, w| m.max(w.utilization));
-        1.0 - used
+        let most = self.windows.iter().filter(|w| Self::account_wide(w.kind)).fold(0.0f64, |m, w| m.max(used(w)));
+        1.0 - most
     }
 
     /// Whether windows of `kind` bind every model of the account: 5h, 7d, and
@@ -88,9 +89,10 @@ impl<'c> Candidate<'c> {
     }
 
     /// What window `w` says at `now_ms` (see [`crate::quota`]), if its reading
-    /// is fresh; a stale reading says nothing ([`Exhaustion::Open`]).
+    /// is fresh; a stale reading excludes nothing ([`Exhaustion::Open`]),
+    /// though it still orders.
     pub fn window_exhaustion(&self, w: &QuotaWindow, now_ms: u64) -> Exhaustion {
-        if !is_fresh(w.observed_at_ms, now_ms, DEFAULT_FRESHNESS_MS) {
+        if !is_fresh(w.observed_at_ms, now_ms, self.freshness_ms) {
             return Exhaustion::Open;
         }
         exhaustion(w.status == WindowStatus::Rejected, w.utilization, w.resets_at_ms, now_ms)

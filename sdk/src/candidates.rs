@@ -6,17 +6,39 @@ use std::collections::HashMap;
 use crate::candidate::Candidate;
 use crate::{Account, AccountInfo, QuotaWindow, Ranking};
 
-/// Every configured account, indexed by [`Account::id`].
-#[derive(Debug, Clone, Default)]
+/// Every configured account, indexed by [`Account::id`], and how old a quota
+/// reading may be and still count as fresh.
+#[derive(Debug, Clone)]
 pub struct Pool {
     accounts: Vec<AccountInfo>,
     by_id: HashMap<String, u32>,
+    freshness_ms: u64,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Pool::new(Vec::new())
+    }
 }
 
 impl Pool {
     pub(crate) fn new(accounts: Vec<AccountInfo>) -> Self {
         let by_id = accounts.iter().enumerate().map(|(i, a)| (a.id.clone(), i as u32)).collect();
-        Pool { accounts, by_id }
+        Pool { accounts, by_id, freshness_ms: crate::quota::DEFAULT_FRESHNESS_MS }
+    }
+
+    /// The same pool, with readings fresh for `ms` (what the host says, see
+    /// [`crate::host::freshness_ms`]).
+    pub fn with_freshness_ms(mut self, ms: u64) -> Self {
+        self.freshness_ms = ms;
+        self
+    }
+
+    /// How old a quota reading may be and still count as fresh, ms: the
+    /// operator's setting for this stage ([`crate::quota::DEFAULT_FRESHNESS_MS`]
+    /// where no host said).
+    pub fn freshness_ms(&self) -> u64 {
+        self.freshness_ms
     }
 
     /// The account at pool index `index`.
@@ -84,6 +106,7 @@ impl<'a> Candidates<'a> {
             account,
             windows: &self.windows[start..end],
             info: self.pool.get(account.id).unwrap_or(&MISSING),
+            freshness_ms: self.pool.freshness_ms,
         }
     }
 

@@ -51,6 +51,14 @@ pub mod state {
     }
 }
 
+/// How old a quota reading may be and still count as fresh, ms: what the
+/// operator configured for this stage (see [`crate::quota`]). Asked once per
+/// instance, at `configure`; rankers read it from [`crate::Pool::freshness_ms`]
+/// (a host older than WIT 0.1.1 cannot run a plugin that asks).
+pub fn freshness_ms() -> u64 {
+    wit::freshness_ms()
+}
+
 /// Resolves an interned window name. The answer is cached in the instance for
 /// good: window names are few, ids are small and never reused, so each costs one
 /// host call per instance and an array index after that.

@@ -13,6 +13,7 @@
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
+use crate::quota::is_fresh;
 use crate::{Buckets, Candidate, Candidates, Freshness, QuotaWindow, Ranking, Request, WindowKind, WindowStatus};
 use crate::{check_range, model_family};
 
@@ -20,9 +21,6 @@ use crate::{check_range, model_family};
 pub const DEFAULT_SESSION_SOFT_LIMIT: f64 = 0.97;
 /// Default width of a session-reset bucket (15 minutes).
 pub const DEFAULT_SESSION_RESET_TOLERANCE_MS: u64 = 15 * 60 * 1000;
-/// A per-model window older than this is ignored (neurolink's snapshot
-/// freshness; the same limit as every other reading, [`crate::quota`]).
-pub const SCOPED_WINDOW_FRESHNESS_MS: u64 = crate::quota::DEFAULT_FRESHNESS_MS;
 
 /// How trustworthy an account's quota reading is, best first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -164,15 +162,23 @@ impl Ladder {
             Saturation::None
         };
 
-        // The bucket that binds the request's family: the most used of the
-        // fresh ones (one definition for every built-in, see `quota`).
+        // The bucket that binds the request's family, by the one definition
+        // every built-in shares (`Buckets::binding`, whatever order the
+        // windows came in), among the ticking ones: this ladder reads a window
+        // whose reset is unknown or past as unused. A stale reading orders;
+        // only a fresh one makes the account unusable (see `quota`).
         let scoped = match family {
-            Some(f) if routing => self.buckets.binding(c, f, now),
+            Some(f) if routing => {
+                let any = c.model_windows().any(|(b, _)| self.buckets.family(b).eq_ignore_ascii_case(f));
+                let ticking_one = self.buckets.binding_among(c, f, now, |w| ticking(Some(w), now).is_some());
+                any.then_some(ticking_one)
+            }
             _ => None,
         };
-        let scoped_t = ticking(scoped, now);
-        let scoped_used = scoped.map(|_| scoped_t.map_or(0.0, |w| w.utilization));
-        let scoped_rejected = status_of(scoped_t) == WindowStatus::Rejected;
+        let scoped_t = scoped.flatten();
+        let scoped_used = scoped.map(|t| t.map_or(0.0, |w| w.utilization));
+        let scoped_rejected = status_of(scoped_t) == WindowStatus::Rejected
+            && scoped_t.is_some_and(|w| is_fresh(w.observed_at_ms, now, c.freshness_ms));
         let scoped_saturated = !stale && scoped_t.is_some_and(|w| w.utilization >= self.session_soft_limit);
 
         SortMetrics {

@@ -3,10 +3,22 @@
 //! cooldowns), so that no two parts of poolgate can disagree about whether a
 //! window is exhausted, fresh, or binds a request's model family.
 //!
-//! - A reading is **fresh** while its age is at most the freshness limit
-//!   ([`DEFAULT_FRESHNESS_MS`], the host's `[policy] freshness_ms` default).
-//!   Freshness is per window: a two-day-old bucket reading is stale even when
-//!   the account's 5h window was read a second ago.
+//! - A reading is **fresh** while its age is at most the freshness limit: the
+//!   operator's `[policy] freshness_ms` (or the stage's own `freshness_ms`),
+//!   which the host hands every plugin ([`crate::Pool::freshness_ms`];
+//!   [`DEFAULT_FRESHNESS_MS`] where no host says). Freshness is per window: a
+//!   two-day-old bucket reading is stale even when the account's 5h window
+//!   was read a second ago.
+//! - **One rule for stale readings, of every window kind** (5h, 7d, per-model,
+//!   an API key's limits): a stale reading still **orders** — at its last
+//!   value, until its window resets — but only a fresh one **excludes**. Usage
+//!   only grows within a window, so an old reading is a floor on what is used
+//!   now: setting it aside would send the next requests to the seat known to
+//!   be fullest, which then answers, reads full again, and goes last again (a
+//!   flap). A reading that says used up, though, strands a seat if it
+//!   excludes for good; once stale it no longer excludes (the seat orders
+//!   last, as fully used, and serves when nothing better can), and its reset
+//!   reopens the window in any case (the host reset-freshens it).
 //! - A window **says used up** when its status is `rejected` or its utilization
 //!   is at least 1.0. It is **exhausted** ([`Exhaustion::Until`]) when it says
 //!   so and its reset is known and still ahead. One that says so without a
@@ -16,9 +28,13 @@
 //!   One whose reset has passed is [`Exhaustion::Open`] (reset-freshened).
 //! - A utilization that is negative or not a number is no reading at all: the
 //!   host drops it when it parses the headers.
-//! - Every per-model bucket bound to a family counts, and the most used fresh
-//!   one decides (see [`crate::Buckets::binding`]): a 100% `7d_oi` is not hidden
-//!   behind a 30% `7d_fable`.
+//! - How much a window is **used** ([`used`]) is its utilization, and at least
+//!   all of it when its status is `rejected`: a rejected window never reads as
+//!   having room, whatever its number says.
+//! - Every per-model bucket bound to a family counts, and which one binds is a
+//!   function of the readings alone, never of their order (see
+//!   [`crate::Buckets::binding`]): a 100% `7d_oi` is not hidden behind a 30%
+//!   `7d_fable`, whichever the upstream listed first.
 
 /// How long a reading stays fresh unless the operator configures otherwise
 /// (`[policy] freshness_ms`): 15 minutes.
@@ -27,6 +43,18 @@ pub const DEFAULT_FRESHNESS_MS: u64 = 15 * 60 * 1000;
 /// Whether a reading taken at `observed_at_ms` is fresh at `now_ms`.
 pub fn is_fresh(observed_at_ms: u64, now_ms: u64, freshness_ms: u64) -> bool {
     now_ms.saturating_sub(observed_at_ms) <= freshness_ms
+}
+
+/// How much of window `w` is used, for ordering: its utilization (one that is
+/// not a number counts as 0), at least 1.0 when the window is `rejected`.
+pub fn used(w: &crate::QuotaWindow) -> f64 {
+    let u = if w.utilization.is_finite() { w.utilization } else { 0.0 };
+    if w.status == crate::WindowStatus::Rejected { u.max(1.0) } else { u }
+}
+
+/// Whether window `w` says it is used up: `rejected`, or at least 100% used.
+pub fn says_used_up(w: &crate::QuotaWindow) -> bool {
+    used(w) >= 1.0
 }
 
 /// A utilization worth keeping: finite and not negative (it may exceed 1.0).

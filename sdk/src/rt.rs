@@ -18,6 +18,10 @@ thread_local! {
 /// Parses the config, builds the ranker and keeps it for later calls.
 pub fn configure<R: Ranker>(config: String, pool: Vec<AccountInfo>) -> Result<(), String> {
     let config = Config::parse(&config)?;
+    // Natively (a plugin's own unit tests) there is no host to ask.
+    #[cfg(target_arch = "wasm32")]
+    let pool = Pool::new(pool).with_freshness_ms(crate::host::freshness_ms());
+    #[cfg(not(target_arch = "wasm32"))]
     let pool = Pool::new(pool);
     let ranker = R::configure(config, &pool)?;
     SLOT.with_borrow_mut(|slot| *slot = Some(Slot { ranker: Box::new(ranker), pool }));

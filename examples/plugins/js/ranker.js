@@ -7,7 +7,7 @@
 // `ok`, a thrown one is `err`. The same policy is written in Rust, Python and C
 // next to this directory, and all four pass ../fixtures.
 
-import { log, stateGet, stateSet } from 'poolgate:policy/host@0.1.0';
+import { log, stateGet, stateSet } from 'poolgate:policy/host@0.1.1';
 
 const DEFAULTS = { max_utilization: 0.9, sort: true, rate_limit_penalty_ms: 0 };
 const NO_RESET = 2n ** 64n; // accounts without a known 5h reset go last

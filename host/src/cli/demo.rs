@@ -196,6 +196,7 @@ fn config(args: &Args, sim: &SimUpstream, keys: &KeyDir, client_key: &str, admin
             scope: None,
             timeout_ms: None,
             memory_mb: None,
+            freshness_ms: None,
             config: None,
         })
         .collect();

@@ -265,6 +265,10 @@ pub struct StageConfig {
     /// This stage's memory cap, MiB.
     #[serde(default)]
     pub memory_mb: Option<usize>,
+    /// How old a quota reading may be and still count as fresh for this
+    /// stage, ms (default: `[policy] freshness_ms`).
+    #[serde(default)]
+    pub freshness_ms: Option<u64>,
     /// The plugin's own options, handed to `configure` as JSON.
     #[serde(default)]
     pub config: Option<toml::Table>,
@@ -360,6 +364,7 @@ impl Config {
                     scope: None,
                     timeout_ms: None,
                     memory_mb: None,
+                    freshness_ms: None,
                     config: None,
                 })
                 .collect::<Vec<_>>();
@@ -394,6 +399,7 @@ impl Config {
                             deadline: std::time::Duration::from_millis(timeout),
                             memory_bytes: s.memory_mb.unwrap_or(p.memory_mb) << 20,
                             configure_deadline: std::time::Duration::from_millis(p.configure_timeout_ms),
+                            freshness_ms: s.freshness_ms.unwrap_or(p.freshness_ms),
                         },
                         max_idle,
                         max_instances,

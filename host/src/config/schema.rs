@@ -117,6 +117,7 @@ pub const STAGE: &[Field] = &[
     f("scope", Kind::Str),
     f("timeout_ms", Kind::Int(1, 60_000)),
     f("memory_mb", Kind::Int(1, 4096)),
+    f("freshness_ms", Kind::Int(1_000, 30 * MS_DAY)),
     f("config", Kind::AnyTable),
 ];
 
@@ -246,6 +247,7 @@ mod tests {
             scope: Some("s".into()),
             timeout_ms: Some(1),
             memory_mb: Some(1),
+            freshness_ms: Some(1_000),
             config: Some(toml::Table::new()),
         });
         config.accounts.push(crate::config::AccountConfig {

@@ -193,6 +193,9 @@ fn stage_settings(was: &Config, now: &Config, out: &mut Vec<String>) {
                 ls.configure_deadline.as_millis()
             ));
         }
+        if lw.freshness_ms != ls.freshness_ms {
+            what.push(format!("freshness {} → {} ms", lw.freshness_ms, ls.freshness_ms));
+        }
         if w.plugin.scope != s.plugin.scope {
             what.push(format!("state scope `{}` → `{}`", w.plugin.scope, s.plugin.scope));
         }

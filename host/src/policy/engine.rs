@@ -317,7 +317,7 @@ fn spawn_ticker(engine: &Engine) {
 /// The WIT package this host implements, and the version track it accepts.
 pub const WIT_PACKAGE: &str = "poolgate:policy";
 /// The exact version of `wit/policy.wit` this host was built from.
-pub const WIT_VERSION: &str = "0.1.0";
+pub const WIT_VERSION: &str = "0.1.1";
 /// Accepted track: every `0.1.x`.
 pub const WIT_TRACK: (u64, u64) = (0, 1);
 

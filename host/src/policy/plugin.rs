@@ -115,6 +115,10 @@ pub struct Limits {
     /// CPU budget of instantiation plus `configure` (language runtimes start
     /// slowly).
     pub configure_deadline: Duration,
+    /// Not a limit but what the plugin is told: how old a quota reading may be
+    /// and still count as fresh (`host.freshness-ms`; `[policy] freshness_ms`
+    /// or the stage's own).
+    pub freshness_ms: u64,
 }
 
 impl Default for Limits {
@@ -123,6 +127,7 @@ impl Default for Limits {
             deadline: Duration::from_millis(super::DEFAULT_DEADLINE_MS),
             memory_bytes: super::DEFAULT_MEMORY_MB << 20,
             configure_deadline: Duration::from_millis(super::DEFAULT_CONFIGURE_MS),
+            freshness_ms: crate::account::DEFAULT_FRESHNESS_MS,
         }
     }
 }
@@ -290,6 +295,7 @@ impl Plugin {
             state,
             memory_bytes: spec.limits.memory_bytes,
             logs: Arc::new(LogBudget::default()),
+            freshness_ms: spec.limits.freshness_ms,
         };
         let recipe = Arc::new(Recipe {
             pre,

@@ -62,6 +62,9 @@ pub struct SandboxSpec {
     pub memory_bytes: usize,
     /// The plugin's log allowance.
     pub logs: Arc<LogBudget>,
+    /// How old a quota reading may be and still count as fresh, ms (what
+    /// `host.freshness-ms` answers).
+    pub freshness_ms: u64,
 }
 
 /// Per-instance store data.
@@ -190,6 +193,10 @@ impl poolgate::policy::host::Host for Sandbox {
 
     fn window_name(&mut self, name: u32) -> String {
         names::resolve(name).to_string()
+    }
+
+    fn freshness_ms(&mut self) -> u64 {
+        self.spec.freshness_ms
     }
 }
 

@@ -105,9 +105,11 @@ fn core_module(memories: u32, grow_pages: u32, dead: u32) -> Vec<u8> {
     globals.global(GlobalType { val_type: ValType::I32, mutable: true, shared: false }, &ConstExpr::i32_const(HEAP));
     let mut exports = ExportSection::new();
     exports.export("memory", ExportKind::Memory, 0);
-    exports.export("poolgate:policy/ranker@0.1.0#configure", ExportKind::Func, 0);
-    exports.export("poolgate:policy/ranker@0.1.0#rank", ExportKind::Func, 1);
-    exports.export("poolgate:policy/ranker@0.1.0#observe", ExportKind::Func, 2);
+    // The version of the WIT `wrap` embeds (wit/), which is the host's.
+    let v = poolgate::policy::engine::WIT_VERSION;
+    exports.export(&format!("poolgate:policy/ranker@{v}#configure"), ExportKind::Func, 0);
+    exports.export(&format!("poolgate:policy/ranker@{v}#rank"), ExportKind::Func, 1);
+    exports.export(&format!("poolgate:policy/ranker@{v}#observe"), ExportKind::Func, 2);
     exports.export("cabi_realloc", ExportKind::Func, 3);
 
     let mut code = CodeSection::new();

@@ -402,6 +402,8 @@ impl Ranker for Misbehave {
             "huge-detail" => Ok(c.unchanged("huge-detail").with_detail("d".repeat(self.bytes))),
             "none" => Ok(c.unchanged("none")),
             "pass" => Ok(c.unchanged("")),
+            // What the host says a fresh reading is (`host.freshness-ms`).
+            "freshness" => Ok(c.unchanged(&format!("freshness-{}", c.pool().freshness_ms()))),
             "report-decided-by" => Ok(c.unchanged("").with_detail(format!("saw {:?}", req.decided_by))),
             "drop-first" => Ok(Ranking::new((1..n).collect(), "dropped-first")),
             "trap" => panic!("misbehave: deliberate panic"),
