@@ -350,6 +350,12 @@ struct Probe<'a> {
     watch: OnceLock<Arc<Watch>>,
 }
 
+// A waker may be woken from any thread while the poll that lent it runs.
+const _: () = {
+    const fn sync<T: Sync>() {}
+    sync::<Probe<'static>>();
+};
+
 impl<'a> Probe<'a> {
     const VTABLE: RawWakerVTable =
         RawWakerVTable::new(Self::clone_raw, Self::wake_raw, Self::wake_by_ref_raw, Self::drop_raw);

@@ -24,7 +24,7 @@ use std::panic::resume_unwind;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 
 /// A runtime of its own for plugin calls that have to wait: as many threads
 /// as the machine has cores, so that a plugin that computes still has every
@@ -38,20 +38,28 @@ impl CallThreads {
     /// Starts the runtime.
     pub fn start() -> Result<CallThreads> {
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(cores)
-            .thread_name("poolgate-calls")
-            .enable_all()
-            .build()?;
-        let handle = runtime.handle().clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        // Dropped on a thread of its own, never inside an async context
-        // (which tokio refuses): the last chain may go on a request's worker.
+        let (started, handle) = std::sync::mpsc::sync_channel(1);
+        // Built, run and dropped on a thread of its own, never inside an async
+        // context (where tokio refuses to drop a runtime): the engine may be
+        // made inside one, and the last chain may go on a request's worker.
         std::thread::Builder::new().name("poolgate-calls-main".into()).spawn(move || {
-            runtime.block_on(async {
-                let _ = stopped.await;
-            });
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(cores)
+                .thread_name("poolgate-calls")
+                .enable_all()
+                .build();
+            match runtime {
+                Ok(runtime) => {
+                    let _ = started.send(Ok(runtime.handle().clone()));
+                    runtime.block_on(async {
+                        let _ = stopped.await;
+                    });
+                }
+                Err(e) => drop(started.send(Err(e))),
+            }
         })?;
+        let handle = handle.recv().context("the plugin call threads did not start")??;
         Ok(CallThreads { handle, _stop: stop })
     }
 
@@ -60,8 +68,14 @@ impl CallThreads {
     /// waits for its answer. Dropping that future drops the call (on the call
     /// threads). A panic in it is passed on, as if it had run here.
     ///
-    /// `make` makes the call right in its box (no copy of a future of a few
-    /// KiB), and the caller's future holds only a pointer to it.
+    /// `make` makes the call where its box is made (so the optimizer may build
+    /// it in place rather than copy a future of a few KiB there), and the
+    /// caller's future holds only a pointer to it.
+    ///
+    /// The first poll runs inside the call threads' runtime context: a timer
+    /// the call makes there (its budget's, a wait for an instance, a WASI
+    /// sleep) is driven by the call threads, which keep it on time after the
+    /// move, not by the request runtime, whose timer a burst keeps busy.
     pub fn run<T: Send + 'static, F: Future<Output = T> + Send + 'static>(
         &self,
         make: impl FnOnce() -> F,
@@ -73,7 +87,11 @@ impl CallThreads {
     /// on the call threads; nothing waits for it.
     pub fn detach(&self, call: impl Future<Output = ()> + Send + 'static) {
         let mut call = Box::pin(call);
-        if call.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready() {
+        let first = {
+            let _context = self.handle.enter();
+            call.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+        };
+        if first.is_ready() {
             return;
         }
         drop(self.handle.spawn(call));
@@ -101,7 +119,11 @@ impl<T: Send + 'static> Future for Run<'_, T> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         let this = self.get_mut();
         if let State::Here(call) = &mut this.state {
-            if let Poll::Ready(answer) = call.as_mut().poll(cx) {
+            let first = {
+                let _context = this.threads.handle.enter();
+                call.as_mut().poll(cx)
+            };
+            if let Poll::Ready(answer) = first {
                 this.state = State::Done;
                 return Poll::Ready(answer);
             }

@@ -108,7 +108,9 @@ impl OutputStream for StdioBuffer {
 impl Pollable for StdioBuffer {
     async fn ready(&mut self) {
         if self.0.waits.fetch_add(1, Ordering::Relaxed) % WRITES_PER_YIELD == WRITES_PER_YIELD - 1 {
-            tokio::task::yield_now().await;
+            // A yield, marked as one: the time until the call resumes is the
+            // scheduler's, not the plugin's (see `bounded`).
+            super::bounded::yield_now().await;
         }
     }
 }
