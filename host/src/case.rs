@@ -248,6 +248,12 @@ impl Case {
         }
     }
 
+    /// The freshness the case runs with: its own `freshness_ms`, else the
+    /// host's default.
+    pub fn freshness(&self) -> u64 {
+        self.freshness_ms.unwrap_or(crate::account::DEFAULT_FRESHNESS_MS)
+    }
+
     /// The candidates as the chain's first stage receives them (before the
     /// usable-first partition), with their windows.
     pub fn candidates(&self, freshness_ms: u64) -> Candidates {

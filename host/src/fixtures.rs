@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 
-use crate::account::DEFAULT_FRESHNESS_MS;
 use crate::case::Case;
 use crate::policy::{
     BreakerConfig, Chain, Decision, Limits, MemoryState, PluginRef, PluginSpec, PolicyEngine, StageSpec,
@@ -51,7 +50,7 @@ fn spec(plugin: &PluginRef, config: Option<&serde_json::Value>, timeout: Duratio
 /// The chain a case runs: its own `chain` (where `self` is `plugin`), or `plugin`
 /// alone with the case's `config`.
 pub fn stages_for(case: &Case, plugin: &PluginRef, timeout: Duration) -> Vec<StageSpec> {
-    let freshness = case.freshness_ms.unwrap_or(DEFAULT_FRESHNESS_MS);
+    let freshness = case.freshness();
     match &case.chain {
         Some(stages) => stages
             .iter()
@@ -93,7 +92,7 @@ pub async fn run_case(
             ));
         }
     }
-    let decision = chain.rank(case.request(), case.candidates(case.freshness_ms.unwrap_or(DEFAULT_FRESHNESS_MS))).await;
+    let decision = chain.rank(case.request(), case.candidates(case.freshness())).await;
     Ok((decision, observe_failures))
 }
 

@@ -169,10 +169,9 @@ fn load(name: &str, case: &Case) -> Plugin {
 /// Ranks `accounts` (a subset of the case's, in any order) and answers with
 /// the pool indices in the plugin's order, plus its reason.
 fn rank(plugin: &Plugin, req: &Request, accounts: &[Account], windows: &[QuotaWindow]) -> (Vec<u32>, String) {
-    let r = poolgate::policy::block_on(plugin.rank(req, accounts, windows)).expect("rank succeeds");
-    let ids = r.order.iter().map(|&i| accounts[i as usize].id).collect::<Vec<_>>();
+    let (ids, reason) = rank_any(plugin, req, accounts, windows);
     assert_eq!(ids.len(), accounts.len(), "a comparator drops nothing");
-    (ids, r.reason)
+    (ids, reason)
 }
 
 /// As [`rank`], for any built-in: a filter may drop accounts.
