@@ -91,7 +91,7 @@ fn a_plugin_over_the_size_limit_is_refused_naming_the_limit() {
 fn a_compile_past_its_budget_is_abandoned_and_refused() {
     let dir = tempdir::Dir::new("limits-compile");
     let slow = dir.0.join("slow.wasm");
-    std::fs::write(&slow, hostile_components::slow_to_compile(20_000)).unwrap();
+    std::fs::write(&slow, hostile_components::slow_to_compile(6_000)).unwrap();
     let text = config("http://127.0.0.1:9", "compile_timeout_ms = 100", &stage(slow.to_str().unwrap(), ""));
     let text = text.replace("config = {  }\n", "");
     let (ok, out, took) = check(&dir.0, &text, Duration::from_secs(60));
@@ -142,4 +142,83 @@ async fn a_reload_that_hangs_in_configure_is_refused_and_the_next_one_works() {
     std::fs::write(&path, config(&mock.base_url(), policy, &good)).unwrap();
     let (status, body, _) = reload().await;
     assert_eq!(status, 200, "the next reload is not wedged: {body}");
+}
+
+/// #23: a reload that finds its component being compiled by another process
+/// sharing the cache (`plugin inspect --config`, as `plugin build --config`
+/// does) waits for that compile instead of starting a second one; when its
+/// own, shorter budget runs out it is refused saying so, and it is retried —
+/// and loads the other process's result without compiling — once that compile
+/// finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_joins_a_compile_under_way_and_is_retried_when_it_finishes() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a");
+    let dir = tempdir::Dir::new("limits-join");
+    let cache = dir.0.join("cache");
+    let slow = dir.0.join("slow.wasm");
+    std::fs::write(&slow, hostile_components::slow_to_compile(6_000)).unwrap();
+    let cached = format!("cache_dir = {:?}\n", cache.display().to_string());
+    let path = dir.0.join("poolgate.toml");
+    // This test's own cache, shared by the gateway and the other process.
+    let config = |base: &str, policy: &str, stage: &str| config(base, policy, stage).replace("cache_dir = \"\"\n", "");
+    // Started with the default budget (the built-ins compile in time on a
+    // loaded machine); the reload that meets the other compile has 0.5 s.
+    std::fs::write(&path, config(&mock.base_url(), &cached, "")).unwrap();
+    let gateway_policy = format!("{cached}compile_timeout_ms = 500");
+    let tool = dir.0.join("tool.toml");
+    std::fs::write(&tool, config("http://127.0.0.1:9", &format!("{cached}compile_timeout_ms = 300000"), "")).unwrap();
+    let gw = Gateway::start_file(&path, &[("KEY_A", "key-a"), ("PG_ADMIN", ADMIN)], dir);
+
+    // Another process starts compiling the component into the shared cache.
+    let inspect = Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["plugin", "inspect", slow.to_str().unwrap(), "--config", tool.to_str().unwrap()])
+        .env("KEY_A", "key-a")
+        .env("PG_ADMIN", ADMIN)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let compiling = || {
+        std::fs::read_dir(&cache).is_ok_and(|d| d.flatten().any(|e| e.path().extension().is_some_and(|x| x == "lock")))
+    };
+    support::eventually("the other process holds the compile lock", Duration::from_secs(30), async || compiling())
+        .await;
+
+    // The gateway is asked to load it meanwhile: it waits, then gives up at its budget.
+    let stage = format!("[[policy.chain]]\nplugin = {:?}\nname = \"slow\"\n", slow.display().to_string());
+    std::fs::write(&path, config(&mock.base_url(), &gateway_policy, &stage)).unwrap();
+    let status = || async {
+        let r = Gateway::client().get(format!("{}/status", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
+        r.json::<serde_json::Value>().await.unwrap()
+    };
+    support::eventually(
+        "the reload is refused, naming the compile it waited for",
+        Duration::from_secs(30),
+        async || {
+            let s = status().await;
+            s["config"]["last_reload"]["ok"] == false
+                && s["config"]["last_reload"]["errors"]
+                    .to_string()
+                    .contains("being compiled by another poolgate process")
+        },
+    )
+    .await;
+    assert!(compiling(), "the other compile is still under way: the test would not show a join");
+
+    // The other compile finishes; the refused reload is retried and loads it.
+    let mut inspect = inspect;
+    let done = tokio::task::spawn_blocking(move || inspect.wait().unwrap()).await.unwrap();
+    assert!(done.success(), "the other process's compile succeeded");
+    support::eventually("the reload is retried and the stage loaded", Duration::from_secs(30), async || {
+        let s = status().await;
+        s["config"]["last_reload"]["ok"] == true && s["config"]["last_reload"]["trigger"] == "compile-finished"
+    })
+    .await;
+    let r = send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
+    assert_eq!(r.status(), 200);
+    let log = gw.log();
+    let compiled = log.lines().any(|l| l.contains("compiled plugin") && l.contains("slow.wasm"));
+    assert!(!compiled, "the gateway compiled it a second time:\n{log}");
+    assert!(log.contains("waiting for it"), "{log}");
 }

@@ -68,7 +68,8 @@ pub async fn serve(config: Config, source: Option<(PathBuf, Overrides)>) -> Resu
     let running = server::Running::start(config, engine, reloader).await?;
     if let (Some(path), Some(reload)) = (path, running.reloader.clone()) {
         watch::watch_files(&running.gateway, path, reload.clone());
-        watch::reload_on_sighup(&running.gateway, reload);
+        watch::reload_on_sighup(&running.gateway, reload.clone());
+        watch::retry_after_compiles(&running.gateway, reload);
     }
     let g = running.gateway.generation();
     // Past the log filter: whoever started it needs to know where it listens

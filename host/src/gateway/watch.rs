@@ -113,6 +113,27 @@ pub fn reload_on_sighup(gateway: &Arc<Gateway>, reload: Reloader) -> tokio::task
     })
 }
 
+/// Retries a refused reload when a compile it had joined, and given up waiting
+/// for, finishes (`policy::compile::StillCompiling`): the compile's result is
+/// in the cache by then, so the retry loads it. Only while the last reload
+/// stands refused; a reload that succeeded since needs no retry. Runs until
+/// the gateway is dropped.
+pub fn retry_after_compiles(gateway: &Arc<Gateway>, reload: Reloader) -> tokio::task::JoinHandle<()> {
+    let weak = Arc::downgrade(gateway);
+    let mut finished = gateway.engine.finished_joins();
+    tokio::spawn(async move {
+        while finished.changed().await.is_ok() {
+            let Some(gw) = weak.upgrade() else { return };
+            let refused = gw.last_reload.lock().as_ref().is_some_and(|r| !r.ok);
+            drop(gw);
+            if refused {
+                tracing::info!("a compile the last (refused) reload was waiting for has finished; reloading");
+                run(&weak, &reload, ReloadRequest::now("compile-finished")).await;
+            }
+        }
+    })
+}
+
 /// Runs one reload. The reloader logs its outcome — what changed, or why it
 /// was refused (`Gateway::refuse_reload`) — so a trigger adds no line of its
 /// own: one refusal is one log line, and `/status` and the metrics count it.

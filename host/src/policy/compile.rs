@@ -13,18 +13,26 @@
 //! runtime is used as a library (tests, benches) the compile runs on a thread and
 //! is abandoned at the budget.
 //!
+//! Two compiles of the same bytes never run at once against one cache
+//! directory: whoever starts first holds a lock file beside the cache entry,
+//! and any other compile of those bytes — another reload, `poolgate plugin
+//! build --config` in another process — waits for it and loads its result
+//! ([`Compiler::compile`]). One whose budget runs out while it waits is refused
+//! with [`StillCompiling`], and [`Compiler::finished_joins`] says when the
+//! compile it waited for ends, so the gateway can retry the reload then.
+//!
 //! Results are cached twice, both bounded: in memory by content hash (a reload of
 //! an unchanged plugin costs nothing), least recently used first out; and on disk
 //! by content hash plus the engine's compatibility hash (a restart costs a
 //! deserialize, not a compile), oldest entries removed once the directory holds
 //! more than `policy.cache_max_mb`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
@@ -87,12 +95,56 @@ pub struct Compiler {
     cache_dir: Option<PathBuf>,
     memory: Mutex<(HashMap<String, Cached>, u64)>,
     limits: Mutex<CompileLimits>,
+    /// Bumped each time a compile that a refused caller had joined ends.
+    finished_joins: tokio::sync::watch::Sender<u64>,
+    /// Lock files some thread is waiting on for `finished_joins`.
+    awaited: Arc<Mutex<HashSet<PathBuf>>>,
 }
+
+/// A compile of the same bytes was under way elsewhere (another reload or
+/// another process sharing the cache directory), and it was still running when
+/// this caller's compile budget ran out. Nothing was compiled twice;
+/// [`Compiler::finished_joins`] changes when that compile ends.
+#[derive(Debug)]
+pub struct StillCompiling {
+    label: String,
+    budget: Duration,
+}
+
+impl std::fmt::Display for StillCompiling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: the same component is being compiled by another poolgate process sharing the compile cache, \
+             still running after this load's compile budget of {} s (policy.compile_timeout_ms); a gateway \
+             retries the reload when that compile finishes",
+            self.label,
+            self.budget.as_secs_f64()
+        )
+    }
+}
+
+impl std::error::Error for StillCompiling {}
+
+/// How often a compile waiting for another one looks again.
+const JOIN_POLL: Duration = Duration::from_millis(50);
 
 impl Compiler {
     /// A compiler caching on disk in `cache_dir` (`None`: memory only).
     pub fn new(cache_dir: Option<PathBuf>) -> Self {
-        Compiler { cache_dir, memory: Mutex::new((HashMap::new(), 0)), limits: Mutex::new(CompileLimits::default()) }
+        Compiler {
+            cache_dir,
+            memory: Mutex::new((HashMap::new(), 0)),
+            limits: Mutex::new(CompileLimits::default()),
+            finished_joins: tokio::sync::watch::Sender::new(0),
+            awaited: Arc::default(),
+        }
+    }
+
+    /// Changes each time a compile ends that a caller refused with
+    /// [`StillCompiling`] had been waiting for.
+    pub fn finished_joins(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.finished_joins.subscribe()
     }
 
     /// Replaces the limits (on reload).
@@ -125,23 +177,117 @@ impl Compiler {
         let cached = self.cache_dir.as_ref().map(|d| d.join(format!("{key}.cwasm")));
         let component = match cached.as_deref().and_then(|p| load_cached(engine, p)) {
             Some(c) => c,
-            None => {
-                let started = Instant::now();
-                let (c, serialized) = build(engine, bytes, label, limits.timeout)?;
-                tracing::info!(plugin = label, elapsed_ms = started.elapsed().as_millis() as u64, "compiled plugin");
-                if let Some(path) = &cached {
-                    match store_cached(&serialized, path) {
-                        Ok(()) => evict_disk(path.parent().unwrap_or(Path::new(".")), limits.cache_max_bytes),
-                        Err(e) => {
-                            tracing::warn!(plugin = label, error = %e, "could not write the compiled-plugin cache")
-                        }
-                    }
-                }
-                c
-            }
+            None => match &cached {
+                Some(path) => self.compile_once(engine, bytes, label, limits, path)?,
+                None => self.compile_now(engine, bytes, label, limits, limits.timeout, None)?,
+            },
         };
         self.remember(&sha, &component);
         Ok((component, sha))
+    }
+
+    /// Compiles into the disk cache at `path`, unless a compile of the same
+    /// bytes is under way (its lock file held): then waits for it and loads
+    /// what it stored, within the budget.
+    fn compile_once(
+        &self,
+        engine: &Engine,
+        bytes: &[u8],
+        label: &str,
+        limits: CompileLimits,
+        path: &Path,
+    ) -> Result<Component> {
+        let started = Instant::now();
+        let lock_path = path.with_extension("lock");
+        let lock = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::File::options().create(true).truncate(false).write(true).open(&lock_path));
+        let lock = match lock {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(plugin = label, error = %e, "cannot open the compile lock; compiling without it");
+                return self.compile_now(engine, bytes, label, limits, limits.timeout, Some(path));
+            }
+        };
+        let mut waited = false;
+        loop {
+            match lock.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) => {}
+                Err(std::fs::TryLockError::Error(e)) => {
+                    tracing::warn!(plugin = label, error = %e, "cannot take the compile lock; compiling without it");
+                    return self.compile_now(engine, bytes, label, limits, limits.timeout, Some(path));
+                }
+            }
+            if !waited {
+                tracing::info!(plugin = label, "the same component is being compiled elsewhere; waiting for it");
+                waited = true;
+            }
+            if started.elapsed() >= limits.timeout {
+                self.await_release(lock_path);
+                return Err(StillCompiling { label: label.to_string(), budget: limits.timeout }.into());
+            }
+            #[allow(clippy::disallowed_methods, reason = "compiles run off the async workers (see `compile`)")]
+            std::thread::sleep(JOIN_POLL);
+        }
+        // Whoever held the lock may have stored the result just now.
+        let result = match load_cached(engine, path) {
+            Some(c) => Ok(c),
+            None => {
+                let left = limits.timeout.saturating_sub(started.elapsed());
+                self.compile_now(engine, bytes, label, limits, left, Some(path))
+            }
+        };
+        // Stored (or failed) before the lock goes: a caller arriving now finds
+        // the cache entry; one still holding the old file takes its lock, then
+        // finds the entry.
+        let _ = std::fs::remove_file(&lock_path);
+        drop(lock);
+        result
+    }
+
+    /// Compiles within `timeout` and stores the result at `path`.
+    fn compile_now(
+        &self,
+        engine: &Engine,
+        bytes: &[u8],
+        label: &str,
+        limits: CompileLimits,
+        timeout: Duration,
+        path: Option<&Path>,
+    ) -> Result<Component> {
+        let started = Instant::now();
+        let (c, serialized) = build(engine, bytes, label, timeout)?;
+        tracing::info!(plugin = label, elapsed_ms = started.elapsed().as_millis() as u64, "compiled plugin");
+        if let Some(path) = path {
+            match store_cached(&serialized, path) {
+                Ok(()) => evict_disk(path.parent().unwrap_or(Path::new(".")), limits.cache_max_bytes),
+                Err(e) => tracing::warn!(plugin = label, error = %e, "could not write the compiled-plugin cache"),
+            }
+        }
+        Ok(c)
+    }
+
+    /// Waits (on a thread of its own, one per lock file) until the compile
+    /// holding `lock_path` ends, then bumps `finished_joins`.
+    fn await_release(&self, lock_path: PathBuf) {
+        if !self.awaited.lock().insert(lock_path.clone()) {
+            return;
+        }
+        let (awaited, finished) = (self.awaited.clone(), self.finished_joins.clone());
+        let spawned = std::thread::Builder::new().name("poolgate-compile-join".into()).spawn(move || {
+            // A blocking lock: the holder is a compile with a budget of its
+            // own, or a process whose death releases it.
+            if let Ok(f) = std::fs::File::open(&lock_path) {
+                let _ = f.lock();
+            }
+            awaited.lock().remove(&lock_path);
+            finished.send_modify(|n| *n += 1);
+        });
+        if spawned.is_err() {
+            self.awaited.lock().clear();
+        }
     }
 
     fn remembered(&self, sha: &str) -> Option<Component> {

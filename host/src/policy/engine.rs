@@ -135,6 +135,12 @@ impl PolicyEngine {
         self.compiler.set_limits(limits);
     }
 
+    /// Changes each time a compile ends that a load refused with
+    /// [`crate::policy::compile::StillCompiling`] had joined: the moment to retry it.
+    pub fn finished_joins(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.compiler.finished_joins()
+    }
+
     /// Compiles `bytes` (or takes them from a cache). `label` names the plugin in
     /// errors. Blocks; see [`PolicyEngine::compile_async`].
     pub fn compile(&self, bytes: &[u8], label: &str) -> Result<(Component, String)> {
