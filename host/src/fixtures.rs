@@ -82,9 +82,10 @@ pub async fn run_case(
     .await?;
     let mut observe_failures = Vec::new();
     for (i, (req, account, outcome)) in case.observations().into_iter().enumerate() {
+        let id = case.accounts.get(account as usize).map_or("?", |a| a.id.as_str());
         for e in chain.observe(&req, account, &outcome).await {
             observe_failures.push(format!(
-                "observe #{} (account {account}) failed in stage `{}` ({}): {}",
+                "observe #{} (account {id}) failed in stage `{}` ({}): {}",
                 i + 1,
                 e.stage,
                 e.cause.as_str(),

@@ -267,3 +267,17 @@ fn every_plugin_subcommand_explains_itself_with_an_example() {
         assert!(help.contains(&format!("poolgate plugin {sub}")), "`plugin {sub} --help` shows an example:\n{help}");
     }
 }
+
+/// #23: `plugin build` deploys only a tested component: without fixtures it
+/// refuses before building, naming what to do, and nothing is placed.
+#[test]
+fn plugin_build_refuses_to_deploy_without_fixtures() {
+    let dir = scratch("build-untested");
+    assert!(poolgate(&["plugin", "new", "untested", "--lang", "c"], &dir).status.success());
+    let plugin = dir.join("untested");
+    std::fs::remove_dir_all(plugin.join("fixtures")).unwrap();
+    let o = poolgate(&["plugin", "build", plugin.to_str().unwrap()], &dir);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("deploys a component only once its fixtures pass"), "{}", text(&o));
+    assert!(!plugin.join("build").exists() && !plugin.join("dist").exists(), "nothing was built or placed");
+}

@@ -8,17 +8,22 @@ import { componentize } from '@bytecodealliance/componentize-js';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+// The skeleton's entry writer (poolgate plugin new copies it): exceptions
+// name their message and line, in every export.
+import { writeEntry } from '../../../host/src/cli/templates/js/entry.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const out = resolve(process.argv[2] ?? resolve(here, '../../../target/examples/js/reset-soonest-js.wasm'));
 const witPath = resolve(process.env.POOLGATE_WIT ?? resolve(here, '../../../wit'));
 
+const entry = resolve(dirname(out), 'entry.js');
+await mkdir(dirname(out), { recursive: true });
+await writeEntry(entry, resolve(here, 'ranker.js'), witPath);
 const { component } = await componentize({
-  sourcePath: resolve(here, 'ranker.js'),
+  sourcePath: entry,
   witPath,
   worldName: 'policy',
   disableFeatures: ['stdio', 'random', 'clocks', 'http', 'fetch-event'],
 });
-await mkdir(dirname(out), { recursive: true });
 await writeFile(out, component);
 console.log(out);

@@ -58,9 +58,11 @@ _ids: list = []
 def _explained(method):
     """An unexpected exception becomes `Err("<type>: <message> at <where>")`:
     poolgate records it as the stage's cause (`error`) instead of an opaque
-    trap. `Err` raised on purpose passes through unchanged. (The traceback is
-    walked by hand: `traceback.format_exc` reads source files, which a
-    sandboxed plugin cannot.)"""
+    trap. `Err` raised on purpose passes through unchanged. `observe` has no
+    error to return, so the same line is logged at error level before the
+    exception ends the call: poolgate puts it in the recorded cause. (The
+    traceback is walked by hand: `traceback.format_exc` reads source files,
+    which a sandboxed plugin cannot.)"""
 
     def wrapped(*args):
         try:
@@ -73,7 +75,10 @@ def _explained(method):
                 code = tb.tb_frame.f_code
                 frames.append(f"{code.co_name} ({code.co_filename}:{tb.tb_lineno})")
                 tb = tb.tb_next
-            raise Err(f"{type(e).__name__}: {e} at {' < '.join(reversed(frames[-4:]))}")
+            why = f"{type(e).__name__}: {e} at {' < '.join(reversed(frames[-4:]))}"
+            if method.__name__ == "observe":
+                host.log(host.Level.ERROR, why)
+            raise Err(why)
 
     return wrapped
 
@@ -117,8 +122,10 @@ class Ranker(exports.Ranker):
         detail = "skipped: " + ", ".join(_ids[candidates[p].id] for p in skipped) if skipped else None
         return Ranking(keep, "reset_soonest" if _opts["sort"] else "", detail)
 
+    @_explained
     def observe(self, req, account, ended):
-        # `observe` returns nothing to put an `Err` in: an exception here is a
-        # trap, recorded as an `observe` failure of the stage.
+        # `observe` returns nothing to put an `Err` in: an exception here is
+        # logged, then a trap, recorded as an `observe` failure of the stage
+        # with the logged line.
         if _opts["rate_limit_penalty_ms"] > 0 and isinstance(ended, Outcome_RateLimited) and account < len(_ids):
             host.state_set("429:" + _ids[account], "1", _opts["rate_limit_penalty_ms"])

@@ -5,12 +5,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 
 use crate::case::load_cases;
 use crate::fixtures::run_all;
 use crate::policy::{PluginRef, PolicyEngine};
 
+mod build;
 mod inspect;
 mod new;
 
@@ -31,27 +32,31 @@ pub enum Command {
     ///   poolgate plugin new least-busy --lang python
     ///   poolgate plugin new least-busy --lang rust --dir ~/src
     ///   poolgate plugin new least-busy --lang rust --force --sdk ~/src/poolgate/sdk
-    ///   poolgate plugin build least-busy && poolgate plugin test least-busy/target/least-busy.wasm least-busy/fixtures
+    ///   poolgate plugin build least-busy        # build/, then fixtures, then dist/least-busy.wasm
     #[command(verbatim_doc_comment)]
     New(new::Args),
-    /// Build a plugin directory into a component and check that poolgate can load it.
+    /// Build a plugin, run its fixtures, and only then deploy the component.
     ///
-    /// Runs the directory's `build.sh` (which `plugin new` writes, and which every
-    /// example under examples/plugins/ has), takes the component path it prints
-    /// last, and inspects that component: size, world version, imports. Exits
-    /// non-zero if the build fails or the component is incompatible. The
-    /// per-language commands build.sh runs are listed in docs/writing-plugins.md.
+    /// Runs the directory's `build.sh` (which `plugin new` writes), which writes
+    /// an untested component to `build/`; inspects it (size, world version,
+    /// imports, verdict); runs every case in `fixtures/` through it; and only
+    /// when they all pass moves it into place — `dist/<file>`, or `--out` —
+    /// with an atomic rename, so a gateway watching that file never loads an
+    /// untested or half-written component. Exits non-zero, leaving the deployed
+    /// file as it was, if the build fails, the component is incompatible or a
+    /// case fails. An unchanged plugin is not rebuilt (`--rebuild` forces it).
     ///
     /// With `--config`, the component is compiled into that gateway's cache, so
     /// the reload after deploying it is a lookup rather than a compile (seconds
-    /// for Python or JavaScript).
+    /// for Python or JavaScript). A gateway compiling the same bytes meanwhile
+    /// waits for this compile instead of repeating it.
     ///
     /// Examples:
     ///   poolgate plugin build least-busy
-    ///   poolgate plugin build least-busy --config /etc/poolgate/poolgate.toml
-    ///   poolgate plugin build examples/plugins/python
+    ///   poolgate plugin build . --config /etc/poolgate/poolgate.toml --out /etc/poolgate/plugins/least-busy.wasm
+    ///   poolgate plugin build examples/plugins/python --fixtures examples/plugins/fixtures
     #[command(verbatim_doc_comment)]
-    Build(BuildArgs),
+    Build(build::Args),
     /// Run JSON fixture cases through a plugin and report pass/fail per case.
     ///
     /// Each case is the input of `poolgate rank` plus an `expect` block with the
@@ -88,7 +93,7 @@ pub enum Command {
     /// install. The C skeleton's build.sh runs it.
     ///
     /// Example:
-    ///   poolgate plugin bindings c --out target/gen
+    ///   poolgate plugin bindings c --out build/gen
     #[command(verbatim_doc_comment)]
     Bindings(BindingsArgs),
     /// Turn a core WebAssembly module built with those bindings into a component.
@@ -98,7 +103,7 @@ pub enum Command {
     /// is added only if the module imports WASI preview 1.
     ///
     /// Example:
-    ///   poolgate plugin wrap target/core.wasm -o target/my-ranker.wasm
+    ///   poolgate plugin wrap build/core.wasm -o build/my-ranker.wasm
     #[command(verbatim_doc_comment)]
     Wrap(WrapArgs),
 }
@@ -122,16 +127,6 @@ pub struct WrapArgs {
     /// Where to write the component.
     #[arg(short, long)]
     out: PathBuf,
-}
-
-/// Arguments of `poolgate plugin build`.
-#[derive(clap::Args)]
-pub struct BuildArgs {
-    /// The plugin directory (holding `build.sh`).
-    #[arg(default_value = ".")]
-    dir: PathBuf,
-    #[command(flatten)]
-    cache: CacheArgs,
 }
 
 /// Which compile cache (and compile limits) a tool uses.
@@ -189,7 +184,7 @@ pub struct InspectArgs {
 pub fn run(cmd: Command) -> Result<ExitCode> {
     match cmd {
         Command::New(args) => new::run(args),
-        Command::Build(args) => build(args),
+        Command::Build(args) => build::run(args),
         Command::Test(args) => test(args),
         Command::Bindings(args) => {
             let wit = include_str!("../../../wit/policy.wit");
@@ -214,64 +209,20 @@ pub fn run(cmd: Command) -> Result<ExitCode> {
     }
 }
 
-fn build(args: BuildArgs) -> Result<ExitCode> {
-    let script = args.dir.join("build.sh");
-    if !script.is_file() {
-        bail!(
-            "{} has no build.sh; `poolgate plugin new <name> --lang rust|python|js|c` writes one \
-             (docs/writing-plugins.md lists the per-language commands)",
-            args.dir.display()
-        );
-    }
-    let started = std::time::Instant::now();
-    let mut command = std::process::Command::new("bash");
-    command.arg(&script);
-    // build.sh may call this binary (`plugin bindings`, `plugin wrap`).
-    if let Ok(exe) = std::env::current_exe() {
-        command.env("POOLGATE", exe);
-    }
-    let output = command
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .with_context(|| format!("cannot run {}", script.display()))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    print!("{stdout}");
-    if !output.status.success() {
-        bail!("{} failed ({})", script.display(), output.status);
-    }
-    let wasm = stdout
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .map(|l| PathBuf::from(l.trim()))
-        .filter(|p| p.is_file())
-        .with_context(|| format!("{} did not print the path of the component it built", script.display()))?;
-    println!("built {} in {:.1} s\n", wasm.display(), started.elapsed().as_secs_f64());
-    // Inspecting compiles the component, into the cache the gateway will read.
-    let engine = args.cache.engine()?;
-    let compiled = std::time::Instant::now();
-    let report = inspect::inspect(&engine, &wasm, false)?;
-    print!("{}", report.text);
-    if report.compatible {
-        let into = match &args.cache.config {
-            Some(c) => format!("the cache of {}", c.display()),
-            None => "the default cache".to_string(),
-        };
-        println!(
-            "compiled into {into} in {:.1} s: a gateway using that cache loads it without compiling",
-            compiled.elapsed().as_secs_f64()
-        );
-    }
-    Ok(if report.compatible { ExitCode::SUCCESS } else { ExitCode::FAILURE })
-}
-
 fn test(args: TestArgs) -> Result<ExitCode> {
     let engine = args.cache.engine()?;
     let cases = load_cases(&args.fixtures)?;
     let plugin = PluginRef::parse(&args.plugin);
     let results = run_all(&engine, &plugin, &cases, Duration::from_millis(args.timeout_ms));
+    let failed = report(&results, args.verbose)?;
+    println!("\n{} passed, {failed} failed ({} cases, {plugin})", results.len() - failed, results.len());
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Prints one line per case (and why a failing one failed); returns how many failed.
+fn report(results: &[crate::fixtures::CaseResult], verbose: bool) -> Result<usize> {
     let mut failed = 0;
-    for r in &results {
+    for r in results {
         let file = r.file.file_name().map_or_else(String::new, |f| f.to_string_lossy().into_owned());
         if r.passed() {
             println!("ok    {file}: {}", r.name);
@@ -283,7 +234,7 @@ fn test(args: TestArgs) -> Result<ExitCode> {
             println!("      {f}");
         }
         if let Some(d) = &r.decision {
-            if args.verbose {
+            if verbose {
                 println!("{}", serde_json::to_string_pretty(d)?);
             } else {
                 for s in &d.stages {
@@ -296,6 +247,5 @@ fn test(args: TestArgs) -> Result<ExitCode> {
             }
         }
     }
-    println!("\n{} passed, {failed} failed ({} cases, {plugin})", results.len() - failed, results.len());
-    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(failed)
 }

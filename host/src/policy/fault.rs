@@ -71,6 +71,41 @@ pub struct Fault {
 /// Longest fault message kept (a guest's `Err` text or its stderr can be long).
 pub const MAX_MESSAGE_BYTES: usize = 600;
 
+/// Where a trap happened, innermost first: the names of up to four guest
+/// functions on the stack (a C plugin built without `-s`, a Rust one, a
+/// language runtime's own), so a trap in `observe` says which function
+/// failed. `None` when no frame has a name (a stripped build).
+fn named_frames(trace: &wasmtime::WasmBacktrace) -> Option<String> {
+    let names: Vec<String> = trace
+        .frames()
+        .iter()
+        .filter_map(|f| f.func_name())
+        .take(4)
+        .map(|n| escape_controls(truncate_name(n)).into_owned())
+        .collect();
+    (!names.is_empty()).then(|| names.join(" < "))
+}
+
+fn truncate_name(name: &str) -> &str {
+    let mut end = name.len().min(120);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
+/// What a guest said last before a trap, which explains it: the last lines it
+/// wrote to stderr (a Rust panic's message and location), else the last error
+/// it logged (what the Python, JavaScript and C skeletons log before a failed
+/// `observe` traps: that export has no way to return an error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastWords {
+    /// The text.
+    pub text: String,
+    /// Whether it came through `log` rather than stderr.
+    pub logged: bool,
+}
+
 impl Fault {
     /// A fault of `cause` with `message`, on one line (a multi-line message — a
     /// Python traceback — has its lines joined with ` | `, and every other
@@ -133,15 +168,19 @@ impl Fault {
             // backtrace.
             None => explain_host_limit(&err.root_cause().to_string()),
         };
-        Fault::new(Cause::Trap, first_line(&message))
+        let mut message = first_line(&message).to_string();
+        if let Some(frames) = err.downcast_ref::<wasmtime::WasmBacktrace>().and_then(named_frames) {
+            message = format!("{message} in {frames}");
+        }
+        Fault::new(Cause::Trap, message)
     }
 
-    /// Appends what the guest last wrote to stderr (a Rust panic's message and
-    /// location, a Python traceback's last lines) to a trap's message, escaped
-    /// like the message itself.
-    pub fn with_stderr(mut self, tail: Option<String>) -> Self {
-        if let Some(tail) = tail.filter(|t| !t.is_empty()) {
-            self.message = format!("{}; stderr: {}", self.message, escape_controls(&tail));
+    /// Appends the guest's last words to a trap's message, escaped like the
+    /// message itself.
+    pub fn with_last_words(mut self, words: Option<LastWords>) -> Self {
+        if let Some(words) = words.filter(|w| !w.text.is_empty()) {
+            let from = if words.logged { "it logged" } else { "stderr" };
+            self.message = format!("{}; {from}: {}", self.message, escape_controls(&words.text));
             cut(&mut self.message, MAX_MESSAGE_BYTES);
         }
         self
@@ -288,7 +327,8 @@ mod tests {
 
     #[test]
     fn messages_are_bounded() {
-        let f = Fault::new(Cause::Error, "x".repeat(10_000)).with_stderr(Some("y".repeat(10_000)));
+        let f = Fault::new(Cause::Error, "x".repeat(10_000))
+            .with_last_words(Some(LastWords { text: "y".repeat(10_000), logged: false }));
         assert!(f.message.len() <= MAX_MESSAGE_BYTES);
     }
 
@@ -303,7 +343,11 @@ mod tests {
         // A guest's `Err` text.
         clean(&Fault::new(Cause::Error, forged).message);
         // A trap whose stderr tail (a panic message) carries it.
-        clean(&Fault::new(Cause::Trap, "wasm trap").with_stderr(Some(forged.into())).message);
+        clean(
+            &Fault::new(Cause::Trap, "wasm trap")
+                .with_last_words(Some(LastWords { text: forged.into(), logged: true }))
+                .message,
+        );
         // A host error's message (a trap's text goes through `Fault::new` too).
         let err = wasmtime::Error::msg(forged.to_string());
         clean(&Fault::from_call_error(&err, false, "25 ms").message);

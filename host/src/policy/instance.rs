@@ -197,9 +197,10 @@ struct Call<'a> {
 }
 
 /// Classifies how a bounded call ended, after turning the guest's stdio into log
-/// lines; a trap's message carries what the guest last wrote to stderr.
+/// lines; a trap's message carries the guest's last words (stderr, or an
+/// error it logged).
 fn settle<T>(store: &mut Store<Sandbox>, result: Result<wasmtime::Result<T>, Cut>, call: Call<'_>) -> Result<T, Fault> {
-    let stderr = store.data_mut().flush_stdio();
+    let words = store.data_mut().flush_stdio();
     let phase = call.phase.as_str();
     match result {
         Ok(Ok(v)) => Ok(v),
@@ -211,7 +212,7 @@ fn settle<T>(store: &mut Store<Sandbox>, result: Result<wasmtime::Result<T>, Cut
             }
             // What the guest printed last explains a trap, and an `oom` that
             // ended in a panic ("memory allocation failed").
-            Err(if matches!(f.cause, Cause::Trap | Cause::Oom) { f.with_stderr(stderr) } else { f })
+            Err(if matches!(f.cause, Cause::Trap | Cause::Oom) { f.with_last_words(words) } else { f })
         }
         Err(Cut::OverBudget(spent)) => {
             let guest = guest_time(store, call.budget);

@@ -25,7 +25,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{Level, poolgate};
-use super::fault::escape_controls;
+use super::fault::{LastWords, escape_controls};
 use super::limiter::Limiter;
 use super::names;
 use super::state::{MAX_KEY_BYTES, StateStore};
@@ -79,6 +79,9 @@ pub struct Sandbox {
     request_id: u64,
     now_ms: u64,
     logs_this_call: u32,
+    /// The last error-level line logged during this call: what a guest whose
+    /// export cannot return an error (`observe`) says before it traps.
+    said: Option<String>,
 }
 
 impl Sandbox {
@@ -105,6 +108,7 @@ impl Sandbox {
             request_id: 0,
             now_ms: 0,
             logs_this_call: 0,
+            said: None,
         }
     }
 
@@ -113,12 +117,15 @@ impl Sandbox {
         self.request_id = request_id;
         self.now_ms = now_ms;
         self.logs_this_call = 0;
+        self.said = None;
         self.limiter.denied = false;
     }
 
     /// Turns whatever the guest printed during the call into log lines, and
-    /// returns the last lines it wrote to stderr (for a fault's message).
-    pub fn flush_stdio(&mut self) -> Option<String> {
+    /// returns what explains a trap: the last lines it wrote to stderr, else
+    /// the last error-level line it logged (for a fault's message).
+    pub fn flush_stdio(&mut self) -> Option<LastWords> {
+        let said = self.said.take();
         let out = self.stdout.take();
         let err = self.stderr.take();
         for bytes in [&out, &err] {
@@ -129,7 +136,7 @@ impl Sandbox {
                 self.emit(Level::Info, &format!("guest stdio: {line}"));
             }
         }
-        tail(&err)
+        tail(&err).map(|text| LastWords { text, logged: false }).or(said.map(|text| LastWords { text, logged: true }))
     }
 
     /// One log line, if the plugin's allowance has room. Line breaks and other
@@ -163,6 +170,9 @@ impl poolgate::policy::types::Host for Sandbox {}
 impl poolgate::policy::host::Host for Sandbox {
     fn log(&mut self, level: Level, message: String) {
         self.logs_this_call += 1;
+        if matches!(level, Level::Error) {
+            self.said = Some(truncate(&message, MAX_LINE_BYTES).to_string());
+        }
         if self.logs_this_call > MAX_LOGS_PER_CALL {
             return;
         }

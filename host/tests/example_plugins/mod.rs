@@ -74,7 +74,8 @@ impl Lang {
         match self {
             Lang::Rust => v.push(root.join("sdk")),
             Lang::C => v.push(root.join("tools/witgen")),
-            Lang::Python | Lang::Js => {}
+            Lang::Js => v.push(root.join("host/src/cli/templates/js/entry.mjs")),
+            Lang::Python => {}
         }
         v
     }
@@ -200,16 +201,11 @@ fn describe(lang: Lang, wasm: PathBuf, build_time: Duration, rebuilt: bool) -> B
     Built { lang, wasm, size, build_time, rebuilt }
 }
 
-/// Compiles `wasm` into the engine (and the shared disk cache) under a lock, so
-/// concurrent test processes compile a large component once, not once each.
-/// Returns how long this call took.
+/// Compiles `wasm` into the engine and the shared disk cache (the compiler
+/// makes concurrent test processes compile a large component once, not once
+/// each: the others wait for it). Returns how long this call took.
 pub fn warm(engine: &PolicyEngine, wasm: &Path) -> Duration {
     let bytes = std::fs::read(wasm).unwrap_or_else(|e| panic!("cannot read {}: {e}", wasm.display()));
-    let sha = hex::encode(Sha256::digest(&bytes));
-    let dir = compile_cache_dir();
-    std::fs::create_dir_all(&dir).unwrap();
-    let lock = std::fs::File::create(dir.join(format!("{sha}.lock"))).unwrap();
-    lock.lock().unwrap();
     let started = Instant::now();
     engine.compile(&bytes, &wasm.display().to_string()).expect("the component compiles");
     started.elapsed()

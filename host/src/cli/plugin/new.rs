@@ -74,6 +74,7 @@ fn files(lang: Lang) -> Vec<(&'static str, &'static str, bool)> {
         Lang::Js => vec![
             ("ranker.js", include_str!("../templates/js/ranker.js"), false),
             ("build.mjs", include_str!("../templates/js/build.mjs"), false),
+            ("entry.mjs", include_str!("../templates/js/entry.mjs"), false),
             ("package.json", include_str!("../templates/js/package.json"), false),
             ("build.sh", include_str!("../templates/js/build.sh"), true),
             ("wit/policy.wit", WIT, false),
@@ -94,8 +95,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if args.lang == Lang::Js {
         println!("  # componentize-js: `npm install` in {shown} once, or one global install (see build.sh)");
     }
-    println!("  poolgate plugin build {shown}");
-    println!("  poolgate plugin test {shown}/target/{}.wasm {shown}/fixtures", args.name);
+    println!("  poolgate plugin build {shown}    # build/, then the fixtures, then {shown}/dist/{}.wasm", args.name);
     Ok(ExitCode::SUCCESS)
 }
 

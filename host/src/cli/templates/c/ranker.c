@@ -1,7 +1,7 @@
 // {{name}}: a poolgate ranker. It sends each request to the least busy account
 // (fewest requests in flight); accounts that cannot serve now go last.
 //
-// Build: ./build.sh      Test: poolgate plugin test target/{{name}}.wasm fixtures
+// Build and test: poolgate plugin build .   (→ dist/{{name}}.wasm once the fixtures pass)
 // policy.h is generated from wit/policy.wit by build.sh. Ownership: free every
 // argument you receive; malloc everything you return (the glue frees it).
 
@@ -9,6 +9,17 @@
 #include <string.h>
 
 #include "policy.h"
+
+// Ends the call when the ranker cannot go on, saying why: poolgate records the
+// message as the stage's cause (a trap, with this line and the function it
+// happened in). From rank or configure, returning false with `err` set is
+// kinder: the request is still served and the cause is an `error`.
+static void fail(const char *why) {
+  policy_string_t message;
+  policy_string_dup(&message, why);
+  poolgate_policy_host_log(POOLGATE_POLICY_HOST_LEVEL_ERROR, &message);
+  abort();
+}
 
 bool exports_poolgate_policy_ranker_configure(policy_string_t *config,
                                               exports_poolgate_policy_ranker_list_account_info_t *pool,
@@ -63,6 +74,8 @@ bool exports_poolgate_policy_ranker_rank(exports_poolgate_policy_ranker_request_
 void exports_poolgate_policy_ranker_observe(exports_poolgate_policy_ranker_request_t *req, uint32_t account,
                                             exports_poolgate_policy_ranker_outcome_t *ended) {
   (void)account;
+  // Learn from outcomes here; call fail("why") if something is wrong.
+  if (ended == NULL) fail("observe: no outcome");
   exports_poolgate_policy_ranker_outcome_free(ended);
   exports_poolgate_policy_ranker_request_free(req);
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds target/{{name}}.wasm. Needs Node.js 20+ and componentize-js 0.23.0: either
+# Builds build/{{name}}.wasm (untested: `poolgate plugin build .` runs this, then
+# the fixtures, and only then puts it in dist/ or --out). Needs Node.js 20+ and componentize-js 0.23.0: either
 # `npm install` here (from package.json; needs the npm registry once), or one
 # install for every plugin, found here without a network:
 #   npm install -g @bytecodealliance/componentize-js@0.23.0 @bytecodealliance/jco@1.35.0 @bytecodealliance/preview2-shim@0.17.9 @bytecodealliance/wizer@10.0.0

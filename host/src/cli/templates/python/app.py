@@ -1,7 +1,7 @@
 """{{name}}: a poolgate ranker. It sends each request to the least busy account
 (fewest requests in flight); accounts that cannot serve now go last.
 
-Build: ./build.sh      Test: poolgate plugin test target/{{name}}.wasm fixtures
+Build and test: poolgate plugin build .   (→ dist/{{name}}.wasm once the fixtures pass)
 `wit_world` is generated from wit/policy.wit at build time; for editor hints run
 `componentize-py -d wit -w policy bindings .` once (and do not commit the output).
 """
@@ -10,15 +10,18 @@ import json
 
 from componentize_py_types import Err
 from wit_world import exports
+from wit_world.imports import host
 from wit_world.imports.types import Ranking
 
 
 def _explained(method):
     """An unexpected exception becomes `Err("<type>: <message> at <where>")`:
     poolgate records it as the stage's cause (`error`) instead of an opaque
-    trap. `Err` raised on purpose passes through unchanged. (The traceback is
-    walked by hand: `traceback.format_exc` reads source files, which a
-    sandboxed plugin cannot.)"""
+    trap. `Err` raised on purpose passes through unchanged. `observe` has no
+    error to return, so the same line is logged at error level before the
+    exception ends the call: poolgate puts it in the recorded cause. (The
+    traceback is walked by hand: `traceback.format_exc` reads source files,
+    which a sandboxed plugin cannot.)"""
 
     def wrapped(*args):
         try:
@@ -31,7 +34,10 @@ def _explained(method):
                 code = tb.tb_frame.f_code
                 frames.append(f"{code.co_name} ({code.co_filename}:{tb.tb_lineno})")
                 tb = tb.tb_next
-            raise Err(f"{type(e).__name__}: {e} at {' < '.join(reversed(frames[-4:]))}")
+            why = f"{type(e).__name__}: {e} at {' < '.join(reversed(frames[-4:]))}"
+            if method.__name__ == "observe":
+                host.log(host.Level.ERROR, why)
+            raise Err(why)
 
     return wrapped
 
@@ -48,5 +54,6 @@ class Ranker(exports.Ranker):
         order = sorted(range(len(candidates)), key=lambda i: (not candidates[i].usable, candidates[i].in_flight))
         return Ranking(order, "{{reason}}", None)
 
+    @_explained
     def observe(self, req, account, ended):
         pass

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds target/{{name}}.wasm. Needs: pip install componentize-py==0.25.1
+# Builds build/{{name}}.wasm. Needs: pip install componentize-py==0.25.1
+# What this writes is untested: `poolgate plugin build .` runs it, then the
+# fixtures, and only then puts the component in dist/ (or --out).
 set -euo pipefail
 cd "$(dirname "$0")"
 # The console script, or the module when the script is not on PATH (a pyenv
@@ -12,8 +14,8 @@ else
     echo "error: componentize-py is not installed; install it with: pip install componentize-py==0.25.1" >&2
     exit 127
 fi
-mkdir -p target
+mkdir -p build
 # --stub-wasi: a pure component that imports nothing but poolgate's host interface.
 PYTHONDONTWRITEBYTECODE=1 cpy --quiet -d wit -w policy \
-    componentize app -p . -o "target/{{name}}.wasm" --stub-wasi
-echo "$PWD/target/{{name}}.wasm"
+    componentize app -p . -o "build/{{name}}.wasm" --stub-wasi
+echo "$PWD/build/{{name}}.wasm"

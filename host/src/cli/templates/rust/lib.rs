@@ -1,7 +1,7 @@
 //! {{name}}: a poolgate ranker. It sends each request to the least busy account
 //! (fewest requests in flight); accounts that cannot serve now go last.
 //!
-//! Build: ./build.sh      Test: poolgate plugin test target/{{name}}.wasm fixtures
+//! Build and test: poolgate plugin build .   (→ dist/{{name}}.wasm once the fixtures pass)
 
 use poolgate_sdk::prelude::*;
 
