@@ -123,10 +123,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
 /// The component: built now, or the last build's when nothing changed.
 fn built(args: &Args, script: &Path) -> Result<PathBuf> {
-    let inputs = fingerprint(&args.dir)?;
+    let before = inputs(&args.dir)?;
     let record = args.dir.join("build").join(RECORD);
     if !args.rebuild
-        && let Some(wasm) = last_build(&record, &inputs)
+        && let Some(wasm) = last_build(&record, &fingerprint(&before))
     {
         println!("{} unchanged since its last build: not rebuilt (--rebuild forces it)\n", wasm.display());
         return Ok(wasm);
@@ -155,11 +155,19 @@ fn built(args: &Args, script: &Path) -> Result<PathBuf> {
         .filter(|p| p.is_file())
         .with_context(|| format!("{} did not print the path of the component it built", script.display()))?;
     println!("built {} in {:.1} s\n", wasm.display(), started.elapsed().as_secs_f64());
-    let sha = hex::encode(Sha256::digest(std::fs::read(&wasm)?));
-    let line = serde_json::json!({ "inputs": inputs, "component": wasm, "sha256": sha });
-    if let Err(e) =
+    // A build may add inputs of its own (cargo writes Cargo.lock): those are
+    // part of what the next build reads. An input edited while it ran is not:
+    // then nothing is recorded, and the next build runs.
+    let after = inputs(&args.dir)?;
+    let only_added = before.iter().all(|b| after.contains(b));
+    let recorded = if only_added {
+        let sha = hex::encode(Sha256::digest(std::fs::read(&wasm)?));
+        let line = serde_json::json!({ "inputs": fingerprint(&after), "component": wasm, "sha256": sha });
         std::fs::create_dir_all(args.dir.join("build")).and_then(|()| std::fs::write(&record, line.to_string()))
-    {
+    } else {
+        std::fs::remove_file(&record).or(Ok(()))
+    };
+    if let Err(e) = recorded {
         eprintln!("warning: cannot record the build in {} ({e}); the next one rebuilds", record.display());
     }
     Ok(wasm)
@@ -178,12 +186,18 @@ fn last_build(record: &Path, inputs: &str) -> Option<PathBuf> {
     (v["sha256"].as_str()? == sha).then_some(wasm)
 }
 
-/// A hash of what a build reads: every file of `dir` outside [`NOT_INPUTS`]
-/// (by path and content; symbolic links by target), and this binary's version.
-fn fingerprint(dir: &Path) -> Result<String> {
+/// What a build reads: every file of `dir` outside [`NOT_INPUTS`], by path and
+/// content (symbolic links by target), sorted.
+fn inputs(dir: &Path) -> Result<Vec<(String, [u8; 32])>> {
     let mut files = Vec::new();
     walk(dir, dir, &mut files)?;
     files.sort();
+    Ok(files)
+}
+
+/// A hash of a build's inputs and this binary's version (the C build uses its
+/// bindings).
+fn fingerprint(files: &[(String, [u8; 32])]) -> String {
     let mut h = Sha256::new();
     h.update(env!("CARGO_PKG_VERSION").as_bytes());
     h.update([0]);
@@ -194,7 +208,7 @@ fn fingerprint(dir: &Path) -> Result<String> {
         h.update([0]);
         h.update(what);
     }
-    Ok(hex::encode(h.finalize()))
+    hex::encode(h.finalize())
 }
 
 fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, [u8; 32])>) -> Result<()> {
@@ -253,17 +267,17 @@ mod tests {
         std::fs::create_dir_all(dir.join("dist")).unwrap();
         std::fs::create_dir_all(dir.join("fixtures")).unwrap();
         std::fs::write(dir.join("app.py"), "a = 1\n").unwrap();
-        let first = fingerprint(&dir).unwrap();
+        let first = fingerprint(&inputs(&dir).unwrap());
         std::fs::write(dir.join("build/x.wasm"), "output").unwrap();
         std::fs::write(dir.join("dist/x.wasm"), "output").unwrap();
         std::fs::write(dir.join("fixtures/basic.json"), "{}").unwrap();
-        assert_eq!(fingerprint(&dir).unwrap(), first, "outputs and fixtures are not inputs");
+        assert_eq!(fingerprint(&inputs(&dir).unwrap()), first, "outputs and fixtures are not inputs");
         std::fs::write(dir.join("app.py"), "a = 2\n").unwrap();
-        let edited = fingerprint(&dir).unwrap();
+        let edited = fingerprint(&inputs(&dir).unwrap());
         assert_ne!(edited, first, "an edit is a change");
         std::fs::create_dir_all(dir.join("lib")).unwrap();
         std::fs::write(dir.join("lib/helper.py"), "").unwrap();
-        assert_ne!(fingerprint(&dir).unwrap(), edited, "a new file is a change");
+        assert_ne!(fingerprint(&inputs(&dir).unwrap()), edited, "a new file is a change");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
