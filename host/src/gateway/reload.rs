@@ -156,6 +156,12 @@ impl Gateway {
         Ok(turn)
     }
 
+    /// Resolves once no reload is loading: the one under way, if any, has
+    /// recorded how it ended.
+    pub async fn reloads_settled(&self) {
+        drop(self.reloads.building.lock().await);
+    }
+
     /// How the first reload after ticket `ticket` that was not superseded
     /// ended: what a superseded reload's caller waits for. `None` if none
     /// ended within `wait`.

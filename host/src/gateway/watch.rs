@@ -116,14 +116,17 @@ pub fn reload_on_sighup(gateway: &Arc<Gateway>, reload: Reloader) -> tokio::task
 /// Retries a refused reload when a compile it had joined, and given up waiting
 /// for, finishes (`policy::compile::StillCompiling`): the compile's result is
 /// in the cache by then, so the retry loads it. Only while the last reload
-/// stands refused; a reload that succeeded since needs no retry. Runs until
-/// the gateway is dropped.
+/// stands refused; a reload that succeeded since needs no retry. The compile
+/// can end before the reload that gave up on it has recorded its refusal, so
+/// the check waits for the reload under way to end first. Runs until the
+/// gateway is dropped.
 pub fn retry_after_compiles(gateway: &Arc<Gateway>, reload: Reloader) -> tokio::task::JoinHandle<()> {
     let weak = Arc::downgrade(gateway);
     let mut finished = gateway.engine.finished_joins();
     tokio::spawn(async move {
         while finished.changed().await.is_ok() {
             let Some(gw) = weak.upgrade() else { return };
+            gw.reloads_settled().await;
             let refused = gw.last_reload.lock().as_ref().is_some_and(|r| !r.ok);
             drop(gw);
             if refused {

@@ -115,9 +115,10 @@ impl std::fmt::Display for StillCompiling {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}: the same component is being compiled by another poolgate process sharing the compile cache, \
-             still running after this load's compile budget of {} s (policy.compile_timeout_ms); a gateway \
-             retries the reload when that compile finishes",
+            "{}: the same component is being compiled elsewhere (by another load in this process, or another \
+             poolgate process sharing the compile cache, such as `plugin build --config`), still running after \
+             this load's compile budget of {} s (policy.compile_timeout_ms); nothing was compiled twice, and a \
+             gateway whose reload this refused retries it when that compile finishes",
             self.label,
             self.budget.as_secs_f64()
         )
@@ -199,21 +200,21 @@ impl Compiler {
     ) -> Result<Component> {
         let started = Instant::now();
         let lock_path = path.with_extension("lock");
-        let lock = path
-            .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| std::fs::File::options().create(true).truncate(false).write(true).open(&lock_path));
-        let lock = match lock {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!(plugin = label, error = %e, "cannot open the compile lock; compiling without it");
-                return self.compile_now(engine, bytes, label, limits, limits.timeout, Some(path));
-            }
-        };
         let mut waited = false;
-        loop {
+        let lock = loop {
+            let lock = match open_lock(&lock_path) {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::warn!(plugin = label, error = %e, "cannot open the compile lock; compiling without it");
+                    return self.compile_now(engine, bytes, label, limits, limits.timeout, Some(path));
+                }
+            };
             match lock.try_lock() {
-                Ok(()) => break,
+                // The holder unlinks the file as it lets go: a lock taken on a
+                // file no longer at `lock_path` excludes no one (a newcomer
+                // creates a fresh one), so it is taken again on what is there.
+                Ok(()) if same_file(&lock, &lock_path) => break lock,
+                Ok(()) => continue,
                 Err(std::fs::TryLockError::WouldBlock) => {}
                 Err(std::fs::TryLockError::Error(e)) => {
                     tracing::warn!(plugin = label, error = %e, "cannot take the compile lock; compiling without it");
@@ -230,7 +231,7 @@ impl Compiler {
             }
             #[allow(clippy::disallowed_methods, reason = "compiles run off the async workers (see `compile`)")]
             std::thread::sleep(JOIN_POLL);
-        }
+        };
         // Whoever held the lock may have stored the result just now.
         let result = match load_cached(engine, path) {
             Some(c) => Ok(c),
@@ -240,8 +241,8 @@ impl Compiler {
             }
         };
         // Stored (or failed) before the lock goes: a caller arriving now finds
-        // the cache entry; one still holding the old file takes its lock, then
-        // finds the entry.
+        // the cache entry; one that opened the old file takes its lock, sees
+        // the file gone from `lock_path`, and locks what is there instead.
         let _ = std::fs::remove_file(&lock_path);
         drop(lock);
         result
@@ -258,7 +259,7 @@ impl Compiler {
         path: Option<&Path>,
     ) -> Result<Component> {
         let started = Instant::now();
-        let (c, serialized) = build(engine, bytes, label, timeout)?;
+        let (c, serialized) = build(engine, bytes, label, limits.timeout, timeout)?;
         tracing::info!(plugin = label, elapsed_ms = started.elapsed().as_millis() as u64, "compiled plugin");
         if let Some(path) = path {
             match store_cached(&serialized, path) {
@@ -276,17 +277,23 @@ impl Compiler {
             return;
         }
         let (awaited, finished) = (self.awaited.clone(), self.finished_joins.clone());
+        let path = lock_path.clone();
         let spawned = std::thread::Builder::new().name("poolgate-compile-join".into()).spawn(move || {
             // A blocking lock: the holder is a compile with a budget of its
-            // own, or a process whose death releases it.
-            if let Ok(f) = std::fs::File::open(&lock_path) {
-                let _ = f.lock();
+            // own, or a process whose death releases it. A file no longer
+            // there was unlinked by its holder as it ended.
+            if let Ok(f) = std::fs::File::options().write(true).open(&path) {
+                while let Err(e) = f.lock() {
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        break;
+                    }
+                }
             }
-            awaited.lock().remove(&lock_path);
+            awaited.lock().remove(&path);
             finished.send_modify(|n| *n += 1);
         });
         if spawned.is_err() {
-            self.awaited.lock().clear();
+            self.awaited.lock().remove(&lock_path);
         }
     }
 
@@ -316,6 +323,32 @@ impl Compiler {
     }
 }
 
+/// Opens (creating) a compile lock file, for writing: some systems lock only
+/// files open for writing.
+fn open_lock(path: &Path) -> std::io::Result<std::fs::File> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::File::options().create(true).truncate(false).write(true).open(path)
+}
+
+/// Whether `file` is the file now at `path` (not one unlinked since it was opened).
+fn same_file(file: &std::fs::File, path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (file.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (file, path);
+        path.exists()
+    }
+}
+
 fn compatibility_hash(engine: &Engine) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut h);
@@ -325,13 +358,28 @@ fn compatibility_hash(engine: &Engine) -> u64 {
 /// Compiles within `timeout`: in a child process when one is configured (and
 /// its output loads here), else on a thread that is abandoned at the budget.
 /// Returns the component and its serialized form (for the disk cache).
-fn build(engine: &Engine, bytes: &[u8], label: &str, timeout: Duration) -> Result<(Component, Vec<u8>)> {
+/// `budget` is the whole compile budget; `timeout` what is left of it (less
+/// after waiting for another compile of the same bytes).
+fn build(
+    engine: &Engine,
+    bytes: &[u8],
+    label: &str,
+    budget: Duration,
+    timeout: Duration,
+) -> Result<(Component, Vec<u8>)> {
     let over = || {
-        anyhow::anyhow!(
-            "{label}: compiling took longer than the compile budget of {} s (policy.compile_timeout_ms); \
-             the plugin is refused",
-            timeout.as_secs_f64()
-        )
+        let spent = if timeout < budget {
+            format!(
+                "the {:.1} s left of the compile budget of {} s (policy.compile_timeout_ms), after {:.1} s spent \
+                 waiting for another compile of the same component that ended without storing it",
+                timeout.as_secs_f64(),
+                budget.as_secs_f64(),
+                (budget - timeout).as_secs_f64()
+            )
+        } else {
+            format!("the compile budget of {} s (policy.compile_timeout_ms)", budget.as_secs_f64())
+        };
+        anyhow::anyhow!("{label}: compiling took longer than {spent}; the plugin is refused")
     };
     if let Some(exe) = COMPILER_EXE.get() {
         match precompile_in_child(exe, bytes, label, timeout) {
