@@ -85,10 +85,12 @@ enum Command {
     Demo(demo::Args),
     /// Tools for plugin authors: start, build, test and inspect a plugin.
     ///
+    /// `plugin build` runs the plugin's build.sh, tests the component with its
+    /// fixtures and only then places it (dist/ or --out) by an atomic rename.
+    ///
     /// Example:
     ///   poolgate plugin new least-busy --lang python
-    ///   poolgate plugin build least-busy
-    ///   poolgate plugin test <the .wasm it printed> least-busy/fixtures
+    ///   poolgate plugin build least-busy --config poolgate.toml --out plugins/least-busy.wasm
     #[command(subcommand, verbatim_doc_comment)]
     Plugin(plugin::Command),
     /// Log an OAuth subscription seat in: approve in a browser, paste the code.

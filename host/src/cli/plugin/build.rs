@@ -11,10 +11,17 @@
 //! Python and JavaScript toolchains do not build reproducibly (the same source
 //! gives different bytes each time), so every rebuild would miss the compile
 //! cache and cost minutes. The build is therefore skipped when its inputs are
-//! unchanged: every file of the plugin directory but the build outputs and
-//! the fixtures, and this binary's version (the C build uses its bindings). The record of
-//! the last build lives in `build/.poolgate-build`; `--rebuild` ignores it (a
-//! new toolchain, say).
+//! unchanged: every file of the plugin directory (symbolic links followed, by
+//! content) but the build outputs, the fixtures and installed packages, and
+//! this binary's version (the C build uses its bindings). Files outside the
+//! directory that a build reads — a path dependency, an SDK checkout, the
+//! shared `wit/` or `entry.mjs` of `examples/plugins` — are not seen: after
+//! changing one, pass `--rebuild`. The record of the last build lives in
+//! `build/.poolgate-build`; `--rebuild` ignores it (a new toolchain, say).
+//!
+//! The component is read once: the bytes inspected, compiled and tested are
+//! the bytes placed, whatever `build.sh` or another build writes to
+//! `build/` meanwhile.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -54,10 +61,6 @@ pub struct Args {
     cache: CacheArgs,
 }
 
-/// Directories of a plugin that are not inputs of its build: outputs, installed
-/// packages, and the fixtures (they judge the component, they do not make it:
-/// a fixture edited after a rejected build deploys that build's component).
-const NOT_INPUTS: [&str; 8] = ["build", "dist", "target", "node_modules", ".git", "__pycache__", ".venv", "fixtures"];
 /// What a build records about itself, under the build folder.
 const RECORD: &str = ".poolgate-build";
 
@@ -73,21 +76,30 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
     }
     let fixtures = args.fixtures.clone().unwrap_or_else(|| args.dir.join("fixtures"));
-    let cases = load_cases(&fixtures).with_context(|| {
-        format!(
+    if !fixtures.exists() {
+        bail!(
             "no fixtures to test the build with at {}: `plugin build` deploys a component only once its \
              fixtures pass; add a case (plugin new writes two) or name them with --fixtures",
             fixtures.display()
-        )
-    })?;
+        );
+    }
+    let cases = load_cases(&fixtures)
+        .with_context(|| format!("cannot use the fixtures at {}, so nothing is deployed", fixtures.display()))?;
     if cases.is_empty() {
         bail!("{} holds no cases: `plugin build` deploys a component only once its fixtures pass", fixtures.display());
     }
-
-    let wasm = built(&args, &script)?;
+    // A fixtures folder or destination inside the plugin directory judges or
+    // receives the component; neither makes it.
+    let mut not_inputs = vec![fixtures.as_path()];
+    not_inputs.extend(args.out.as_deref());
+    let (wasm, bytes) = built(&args, &script, &not_inputs)?;
+    let out = match &args.out {
+        Some(out) => out.clone(),
+        None => args.dir.join("dist").join(wasm.file_name().context("the component has no file name")?),
+    };
     let engine = args.cache.engine()?;
     let compiled = Instant::now();
-    let inspected = inspect::inspect(&engine, &wasm, false)?;
+    let inspected = inspect::inspect_bytes(&engine, &wasm, &bytes, false)?;
     print!("{}", inspected.text);
     if !inspected.compatible {
         println!("\nnot deployed: poolgate cannot load this component");
@@ -99,19 +111,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
     println!("compiled into {into} in {:.1} s\n", compiled.elapsed().as_secs_f64());
 
-    let plugin = PluginRef::parse(&wasm.display().to_string());
-    let results = run_all(&engine, &plugin, &cases, Duration::from_millis(args.timeout_ms));
+    // The fixtures run the bytes read above, from a private copy: a build
+    // writing `build/` again meanwhile changes neither what is tested nor
+    // what is placed.
+    let staged = Staged::new(&bytes, &wasm)?;
+    let results =
+        run_all(&engine, &PluginRef::Path(staged.path.clone()), &cases, Duration::from_millis(args.timeout_ms));
+    drop(staged);
     let failed = report(&results, false)?;
-    let out = match &args.out {
-        Some(out) => out.clone(),
-        None => args.dir.join("dist").join(wasm.file_name().context("the component has no file name")?),
-    };
     if failed > 0 {
         println!("\nnot deployed: {failed} of {} fixture cases failed; {} is unchanged", results.len(), out.display());
         return Ok(ExitCode::FAILURE);
     }
     println!("\n{} fixture cases passed", results.len());
-    let bytes = std::fs::read(&wasm).with_context(|| format!("cannot read {}", wasm.display()))?;
     if std::fs::read(&out).is_ok_and(|there| there == bytes) {
         println!("already deployed: {} holds these bytes ({:.1} s)", out.display(), started.elapsed().as_secs_f64());
     } else {
@@ -121,15 +133,44 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The component: built now, or the last build's when nothing changed.
-fn built(args: &Args, script: &Path) -> Result<PathBuf> {
-    let before = inputs(&args.dir)?;
+/// A private copy of the component's bytes for the fixture runs, removed on drop.
+struct Staged {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl Staged {
+    fn new(bytes: &[u8], wasm: &Path) -> Result<Self> {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let dir = std::env::temp_dir().join(format!("poolgate-build-{}-{nanos}", std::process::id()));
+        let mut builder = std::fs::DirBuilder::new();
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let path = dir.join(wasm.file_name().unwrap_or(std::ffi::OsStr::new("component.wasm")));
+        let staged = Staged { dir, path };
+        std::fs::write(&staged.path, bytes).with_context(|| format!("cannot write {}", staged.path.display()))?;
+        Ok(staged)
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The component and its bytes, read once: built now, or the last build's
+/// when nothing changed.
+fn built(args: &Args, script: &Path, not_inputs: &[&Path]) -> Result<(PathBuf, Vec<u8>)> {
+    let inputs = Inputs::new(&args.dir, not_inputs);
+    let before = inputs.read()?;
     let record = args.dir.join("build").join(RECORD);
     if !args.rebuild
-        && let Some(wasm) = last_build(&record, &fingerprint(&before))
+        && let Some(last) = last_build(&record, &fingerprint(&before))
     {
-        println!("{} unchanged since its last build: not rebuilt (--rebuild forces it)\n", wasm.display());
-        return Ok(wasm);
+        println!("{} unchanged since its last build: not rebuilt (--rebuild forces it)\n", last.0.display());
+        return Ok(last);
     }
     let started = Instant::now();
     let mut command = std::process::Command::new("bash");
@@ -147,52 +188,50 @@ fn built(args: &Args, script: &Path) -> Result<PathBuf> {
     if !output.status.success() {
         bail!("{} failed ({})", script.display(), output.status);
     }
+    // The last line names the component; a relative path is the plugin
+    // directory's (the skeletons `cd` there), not this process's.
     let wasm = stdout
         .lines()
         .rev()
         .find(|l| !l.trim().is_empty())
-        .map(|l| PathBuf::from(l.trim()))
+        .map(|l| args.dir.join(l.trim()))
         .filter(|p| p.is_file())
         .with_context(|| format!("{} did not print the path of the component it built", script.display()))?;
+    let bytes = std::fs::read(&wasm).with_context(|| format!("cannot read {}", wasm.display()))?;
     println!("built {} in {:.1} s\n", wasm.display(), started.elapsed().as_secs_f64());
     // A build may add inputs of its own (cargo writes Cargo.lock): those are
     // part of what the next build reads. An input edited while it ran is not:
     // then nothing is recorded, and the next build runs.
-    let after = inputs(&args.dir)?;
-    let only_added = before.iter().all(|b| after.contains(b));
-    let recorded = if only_added {
-        let sha = hex::encode(Sha256::digest(std::fs::read(&wasm)?));
-        let line = serde_json::json!({ "inputs": fingerprint(&after), "component": wasm, "sha256": sha });
-        std::fs::create_dir_all(args.dir.join("build")).and_then(|()| std::fs::write(&record, line.to_string()))
-    } else {
-        std::fs::remove_file(&record).or(Ok(()))
+    let after = inputs.read()?;
+    let changed = before.iter().find(|b| after.binary_search(b).is_err());
+    let recorded = match changed {
+        None => {
+            let sha = hex::encode(Sha256::digest(&bytes));
+            let line = serde_json::json!({ "inputs": fingerprint(&after), "component": wasm, "sha256": sha });
+            std::fs::create_dir_all(args.dir.join("build")).and_then(|()| std::fs::write(&record, line.to_string()))
+        }
+        Some((rel, _)) => {
+            println!("{rel} changed while the build ran: this build is not recorded, and the next one runs\n");
+            std::fs::remove_file(&record).or(Ok(()))
+        }
     };
     if let Err(e) = recorded {
         eprintln!("warning: cannot record the build in {} ({e}); the next one rebuilds", record.display());
     }
-    Ok(wasm)
+    Ok((wasm, bytes))
 }
 
-/// The component the last build made, if its inputs were `inputs` and the file
-/// still holds what it built.
-fn last_build(record: &Path, inputs: &str) -> Option<PathBuf> {
+/// The component the last build made and its bytes, if its inputs were
+/// `inputs` and the file still holds what it built.
+fn last_build(record: &Path, inputs: &str) -> Option<(PathBuf, Vec<u8>)> {
     let text = std::fs::read_to_string(record).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
     if v["inputs"].as_str()? != inputs {
         return None;
     }
     let wasm = PathBuf::from(v["component"].as_str()?);
-    let sha = hex::encode(Sha256::digest(std::fs::read(&wasm).ok()?));
-    (v["sha256"].as_str()? == sha).then_some(wasm)
-}
-
-/// What a build reads: every file of `dir` outside [`NOT_INPUTS`], by path and
-/// content (symbolic links by target), sorted.
-fn inputs(dir: &Path) -> Result<Vec<(String, [u8; 32])>> {
-    let mut files = Vec::new();
-    walk(dir, dir, &mut files)?;
-    files.sort();
-    Ok(files)
+    let bytes = std::fs::read(&wasm).ok()?;
+    (v["sha256"].as_str()? == hex::encode(Sha256::digest(&bytes))).then_some((wasm, bytes))
 }
 
 /// A hash of a build's inputs and this binary's version (the C build uses its
@@ -211,42 +250,102 @@ fn fingerprint(files: &[(String, [u8; 32])]) -> String {
     hex::encode(h.finalize())
 }
 
-fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, [u8; 32])>) -> Result<()> {
-    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
-        let entry = entry?;
-        let path = entry.path();
-        let name = entry.file_name();
-        let kind = entry.file_type()?;
-        let rel = path.strip_prefix(root).unwrap_or(&path).display().to_string();
-        if kind.is_dir() {
-            if !NOT_INPUTS.iter().any(|o| name == *o) {
-                walk(root, &path, out)?;
-            }
-        } else if kind.is_symlink() {
-            if !NOT_INPUTS.iter().any(|o| name == *o) {
-                let target = std::fs::read_link(&path)?;
-                out.push((rel, Sha256::digest(target.as_os_str().as_encoded_bytes()).into()));
-            }
-        } else if kind.is_file() {
-            let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-            out.push((rel, Sha256::digest(&bytes).into()));
-        }
+/// Folders at the top of a plugin directory that a build writes or that judge
+/// its result: outputs and the fixtures (a fixture edited after a rejected
+/// build deploys that build's component).
+const OUTPUTS: [&str; 4] = ["build", "dist", "target", "fixtures"];
+/// Folders, at any depth, of installed packages, caches and version control:
+/// a build may read them, but they change without the plugin changing
+/// (a cache written by the build itself, a `git fetch`).
+const NOISE: [&str; 9] =
+    [".git", "node_modules", "__pycache__", ".venv", "venv", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".tox"];
+
+/// What a build of one plugin directory reads.
+struct Inputs<'a> {
+    root: &'a Path,
+    /// Paths inside `root` that are not inputs, as `root`-relative paths.
+    skip: Vec<PathBuf>,
+}
+
+impl<'a> Inputs<'a> {
+    fn new(root: &'a Path, not_inputs: &[&Path]) -> Self {
+        let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let base = absolute(root);
+        let skip =
+            not_inputs.iter().filter_map(|p| absolute(p).strip_prefix(&base).ok().map(Path::to_path_buf)).collect();
+        Inputs { root, skip }
     }
-    Ok(())
+
+    /// Every input file by `root`-relative path and content hash, sorted.
+    /// Symbolic links are followed: a linked file counts by what it holds.
+    fn read(&self) -> Result<Vec<(String, [u8; 32])>> {
+        let mut files = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        self.walk(self.root, Path::new(""), &mut seen, &mut files)?;
+        files.sort();
+        Ok(files)
+    }
+
+    fn walk(
+        &self,
+        dir: &Path,
+        rel_dir: &Path,
+        seen: &mut std::collections::HashSet<PathBuf>,
+        out: &mut Vec<(String, [u8; 32])>,
+    ) -> Result<()> {
+        // A linked folder reached twice (or a link to a parent) is read once.
+        if !seen.insert(std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf())) {
+            return Ok(());
+        }
+        for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
+            let entry = entry?;
+            let (path, name) = (entry.path(), entry.file_name());
+            let rel = rel_dir.join(&name);
+            let top = rel_dir.as_os_str().is_empty();
+            if (top && OUTPUTS.iter().any(|o| name == *o))
+                || NOISE.iter().any(|o| name == *o)
+                || self.skip.contains(&rel)
+            {
+                continue;
+            }
+            // Follows links; a dangling one is a file that is not there.
+            let Ok(meta) = std::fs::metadata(&path) else { continue };
+            if meta.is_dir() {
+                self.walk(&path, &rel, seen, out)?;
+            } else if meta.is_file() {
+                let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+                out.push((rel.display().to_string(), Sha256::digest(&bytes).into()));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Writes `bytes` to `out` the way a watcher should see it: all at once. The
-/// copy is written and synced beside `out`, then renamed over it.
+/// copy is written and synced beside `out`, with the mode of the file it
+/// replaces, then renamed over it, and the rename synced. A symbolic link at
+/// `out` stays: the file it points to is replaced.
 fn place(bytes: &[u8], out: &Path) -> Result<()> {
+    let out = match std::fs::symlink_metadata(out) {
+        Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(out)
+            .with_context(|| format!("{} is a symbolic link to nothing; deploy to its target", out.display()))?,
+        _ => out.to_path_buf(),
+    };
     let dir = out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let name = out.file_name().context("--out names no file")?.to_string_lossy();
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let mode = std::fs::metadata(&out).ok().map(|m| m.permissions());
     let written = (|| -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
+        if let Some(mode) = mode {
+            f.set_permissions(mode)?;
+        }
         f.sync_all()?;
-        std::fs::rename(&tmp, out)
+        std::fs::rename(&tmp, &out)?;
+        // The rename is durable once the directory is.
+        std::fs::File::open(dir)?.sync_all()
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
@@ -259,6 +358,10 @@ fn place(bytes: &[u8], out: &Path) -> Result<()> {
 mod tests {
     use super::*;
 
+    fn fp(dir: &Path) -> String {
+        fingerprint(&Inputs::new(dir, &[&dir.join("deploy/x.wasm")]).read().unwrap())
+    }
+
     #[test]
     fn the_fingerprint_follows_sources_and_ignores_outputs() {
         let dir = std::env::temp_dir().join(format!("poolgate-fingerprint-{}", std::process::id()));
@@ -267,17 +370,37 @@ mod tests {
         std::fs::create_dir_all(dir.join("dist")).unwrap();
         std::fs::create_dir_all(dir.join("fixtures")).unwrap();
         std::fs::write(dir.join("app.py"), "a = 1\n").unwrap();
-        let first = fingerprint(&inputs(&dir).unwrap());
+        let first = fp(&dir);
         std::fs::write(dir.join("build/x.wasm"), "output").unwrap();
         std::fs::write(dir.join("dist/x.wasm"), "output").unwrap();
         std::fs::write(dir.join("fixtures/basic.json"), "{}").unwrap();
-        assert_eq!(fingerprint(&inputs(&dir).unwrap()), first, "outputs and fixtures are not inputs");
+        assert_eq!(fp(&dir), first, "outputs and fixtures are not inputs");
         std::fs::write(dir.join("app.py"), "a = 2\n").unwrap();
-        let edited = fingerprint(&inputs(&dir).unwrap());
+        let edited = fp(&dir);
         assert_ne!(edited, first, "an edit is a change");
         std::fs::create_dir_all(dir.join("lib")).unwrap();
         std::fs::write(dir.join("lib/helper.py"), "").unwrap();
-        assert_ne!(fingerprint(&inputs(&dir).unwrap()), edited, "a new file is a change");
+        let added = fp(&dir);
+        assert_ne!(added, edited, "a new file is a change");
+        std::fs::create_dir_all(dir.join("lib/build")).unwrap();
+        std::fs::write(dir.join("lib/build/gen.py"), "").unwrap();
+        assert_ne!(fp(&dir), added, "only the top's build/ is output; lib/build/ is source");
+        let nested = fp(&dir);
+        std::fs::create_dir_all(dir.join("lib/node_modules")).unwrap();
+        std::fs::write(dir.join("lib/node_modules/x.js"), "").unwrap();
+        std::fs::create_dir_all(dir.join("deploy")).unwrap();
+        std::fs::write(dir.join("deploy/x.wasm"), "output").unwrap();
+        assert_eq!(fp(&dir), nested, "installed packages at any depth and --out are not inputs");
+        #[cfg(unix)]
+        {
+            std::fs::write(dir.join("shared.py"), "s = 1\n").unwrap();
+            std::os::unix::fs::symlink(dir.join("shared.py"), dir.join("lib/link.py")).unwrap();
+            let linked = fp(&dir);
+            std::fs::write(dir.join("shared.py"), "s = 2\n").unwrap();
+            let after = Inputs::new(&dir, &[]).read().unwrap();
+            assert_ne!(fp(&dir), linked, "a linked file counts by content");
+            assert!(after.iter().any(|(p, _)| p == "lib/link.py"), "{after:?}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -291,6 +414,17 @@ mod tests {
         assert_eq!(std::fs::read(&out).unwrap(), b"two");
         let left: Vec<_> = std::fs::read_dir(dir.join("plugins")).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(left, ["x.wasm"], "no temporary file is left behind");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o640)).unwrap();
+            let link = dir.join("current.wasm");
+            std::os::unix::fs::symlink(&out, &link).unwrap();
+            place(b"three", &link).unwrap();
+            assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link stays a link");
+            assert_eq!(std::fs::read(&out).unwrap(), b"three", "its target is replaced");
+            assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o640, "the mode is kept");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

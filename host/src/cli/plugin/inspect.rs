@@ -29,16 +29,22 @@ pub struct Report {
 /// imports (a Rust guest's std imports a dozen interfaces).
 pub fn inspect(engine: &PolicyEngine, path: &Path, full: bool) -> Result<Report> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    inspect_bytes(engine, path, &bytes, full)
+}
+
+/// [`inspect`] of bytes already read from `path` (`plugin build` judges and
+/// deploys the very bytes it read once).
+pub fn inspect_bytes(engine: &PolicyEngine, path: &Path, bytes: &[u8], full: bool) -> Result<Report> {
     let mut out = String::new();
     writeln!(out, "component  {}", path.display())?;
     writeln!(out, "size       {} ({} bytes)", human_size(bytes.len() as u64), bytes.len())?;
-    writeln!(out, "sha256     {}", hex::encode(Sha256::digest(&bytes)))?;
+    writeln!(out, "sha256     {}", hex::encode(Sha256::digest(bytes)))?;
 
-    if let Some(problem) = not_a_component(&bytes) {
+    if let Some(problem) = not_a_component(bytes) {
         writeln!(out, "\nverdict    INCOMPATIBLE: {problem}")?;
         return Ok(Report { text: out, compatible: false });
     }
-    let (component, _) = engine.compile(&bytes, &path.display().to_string())?;
+    let (component, _) = engine.compile(bytes, &path.display().to_string())?;
     let ty = component.component_type();
     let wasm = engine.engine();
 
