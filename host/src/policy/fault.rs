@@ -66,6 +66,11 @@ pub struct Fault {
     /// character, line or paragraph separator or bidirectional override of the
     /// guest's reaches it unescaped (see [`escape_controls`]).
     pub message: String,
+    /// Where the named wasm frames begin in `message` (` in f < g`), so that
+    /// the guest's last words go before them: what it said explains more than
+    /// where it was, and a long message is cut from its end.
+    #[serde(skip)]
+    frames_at: Option<usize>,
 }
 
 /// Longest fault message kept (a guest's `Err` text or its stderr can be long).
@@ -135,7 +140,7 @@ impl Fault {
             let tail = ceil(&message, message.len() - (MAX_MESSAGE_BYTES * 2 / 3 - 5));
             message = format!("{} … {}", &message[..head], &message[tail..]);
         }
-        Fault { cause, message }
+        Fault { cause, message, frames_at: None }
     }
 
     /// A stage skipped for want of a free instance (cause `busy`).
@@ -168,11 +173,13 @@ impl Fault {
             // backtrace.
             None => explain_host_limit(&err.root_cause().to_string()),
         };
-        let mut message = first_line(&message).to_string();
+        let mut fault = Fault::new(Cause::Trap, first_line(&message));
         if let Some(frames) = err.downcast_ref::<wasmtime::WasmBacktrace>().and_then(named_frames) {
-            message = format!("{message} in {frames}");
+            fault.frames_at = Some(fault.message.len());
+            fault.message = format!("{} in {frames}", fault.message);
+            cut(&mut fault.message, MAX_MESSAGE_BYTES);
         }
-        Fault::new(Cause::Trap, message)
+        fault
     }
 
     /// Appends the guest's last words to a trap's message, escaped like the
@@ -180,7 +187,10 @@ impl Fault {
     pub fn with_last_words(mut self, words: Option<LastWords>) -> Self {
         if let Some(words) = words.filter(|w| !w.text.is_empty()) {
             let from = if words.logged { "it logged" } else { "stderr" };
-            self.message = format!("{}; {from}: {}", self.message, escape_controls(&words.text));
+            let at = self.frames_at.filter(|&i| self.message.is_char_boundary(i)).unwrap_or(self.message.len());
+            let (head, frames) = self.message.split_at(at);
+            self.message = format!("{head}; {from}: {}{frames}", escape_controls(&words.text));
+            self.frames_at = None;
             cut(&mut self.message, MAX_MESSAGE_BYTES);
         }
         self
@@ -189,6 +199,7 @@ impl Fault {
     /// Prefixes the message with what was being done (`configure failed: ...`).
     pub fn context(mut self, what: &str) -> Self {
         self.message = format!("{what}: {}", self.message);
+        self.frames_at = self.frames_at.map(|i| i + what.len() + 2);
         cut(&mut self.message, MAX_MESSAGE_BYTES);
         self
     }
@@ -323,6 +334,21 @@ mod tests {
         let f = Fault::new(Cause::Error, "a\n".repeat(20 << 20));
         assert!(f.message.len() <= MAX_MESSAGE_BYTES + 4);
         assert!(started.elapsed() < std::time::Duration::from_millis(500), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn last_words_come_before_the_frames() {
+        let mut f = Fault::new(Cause::Trap, "wasm trap: unreachable");
+        f.frames_at = Some(f.message.len());
+        f.message.push_str(&format!(" in {}", "frame < ".repeat(200)));
+        cut(&mut f.message, MAX_MESSAGE_BYTES);
+        let f = f.with_last_words(Some(LastWords { text: "panicked at src/lib.rs:9: no quota".into(), logged: false }));
+        assert!(
+            f.message.starts_with("wasm trap: unreachable; stderr: panicked at src/lib.rs:9: no quota in frame <"),
+            "{}",
+            f.message
+        );
+        assert!(f.message.len() <= MAX_MESSAGE_BYTES);
     }
 
     #[test]
