@@ -42,7 +42,10 @@ base_url = "http://127.0.0.1:9"
 TOML
     "$poolgate" plugin new ranker --lang "$lang" >/dev/null
     cd ranker
-    build() { "$poolgate" plugin build . --config ../gateway.toml --out "$dir/plugins/ranker.wasm" >"$dir/out.$1" 2>&1; }
+    build() {
+        "$poolgate" plugin build . --config ../gateway.toml --out "$dir/plugins/ranker.wasm" >"$dir/out.$1" 2>&1 \
+            || { echo "$lang: plugin build ($1) failed:" >&2; cat "$dir/out.$1" >&2; exit 1; }
+    }
     t0=$(secs); build first; t1=$(secs)
     build unchanged; t2=$(secs)
     grep -q "unchanged since its last build" "$dir/out.unchanged" || { cat "$dir/out.unchanged"; exit 1; }
@@ -50,7 +53,8 @@ TOML
     sed -i "s/\"ranker\"/\"ranker2\"/; s/'ranker'/'ranker2'/" "$src"
     sed -i 's/"reason": "ranker"/"reason": "ranker2"/' fixtures/basic.json
     t3=$(secs); build edited; t4=$(secs)
-    grep -q "deployed" "$dir/out.edited" || { cat "$dir/out.edited"; exit 1; }
+    # "deployed <path>", not "already deployed": the edit reached the gateway's file.
+    grep -q "^deployed " "$dir/out.edited" || { cat "$dir/out.edited"; exit 1; }
     # Baselines: the language's own build after the same one-line edit, and a
     # cold compile of what it wrote.
     sed -i "s/\"ranker2\"/\"ranker3\"/; s/'ranker2'/'ranker3'/" "$src"

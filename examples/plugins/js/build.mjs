@@ -16,7 +16,11 @@ const here = dirname(fileURLToPath(import.meta.url));
 const out = resolve(process.argv[2] ?? resolve(here, '../../../target/examples/js/reset-soonest-js.wasm'));
 const witPath = resolve(process.env.POOLGATE_WIT ?? resolve(here, '../../../wit'));
 
-const entry = resolve(dirname(out), 'entry.js');
+// The entry goes beside the sources, not beside `out`: componentize-js
+// loads modules only from under the entry's tree, and `out` may be anywhere
+// (a CARGO_TARGET_DIR outside the checkout).
+const entry = resolve(here, 'build', 'entry.js');
+await mkdir(dirname(entry), { recursive: true });
 await mkdir(dirname(out), { recursive: true });
 await writeEntry(entry, resolve(here, 'ranker.js'), witPath);
 const { component } = await componentize({

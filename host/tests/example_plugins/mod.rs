@@ -229,7 +229,7 @@ fn inputs_hash(lang: Lang) -> String {
 
 /// Source files under `path`, leaving out build outputs and installed packages.
 fn collect(path: &Path, out: &mut Vec<PathBuf>) {
-    const SKIP: [&str; 4] = ["node_modules", "target", "__pycache__", ".git"];
+    const SKIP: [&str; 5] = ["node_modules", "target", "build", "__pycache__", ".git"];
     if path.is_file() {
         out.push(path.to_path_buf());
         return;
