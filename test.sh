@@ -11,7 +11,7 @@
 #   redis-server, redis-cli       Debian's packages: the replica tests share state through it
 #
 # Every service a test needs it starts itself, on a free loopback port. Extra
-# arguments go to `cargo nextest run` (e.g. ./test.sh -E 'binary(failover)').
+# arguments go to `cargo nextest run` (e.g. ./test.sh -E 'test(/^failover::/)').
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -51,7 +51,7 @@ pip_pinned anthropic 2.14.0
 pip_pinned openai 2.14.0
 
 step "Claude Code CLI (npm)"
-# host/tests/claude_code.rs drives the real CLI through the gateway and compares
+# host/tests/all/claude_code.rs drives the real CLI through the gateway and compares
 # bytes; installed once into the cache, at the version the contract was
 # checked against (docs/claude-code.md).
 cc_version=2.1.332

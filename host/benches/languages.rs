@@ -11,9 +11,11 @@
 //! `LANG_BENCH_ITERS` caps the iterations per size (default 20,000; Python and
 //! JavaScript stop after 4 s per size).
 
-#[path = "../tests/bounded/mod.rs"]
+#[path = "../tests/all/bounded/mod.rs"]
+#[allow(dead_code, reason = "the integration tests' helper, of which the bench uses part")]
 mod bounded;
-#[path = "../tests/example_plugins/mod.rs"]
+#[path = "../tests/all/example_plugins/mod.rs"]
+#[allow(dead_code, reason = "the integration tests' helper, of which the bench uses part")]
 mod example_plugins;
 
 use std::sync::Arc;

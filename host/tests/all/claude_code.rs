@@ -1,0 +1,626 @@
+//! Claude Code's gateway contract, line by line, through the real binary
+//! (docs/claude-code.md names the test of each line): what Claude Code sends
+//! reaches the account byte for byte; what the account answers reaches
+//! Claude Code as it was sent; what poolgate answers itself reads to Claude
+//! Code as Anthropic's would; and the streams poolgate writes itself never
+//! go silent long enough for a client's watchdog.
+//!
+//! The byte-for-byte checks send raw HTTP over a socket, so that nothing
+//! between the test and the gateway (a client library normalising headers)
+//! could hide a change; the last test drives the real Claude Code CLI through
+//! a recording tap and compares what it sent with what the account received.
+
+use crate::support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use poolgate_mock_upstream::{MockUpstream, Quota, Step};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use support::{Gateway, config, message};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const ADMIN: &str = "cc-admin";
+
+/// One raw HTTP/1.1 exchange on a new connection: the status, the response
+/// head's header lines (name lowercased, value as sent) and the body.
+async fn raw(gw: &Gateway, request: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let addr = gw.url.trim_start_matches("http://");
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), tcp.read_to_end(&mut out)).await.unwrap().unwrap();
+    let split = out.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head");
+    let head = String::from_utf8_lossy(&out[..split]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.to_ascii_lowercase(), v.trim_start().to_string()))
+        .collect();
+    (status, headers, out[split + 4..].to_vec())
+}
+
+/// The values of header `name` in `headers`, in order.
+fn all<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a str> {
+    headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_str()).collect()
+}
+
+/// A request as Claude Code sends one, with what a conformance harness adds:
+/// `anthropic-beta` over two lines with uneven spacing and a flag no list
+/// knows, an unknown `anthropic-*` header, a future `anthropic-version`; a
+/// body with a field no schema knows, odd whitespace, escapes, a signed
+/// thinking block, `cache_control` with a TTL and the attribution block first.
+const CC_HEADERS: &[(&str, &str)] = &[
+    ("Accept", "application/json"),
+    ("Content-Type", "application/json"),
+    ("User-Agent", "claude-cli/2.1.332 (external, sdk-cli)"),
+    ("X-Claude-Code-Session-Id", "e7402e6e-96ed-42e8-af22-768ebd2b1947"),
+    ("X-Stainless-Lang", "js"),
+    ("X-Stainless-Retry-Count", "0"),
+    ("X-Stainless-Timeout", "600"),
+    ("anthropic-beta", "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27,"),
+    ("anthropic-beta", " extended-cache-ttl-2025-04-11 ,  zz-conformance-probe-2099-01-01"),
+    ("anthropic-dangerous-direct-browser-access", "true"),
+    ("anthropic-version", "2099-01-01"),
+    ("anthropic-zz-probe", "1"),
+    ("x-app", "cli"),
+    ("Accept-Encoding", "identity"),
+];
+
+const CC_BODY: &str = r#"{"model":"claude-sonnet-4-5","max_tokens":32000,   "stream":false,
+ "system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1.332; cc_entrypoint=sdk-cli"},{"type":"text","text":"You are Claude Code, caf\u00e9 \ud83d\ude00 é","cache_control":{"type":"ephemeral","ttl":"1h"}}],
+ "messages":[{"role":"user","content":[{"type":"text","text":"<system-reminder>hi</system-reminder>","cache_control":{"type":"ephemeral"}}]},
+  {"role":"assistant","content":[{"type":"thinking","thinking":"Let me think.","signature":"EqQBCkYIBxgCKkBsig=="},{"type":"text","text":"ok"}]},
+  {"role":"user","content":"say hi"}],
+ "context_management":{"edits":[{"type":"clear_thinking_20251015","keep":"all"}]},
+ "thinking":{"type":"adaptive"},
+ "metadata":{"user_id":"{\"device_id\":\"d1\",\"account_uuid\":\"\",\"session_id\":\"e7402e6e-96ed-42e8-af22-768ebd2b1947\"}"},
+ "zz_probe":{"a":1,"nested":[1.50,2e3,null]}}"#;
+
+fn cc_request(path: &str, client_key: &str, body: &str) -> Vec<u8> {
+    let mut r = format!("POST {path} HTTP/1.1\r\nHost: gateway\r\n");
+    for (k, v) in CC_HEADERS {
+        r.push_str(&format!("{k}: {v}\r\n"));
+    }
+    r.push_str(&format!("x-api-key: {client_key}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n", body.len()));
+    let mut bytes = r.into_bytes();
+    bytes.extend_from_slice(body.as_bytes());
+    bytes
+}
+
+fn sha(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The `anthropic-*` lines of a header list, in order (names lowercased).
+fn anthropic_lines(headers: &[(String, String)]) -> Vec<(String, String)> {
+    headers.iter().filter(|(n, _)| n.starts_with("anthropic-")).cloned().collect()
+}
+
+/// H-1, H-2, H-5, B-1 (E-1: the query stays): every `anthropic-*` request
+/// header reaches an API-key account byte for byte — repeated lines stay
+/// lines, unknown flags and headers pass — and the body's bytes are the
+/// client's. A seat's request gets the same lines plus the OAuth flag as a
+/// line of its own (H-3), never a rewrite of the client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_claude_code_sends_reaches_the_account_byte_for_byte() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a");
+    mock.account("seat-token");
+    let mut cfg = config(&mock.base_url(), &[("a", "KEY_A")], "");
+    cfg.push_str(&format!(
+        "[[accounts]]\nid = \"seat\"\nkind = \"oauth\"\napi_key_env = \"SEAT_TOKEN\"\nbase_url = \"{}\"\nenabled = \
+         false\n\n[[server.client_keys]]\nname = \"dev\"\nkey_env = \"DEV_KEY\"\n",
+        mock.base_url()
+    ));
+    let env = [("KEY_A", "key-a"), ("SEAT_TOKEN", "seat-token"), ("DEV_KEY", "dev-key"), ("PG_ADMIN", ADMIN)];
+    let gw = Gateway::start(&cfg, &env);
+    let sent: Vec<(String, String)> =
+        CC_HEADERS.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.trim_start().to_string())).collect();
+
+    let (status, _, body) = raw(&gw, &cc_request("/v1/messages?beta=true", "dev-key", CC_BODY)).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let rec = mock.requests().pop().unwrap();
+    assert_eq!(rec.path, "/v1/messages?beta=true");
+    assert_eq!(rec.credential, "key-a");
+    assert_eq!(anthropic_lines(&rec.headers), anthropic_lines(&sent), "every anthropic-* line, in order");
+    assert_eq!(sha(&rec.body), sha(CC_BODY.as_bytes()), "the body, byte for byte");
+    for (name, value) in [("x-claude-code-session-id", CC_HEADERS[3].1), ("user-agent", CC_HEADERS[2].1)] {
+        assert_eq!(rec.header(name), Some(value), "{name}");
+    }
+    assert_eq!(rec.header("x-api-key"), Some("key-a"), "the account's credential, never the client's");
+
+    // The same request to a seat: the client's lines byte for byte, the OAuth
+    // flag appended to the last one (one header stays as many lines as sent).
+    std::fs::write(
+        gw.config_path(),
+        cfg.replace("enabled = false\n", "").replace("id = \"a\"", "id = \"a\"\nenabled = false"),
+    )
+    .unwrap();
+    reload(&gw).await;
+    let (status, _, _) = raw(&gw, &cc_request("/v1/messages", "dev-key", CC_BODY)).await;
+    assert_eq!(status, 200);
+    let rec = mock.requests().pop().unwrap();
+    assert_eq!(rec.credential, "seat-token");
+    let mut expected = anthropic_lines(&sent);
+    let last = expected.iter().rposition(|(n, _)| n == "anthropic-beta").unwrap();
+    expected[last].1.push_str(",oauth-2025-04-20");
+    assert_eq!(anthropic_lines(&rec.headers), expected);
+    assert_eq!(sha(&rec.body), sha(CC_BODY.as_bytes()));
+}
+
+async fn reload(gw: &Gateway) {
+    let r = Gateway::client().post(format!("{}/admin/reload", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+}
+
+/// R-1, R-2, R-3, R-5, ER-1: the answer of the account that served reaches
+/// the client as it was sent — the whole `anthropic-ratelimit-unified-*`
+/// family (a member no list knows included), `request-id`, `x-should-retry`
+/// and `retry-after` (made whole seconds when it was not), an error's status
+/// and body untouched — also after a failover, where it is the serving
+/// account's answer that speaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_serving_account_answers_reaches_claude_code_as_sent() {
+    let mock = MockUpstream::start().await;
+    let a = mock.account("key-a");
+    let b = mock.account("key-b");
+    let cfg = config(&mock.base_url(), &[("a", "KEY_A"), ("b", "KEY_B")], "");
+    let gw = Gateway::start(&cfg, &[("KEY_A", "key-a"), ("KEY_B", "key-b"), ("PG_ADMIN", ADMIN)]);
+    let unified = vec![
+        ("anthropic-ratelimit-unified-status".to_string(), "allowed_warning".to_string()),
+        ("anthropic-ratelimit-unified-5h-utilization".into(), "0.42".into()),
+        ("anthropic-ratelimit-unified-5h-reset".into(), "1999999999".into()),
+        ("anthropic-ratelimit-unified-representative-claim".into(), "five_hour".into()),
+        ("anthropic-ratelimit-unified-zz-probe".into(), "1".into()),
+        ("request-id".into(), "req_zz".into()),
+        ("x-should-retry".into(), "true".into()),
+        ("retry-after".into(), "7".into()),
+    ];
+    let answer = json!({"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5",
+        "content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","stop_sequence":null,
+        "usage":{"input_tokens":3,"output_tokens":1}});
+    // a fails over (529); b's answer is the one relayed.
+    a.push(Step::Overloaded);
+    b.push(Step::Status { status: 200, body: answer.clone(), headers: unified.clone() });
+    let request = cc_request("/v1/messages", "", CC_BODY);
+    let (status, headers, body) = raw(&gw, &request).await;
+    assert_eq!(status, 200);
+    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), answer);
+    for (name, value) in &unified {
+        assert_eq!(all(&headers, name), [value.as_str()], "{name}");
+    }
+    assert_eq!(all(&headers, "x-poolgate-account"), ["b"]);
+
+    // An error is the account's: status, body and headers as sent; a
+    // fractional retry-after goes out in whole seconds.
+    let error = json!({"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 250000 tokens > 200000 maximum"},"request_id":"req_400"});
+    let headers_400 = vec![
+        ("request-id".to_string(), "req_400".to_string()),
+        ("x-should-retry".into(), "false".into()),
+        ("retry-after".into(), "1.5".into()),
+    ];
+    // (a cools after its 529, and the session is bound to b: b answers.)
+    b.push(Step::Status { status: 400, body: error.clone(), headers: headers_400 });
+    let (status, headers, body) = raw(&gw, &request).await;
+    assert_eq!(status, 400);
+    assert_eq!(body, serde_json::to_vec(&error).unwrap(), "the error body, byte for byte");
+    assert_eq!(all(&headers, "request-id"), ["req_400"]);
+    assert_eq!(all(&headers, "x-should-retry"), ["false"]);
+    assert_eq!(all(&headers, "retry-after"), ["2"]);
+}
+
+/// ER-6, R-1, R-2: when the whole pool is out of plan quota, poolgate's own
+/// 429 carries what Anthropic's would — unified status `rejected`, the
+/// soonest reset, the window that binds — with `retry-after` in whole
+/// seconds, so Claude Code shows the limit and when it lifts. A full queue
+/// is a throttle, not a plan limit: no unified headers, so Claude Code backs
+/// off and retries (docs/claude-code.md, why).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_out_of_quota_answers_as_anthropic_would_and_a_full_queue_as_a_throttle() {
+    let mock = MockUpstream::start().await;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    for (key, reset) in [("key-a", now + 3_000), ("key-b", now + 2_000)] {
+        let acct = mock.account(key);
+        // A 5h window spent, resetting at `reset`.
+        acct.set_quota(Quota::unified_at(1.0, 0.5, reset - 5 * 3600));
+        acct.push(Step::RateLimited { unified: true, retry_after: None });
+    }
+    let cfg = config(&mock.base_url(), &[("a", "KEY_A"), ("b", "KEY_B")], "");
+    let gw = Gateway::start(&cfg, &[("KEY_A", "key-a"), ("KEY_B", "key-b"), ("PG_ADMIN", ADMIN)]);
+    let (status, headers, body) = raw(&gw, &cc_request("/v1/messages", "", CC_BODY)).await;
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(all(&headers, "anthropic-ratelimit-unified-status"), ["rejected"]);
+    let reset: u64 = all(&headers, "anthropic-ratelimit-unified-reset")[0].parse().unwrap();
+    assert!(reset.abs_diff(now + 2_000) <= 2, "the soonest reset: {reset} vs {}", now + 2_000);
+    assert_eq!(all(&headers, "anthropic-ratelimit-unified-representative-claim"), ["five_hour"]);
+    let retry: u64 = all(&headers, "retry-after")[0].parse().expect("retry-after in whole seconds");
+    assert!(retry.abs_diff(2_000) <= 2, "{retry}");
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"]["type"], "rate_limit_error");
+
+    // A full queue: one account, one slot held by a slow stream, no queue.
+    let mock = MockUpstream::start().await;
+    let a = mock.account("key-a");
+    a.push(Step::SlowStream { chunk_delay_ms: 400 });
+    let cfg = config(&mock.base_url(), &[("a", "KEY_A")], "[gateway]\nqueue_max = 0\n")
+        .replace("base_url", "max_in_flight = 1\nbase_url");
+    let gw = Gateway::start(&cfg, &[("KEY_A", "key-a"), ("PG_ADMIN", ADMIN)]);
+    let held = Gateway::client()
+        .post(format!("{}/v1/messages", gw.url))
+        .header("anthropic-version", "2023-06-01")
+        .json(&message("claude-sonnet-4-5", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.status(), 200);
+    let (status, headers, _) = raw(&gw, &cc_request("/v1/messages", "", CC_BODY)).await;
+    assert_eq!(status, 429);
+    assert_eq!(all(&headers, "x-poolgate-queue"), ["queue_full"]);
+    assert!(all(&headers, "anthropic-ratelimit-unified-status").is_empty(), "a throttle: {headers:?}");
+    assert!(all(&headers, "retry-after")[0].parse::<u64>().is_ok());
+    drop(held);
+}
+
+/// E-4, D-2, D-3, D-4: the startup probes are answered at once without a
+/// credential, and model discovery (`GET /v1/models?limit=1000` with the
+/// client's key, as Claude Code sends it) is one page: `has_more: false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_are_answered_at_once_and_discovery_is_one_page() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a");
+    let mut cfg = config(&mock.base_url(), &[("a", "KEY_A")], "");
+    cfg.push_str("[[server.client_keys]]\nname = \"dev\"\nkey_env = \"DEV_KEY\"\n");
+    let gw = Gateway::start(&cfg, &[("KEY_A", "key-a"), ("DEV_KEY", "dev-key"), ("PG_ADMIN", ADMIN)]);
+    for path in ["/", "/api/hello"] {
+        let started = Instant::now();
+        let (status, _, body) =
+            raw(&gw, format!("HEAD {path} HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n").as_bytes()).await;
+        assert_eq!(status, 200, "HEAD {path}");
+        assert!(body.is_empty());
+        // Generous: the point is "no upstream round trip, no auth dance".
+        assert!(started.elapsed() < Duration::from_secs(2), "HEAD {path} took {:?}", started.elapsed());
+    }
+    assert!(mock.requests().is_empty(), "a probe never reaches an account");
+    let r = Gateway::client()
+        .get(format!("{}/v1/models?limit=1000", gw.url))
+        .header("x-api-key", "dev-key")
+        .header("anthropic-version", "2023-06-01")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let page: Value = r.json().await.unwrap();
+    assert_eq!(page["has_more"], false, "{page}");
+    assert!(page["data"].as_array().is_some_and(|d| !d.is_empty() && d.iter().all(|m| m["id"].is_string())));
+    assert_eq!(mock.requests().pop().unwrap().path, "/v1/models?limit=1000");
+}
+
+/// ST-5: a stream poolgate writes itself never stays silent longer than
+/// `gateway.stream_keepalive_ms` — an OpenAI-shaped client's translation
+/// (Anthropic's pings have no OpenAI form) gets SSE comments, an Anthropic
+/// client answered by a fallback backend gets Anthropic's `ping` events — and
+/// the content arrives whole around them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_poolgate_writes_itself_are_kept_alive() {
+    let mock = MockUpstream::start().await;
+    let a = mock.account("key-a");
+    a.push(Step::SlowStream { chunk_delay_ms: 400 });
+    let backend = slow_openai_backend(Duration::from_millis(500)).await;
+    let extra = format!(
+        "[gateway]\nstream_keepalive_ms = 100\n\n[[fallback]]\nname = \"local\"\nbase_url = \"{backend}\"\nmodel = \
+         \"m\"\n"
+    );
+    let gw = Gateway::start(
+        &config(&mock.base_url(), &[("a", "KEY_A")], &extra),
+        &[("KEY_A", "key-a"), ("PG_ADMIN", ADMIN)],
+    );
+    let chat = json!({"model":"claude-sonnet-4-5","stream":true,"messages":[{"role":"user","content":"hi"}]});
+    let text = Gateway::client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&chat)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let pings = text.matches(": keep-alive\n\n").count();
+    assert!(pings >= 3, "comments in the silences: {pings} in\n{text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let content: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(content, poolgate_mock_upstream::DEFAULT_TEXT);
+
+    // The pool parked (a 429 with unified headers): the fallback answers, slowly.
+    a.push(Step::RateLimited { unified: true, retry_after: Some("600".into()) });
+    let text = Gateway::client()
+        .post(format!("{}/v1/messages", gw.url))
+        .header("anthropic-version", "2023-06-01")
+        .json(&message("claude-sonnet-4-5", true))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let pings = text.matches("event: ping\ndata: {\"type\":\"ping\"}\n\n").count();
+    assert!(pings >= 3, "{pings} pings in\n{text}");
+    assert!(text.contains("event: message_stop"), "{text}");
+    assert!(text.contains("\"from the \"") && text.contains("\"fallback\""), "{text}");
+}
+
+/// A scripted Anthropic stream with silences: pings, an SSE comment, a
+/// thinking and a text block, a `message_delta` with the stop reason, then
+/// `message_stop` and a usage-only `message_delta` after it.
+const SCRIPTED_STREAM: &[&str] = &[
+    "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_s\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-sonnet-4-5\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n",
+    "event: ping\ndata: {\"type\": \"ping\"}\n\n",
+    ": a comment the upstream sends\n\n",
+    "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"hm\"}}\n\n",
+    "event: ping\ndata: {\"type\": \"ping\"}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"EqQB\"}}\n\n",
+    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+    "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n",
+    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":1}\n\n",
+    "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":5}}\n\n",
+    "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+    "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":null,\"stop_sequence\":null},\"usage\":{\"output_tokens\":6}}\n\n",
+];
+
+/// An upstream that answers every request with [`SCRIPTED_STREAM`], `gap`
+/// between events, and the unified family on the head.
+async fn scripted_upstream(gap: Duration) -> String {
+    use axum::response::IntoResponse;
+    let app = axum::Router::new().fallback(move || async move {
+        let stream = futures_util::stream::unfold(0usize, move |i| async move {
+            let event = SCRIPTED_STREAM.get(i)?;
+            if i > 0 {
+                tokio::time::sleep(gap).await;
+            }
+            Some((Ok::<_, std::io::Error>(bytes::Bytes::from_static(event.as_bytes())), i + 1))
+        });
+        let head = [
+            (http::header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
+            (http::HeaderName::from_static("request-id"), "req_stream"),
+            (http::HeaderName::from_static("anthropic-ratelimit-unified-status"), "allowed"),
+        ];
+        (head, axum::body::Body::from_stream(stream)).into_response()
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// ST-1 to ST-5, R-4: a stream is relayed as it arrives — each event reaches
+/// the client while later ones are still to come — and whole: the client's
+/// bytes are the upstream's, pings and comments included, through
+/// `message_stop` and the usage-only `message_delta` after it, with the
+/// upstream's `content-type`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_is_relayed_as_it_arrives_byte_for_byte() {
+    let gap = Duration::from_millis(300);
+    let upstream = scripted_upstream(gap).await;
+    let gw = Gateway::start(&config(&upstream, &[("a", "KEY_A")], ""), &[("KEY_A", "key-a"), ("PG_ADMIN", ADMIN)]);
+    let started = Instant::now();
+    let mut r = Gateway::client()
+        .post(format!("{}/v1/messages", gw.url))
+        .header("anthropic-version", "2023-06-01")
+        .json(&message("claude-sonnet-4-5", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["content-type"], "text/event-stream; charset=utf-8");
+    assert_eq!(r.headers()["request-id"], "req_stream");
+    let mut got = Vec::new();
+    let mut first_at = None;
+    while let Some(chunk) = r.chunk().await.unwrap() {
+        first_at.get_or_insert(started.elapsed());
+        got.extend_from_slice(&chunk);
+    }
+    let total = started.elapsed();
+    assert_eq!(String::from_utf8(got).unwrap(), SCRIPTED_STREAM.concat(), "the upstream's bytes, whole");
+    let whole = gap * (SCRIPTED_STREAM.len() as u32 - 1);
+    assert!(total >= whole, "{total:?}");
+    // The first event came long before the stream ended: nothing buffered.
+    assert!(first_at.unwrap() < whole / 2, "first byte after {:?} of {total:?}", first_at.unwrap());
+}
+
+/// An OpenAI-compatible backend whose stream waits `gap` between chunks.
+async fn slow_openai_backend(gap: Duration) -> String {
+    use axum::response::IntoResponse;
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || async move {
+            let chunk = |delta: Value, finish: Value| {
+                format!(
+                    "data: {}\n\n",
+                    json!({"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":delta,"finish_reason":finish}]})
+                )
+            };
+            let parts = vec![
+                chunk(json!({"role":"assistant","content":""}), Value::Null),
+                chunk(json!({"content":"from the "}), Value::Null),
+                chunk(json!({"content":"fallback"}), Value::Null),
+                chunk(json!({}), json!("stop")),
+                "data: [DONE]\n\n".to_string(),
+            ];
+            let stream = futures_util::stream::unfold(parts.into_iter(), move |mut rest| async move {
+                let next = rest.next()?;
+                tokio::time::sleep(gap).await;
+                Some((Ok::<_, std::io::Error>(next), rest))
+            });
+            ([(http::header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(stream)).into_response()
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// Bytes that crossed a recording tap, per connection, one direction each.
+#[derive(Default)]
+struct Taped {
+    to_gateway: Vec<Vec<u8>>,
+    to_client: Vec<Vec<u8>>,
+}
+
+/// A TCP tap on loopback in front of `target`: it records what each
+/// connection carries both ways, byte for byte, and passes it on.
+async fn tap(target: String) -> (String, Arc<Mutex<Taped>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let taped = Arc::new(Mutex::new(Taped::default()));
+    let t = taped.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let upstream = tokio::net::TcpStream::connect(&target).await.unwrap();
+            let n = {
+                let mut t = t.lock();
+                t.to_gateway.push(Vec::new());
+                t.to_client.push(Vec::new());
+                t.to_gateway.len() - 1
+            };
+            let (mut cr, mut cw) = client.into_split();
+            let (mut ur, mut uw) = upstream.into_split();
+            let (t1, t2) = (t.clone(), t.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                while let Ok(k) = cr.read(&mut buf).await {
+                    if k == 0 || uw.write_all(&buf[..k]).await.is_err() {
+                        break;
+                    }
+                    t1.lock().to_gateway[n].extend_from_slice(&buf[..k]);
+                }
+                let _ = uw.shutdown().await;
+            });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                while let Ok(k) = ur.read(&mut buf).await {
+                    if k == 0 || cw.write_all(&buf[..k]).await.is_err() {
+                        break;
+                    }
+                    t2.lock().to_client[n].extend_from_slice(&buf[..k]);
+                }
+                let _ = cw.shutdown().await;
+            });
+        }
+    });
+    (url, taped)
+}
+
+/// One raw HTTP request: its request line, header lines (names lowercased)
+/// and body.
+type RawRequest = (String, Vec<(String, String)>, Vec<u8>);
+
+/// The requests in `bytes` (HTTP/1.1, `content-length` bodies).
+fn requests_in(mut bytes: &[u8]) -> Vec<RawRequest> {
+    let mut out = Vec::new();
+    while let Some(split) = bytes.windows(4).position(|w| w == b"\r\n\r\n") {
+        let head = String::from_utf8_lossy(&bytes[..split]).into_owned();
+        let mut lines = head.split("\r\n");
+        let line = lines.next().unwrap().to_string();
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.to_ascii_lowercase(), v.trim_start().to_string()))
+            .collect();
+        let len: usize = all(&headers, "content-length").first().map_or(0, |v| v.parse().unwrap());
+        let body = bytes[split + 4..split + 4 + len].to_vec();
+        bytes = &bytes[split + 4 + len..];
+        out.push((line, headers, body));
+    }
+    out
+}
+
+/// Where the Claude Code CLI is: `POOLGATE_CLAUDE`, else `claude` on the
+/// PATH. test.sh installs it (npm) and sets `POOLGATE_REQUIRE_CLAUDE=1`, so in
+/// CI its absence fails the test rather than skipping it.
+fn claude_cli() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("POOLGATE_CLAUDE") {
+        return Some(p.into());
+    }
+    let on_path = std::process::Command::new("claude").arg("--version").output().is_ok_and(|o| o.status.success());
+    on_path.then(|| "claude".into())
+}
+
+/// The real Claude Code CLI, through a recording tap, against the gateway
+/// and the mock: the bytes it sent — every `anthropic-*` line and the body —
+/// are what the account received, and what the account answered (the unified
+/// family, `request-id`) is what Claude Code read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_claude_code_cli_through_a_recording_tap() {
+    let Some(claude) = claude_cli() else {
+        assert!(
+            std::env::var_os("POOLGATE_REQUIRE_CLAUDE").is_none(),
+            "POOLGATE_REQUIRE_CLAUDE is set but no Claude Code CLI was found (POOLGATE_CLAUDE or claude on PATH)"
+        );
+        eprintln!("skipped: no Claude Code CLI (set POOLGATE_CLAUDE, or run ./test.sh, which installs it)");
+        return;
+    };
+    let mock = MockUpstream::start().await;
+    let a = mock.account("key-a");
+    let mut quota = Quota::unified(0.42, 0.17);
+    quota.extra.push(("anthropic-ratelimit-unified-zz-probe".into(), "1".into()));
+    a.set_quota(quota);
+    let mut cfg = config(&mock.base_url(), &[("a", "KEY_A")], "");
+    cfg.push_str("[[server.client_keys]]\nname = \"dev\"\nkey_env = \"DEV_KEY\"\n");
+    let gw = Gateway::start(&cfg, &[("KEY_A", "key-a"), ("DEV_KEY", "dev-key"), ("PG_ADMIN", ADMIN)]);
+    let (url, taped) = tap(gw.url.trim_start_matches("http://").to_string()).await;
+    let home = support::tempdir::Dir::new("cc-home");
+    let out = tokio::process::Command::new(&claude)
+        .args(["-p", "say hi", "--tools", "", "--output-format", "json"])
+        .env("HOME", &home.0)
+        .env("ANTHROPIC_BASE_URL", &url)
+        .env("ANTHROPIC_API_KEY", "dev-key")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env_remove("ANTHROPIC_AUTH_TOKEN")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), out).await.expect("claude finished").unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "claude failed: {printed}\n{}", String::from_utf8_lossy(&out.stderr));
+    let result: Value = serde_json::from_str(printed.trim()).unwrap_or_else(|_| panic!("{printed}"));
+    assert_eq!(result["is_error"], false, "{result}");
+    assert!(result["result"].as_str().is_some_and(|r| r.contains("mock upstream")), "{result}");
+
+    let taped = taped.lock();
+    let sent: Vec<_> = taped.to_gateway.iter().flat_map(|c| requests_in(c)).collect();
+    let turns: Vec<_> = sent.iter().filter(|(line, _, _)| line.starts_with("POST /v1/messages")).collect();
+    assert!(
+        !turns.is_empty(),
+        "Claude Code sent no Messages request: {:?}",
+        sent.iter().map(|s| &s.0).collect::<Vec<_>>()
+    );
+    let received: Vec<_> = mock.requests().into_iter().filter(|r| r.path.starts_with("/v1/messages")).collect();
+    assert_eq!(received.len(), turns.len());
+    for ((line, headers, body), rec) in turns.iter().zip(&received) {
+        assert!(line.contains(&rec.path), "{line} vs {}", rec.path);
+        assert_eq!(anthropic_lines(&rec.headers), anthropic_lines(headers), "the anthropic-* lines Claude Code sent");
+        assert_eq!(sha(&rec.body), sha(body), "the body Claude Code sent");
+    }
+    // What Claude Code read: the account's unified family and request id.
+    let answered = String::from_utf8_lossy(&taped.to_client.concat()).to_ascii_lowercase();
+    for needle in [
+        "anthropic-ratelimit-unified-status: allowed",
+        "anthropic-ratelimit-unified-5h-utilization: 0.42",
+        "anthropic-ratelimit-unified-zz-probe: 1",
+        "request-id: req_",
+    ] {
+        assert!(answered.contains(needle), "{needle} missing in what Claude Code read:\n{answered}");
+    }
+}
