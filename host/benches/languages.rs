@@ -161,7 +161,7 @@ fn main() {
             let head = if i == 0 {
                 format!(
                     "| {} | {:.1} KiB | {:.1} s | {:.2} s | {:.1} ms | {:.2} ms ",
-                    r.lang.label(),
+                    r.lang,
                     r.size as f64 / 1024.0,
                     r.build.as_secs_f64(),
                     r.first_load.as_secs_f64(),
@@ -183,7 +183,7 @@ fn main() {
     for r in &rows {
         println!(
             "  {}: {:.2} s → {:.1} ms ({:.0}x faster)",
-            r.lang.label(),
+            r.lang,
             r.first_load.as_secs_f64(),
             r.cached_load.as_secs_f64() * 1e3,
             r.first_load.as_secs_f64() / r.cached_load.as_secs_f64().max(1e-9)

@@ -1,7 +1,6 @@
 //! The mixed-language chain (Python filter → Rust built-in → C filter →
 //! JavaScript tie-breaker) serving real requests through the gateway binary.
 
-use crate::bounded;
 use crate::example_plugins;
 use crate::support;
 

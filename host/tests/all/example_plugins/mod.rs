@@ -51,16 +51,6 @@ impl Lang {
         }
     }
 
-    /// The language's name, for reports.
-    pub fn label(self) -> &'static str {
-        match self {
-            Lang::Rust => "Rust",
-            Lang::Python => "Python",
-            Lang::Js => "JavaScript",
-            Lang::C => "C",
-        }
-    }
-
     /// The example's directory.
     pub fn dir(self) -> PathBuf {
         repo_root().join("examples/plugins").join(self.dir_name())
@@ -77,6 +67,18 @@ impl Lang {
             Lang::Python => {}
         }
         v
+    }
+}
+
+/// The language's name, for reports.
+impl std::fmt::Display for Lang {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Lang::Rust => "Rust",
+            Lang::Python => "Python",
+            Lang::Js => "JavaScript",
+            Lang::C => "C",
+        })
     }
 }
 
