@@ -6,6 +6,13 @@
 //!   (`policy::chain` is where a request's order is decided).
 //! - [`account`] — the account model: quota windows, statuses, cooldowns, as plain data.
 //! - [`gateway`] — the HTTP proxy around the chain (`gateway::proxy` serves one request).
+//! - [`learned`] — what the gateway knows about each account (state, quota
+//!   readings, the cooldown plan, the facts replicas share), below everything
+//!   that routes.
+//! - [`shared`] — replicas sharing learned state and plugin state (Redis).
+//! - [`oauth`] — subscription seats: credentials, token endpoint, refresh.
+//! - [`clock`], [`https`], [`metrics`] — leaves: the time, the one HTTPS
+//!   client constructor, the Prometheus metrics.
 //! - [`config`] — the TOML configuration.
 //! - [`logs`] — the stderr lines, as text or JSON, one line per event.
 //! - [`case`] — the JSON case format of `poolgate rank` and `poolgate plugin test`.
@@ -15,10 +22,14 @@
 pub mod account;
 pub mod case;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod fixtures;
 pub mod gateway;
+pub mod https;
+pub mod learned;
 pub mod logs;
+pub mod metrics;
 pub mod oauth;
 pub mod policy;
 pub mod random;

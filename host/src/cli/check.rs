@@ -37,7 +37,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let loaded = crate::policy::block_on(async move {
         let state: std::sync::Arc<dyn crate::policy::StateStore> =
             std::sync::Arc::new(crate::policy::MemoryState::with_limits(config.state_limits()));
-        let metrics = std::sync::Arc::new(crate::gateway::metrics::Metrics::default());
+        let metrics = std::sync::Arc::new(crate::metrics::Metrics::default());
         let accounts = Default::default();
         Generation::build_bounded(1, config, &engine, &state, &accounts, &metrics, None).await
     });

@@ -21,8 +21,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use crate::clock::now_ms;
 use crate::config::{AccountConfig, ClientKey, Config, StageConfig};
-use crate::gateway::{now_ms, server};
+use crate::gateway::server;
 use crate::policy::PolicyEngine;
 use crate::random::random_hex;
 use crate::sim::{Scenario, SimUpstream};

@@ -89,7 +89,7 @@ fn seat_config(path: &Path, id: &str) -> Result<(AccountConfig, PathBuf, OAuthCo
 pub fn import(args: ImportArgs) -> Result<ExitCode> {
     let (_, file, _) = seat_config(&args.config, &args.account)?;
     let text = std::fs::read_to_string(&args.from).with_context(|| format!("cannot read {}", args.from.display()))?;
-    let credential = StoredCredential::from_claude_code(&text, crate::gateway::now_ms())
+    let credential = StoredCredential::from_claude_code(&text, crate::clock::now_ms())
         .with_context(|| args.from.display().to_string())?;
     credential.write(&file)?;
     println!("{}", stored(&args.account, &file, &credential));
@@ -148,7 +148,7 @@ pub fn login(args: LoginArgs) -> Result<ExitCode> {
         bail!("the code belongs to another login attempt (its state does not match); run `poolgate login` again");
     }
     let client = TokenClient::new(oauth)?;
-    let now = crate::gateway::now_ms();
+    let now = crate::clock::now_ms();
     let grant =
         crate::policy::block_on(client.exchange(&code, &state, &verifier, now)).map_err(|e| anyhow::anyhow!("{e}"))?;
     grant.credential.write(&file)?;
@@ -157,7 +157,7 @@ pub fn login(args: LoginArgs) -> Result<ExitCode> {
 }
 
 fn stored(account: &str, file: &Path, c: &StoredCredential) -> String {
-    let now = crate::gateway::now_ms();
+    let now = crate::clock::now_ms();
     let (token, next) = if c.expires_at_ms > now {
         (
             format!("access token valid {} more min", (c.expires_at_ms - now) / 60_000),

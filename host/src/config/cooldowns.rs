@@ -1,6 +1,6 @@
 //! `[cooldowns]`: how long an account rests after each kind of upstream answer.
 //! The plan itself — which answer means which cooldown — is the gateway's
-//! (`gateway::cooldown`); this is only its settings.
+//! (`learned::cooldown`); this is only its settings.
 
 use serde::{Deserialize, Serialize};
 

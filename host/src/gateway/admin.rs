@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::Gateway;
-use super::accounts::AccountState;
+use crate::learned::accounts::AccountState;
 
 /// Admin actions kept for `/status`.
 pub const ACTIONS_KEPT: usize = 100;

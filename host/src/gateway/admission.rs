@@ -21,7 +21,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use super::accounts::AccountState;
+use crate::learned::accounts::AccountState;
 use crate::shared::{LeaseAnswer, RemoteLease, StateBackend};
 
 /// An in-flight slot on one account; released when dropped.
@@ -241,7 +241,7 @@ mod tests {
         fn status(&self) -> crate::shared::BackendStatus {
             crate::shared::BackendStatus::default()
         }
-        fn start(self: Arc<Self>, _gateway: std::sync::Weak<crate::gateway::Gateway>) {}
+        fn start(self: Arc<Self>, _book: std::sync::Weak<crate::learned::AccountBook>) {}
         fn shares_leases(&self) -> bool {
             true
         }

@@ -14,15 +14,17 @@ use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use http::{HeaderMap, StatusCode};
 
+use super::Gateway;
 use super::admission::Lease;
-use super::cooldown::{Answer, fails_over};
 use super::decisions::AttemptOutcome;
 use super::finish::outcome_of;
 use super::generation::{Generation, PoolAccount};
 use super::proxy::Incoming;
-use super::quota::{self, QuotaReading};
 use super::upstream::{self, BoxError};
-use super::{Gateway, accounts::Change, now_ms};
+use crate::clock::now_ms;
+use crate::learned::accounts::Change;
+use crate::learned::cooldown::{Answer, fails_over};
+use crate::learned::quota::{self, QuotaReading};
 use crate::policy::types as wit;
 
 /// The rest of an upstream body, after its first chunk.
@@ -220,7 +222,7 @@ async fn send_refreshing(
     let refreshed = seat
         .refresh(crate::oauth::Why::Unauthorized, Some(&token), now_ms, oauth.refresh_before_ms, oauth.max_backoff_ms)
         .await;
-    crate::oauth::keep::note(&gw.metrics, &account.config.id, &account.state, &refreshed);
+    crate::gateway::seat_keeper::note(&gw.metrics, &account.config.id, &account.state, &refreshed);
     match refreshed {
         Ok(_) => {
             tracing::info!(request = incoming.id, account = %account.config.id, "401 on an OAuth seat: token refreshed, sending again");

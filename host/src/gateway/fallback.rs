@@ -23,9 +23,9 @@ use http::{HeaderValue, Method, Request, header};
 use http_body_util::{BodyExt, Full};
 use poolgate_wire::openai::{self, MessagesStream};
 
-use super::now_ms;
-use super::upstream::HttpsClient;
+use crate::clock::now_ms;
 use crate::config::FallbackConfig;
+use crate::https::HttpsClient;
 
 /// One configured backend, with its key and its rest after a failure.
 pub struct Backend {
@@ -65,8 +65,7 @@ impl Fallbacks {
             crate::config::base_prefix(&c.base_url).map_err(|e| anyhow::anyhow!("fallback[{i}].base_url: {e}"))?;
             backends.push(Backend { config: c.clone(), key, resting_until_ms: AtomicU64::new(0) });
         }
-        let http =
-            if backends.is_empty() { None } else { Some(super::upstream::https_client(Duration::from_secs(10))?) };
+        let http = if backends.is_empty() { None } else { Some(crate::https::client(Duration::from_secs(10))?) };
         Ok(Fallbacks { backends, http, keepalive })
     }
 

@@ -166,7 +166,7 @@ fn stream_ended(gateway: &Gateway, generation: &Generation, account: u32, ending
     if !whole {
         gateway.metrics.stream_cut(&a.config.id);
     }
-    let change = a.state.stream_ended(whole, &generation.config.cooldowns, super::now_ms());
+    let change = a.state.stream_ended(whole, &generation.config.cooldowns, crate::clock::now_ms());
     super::attempt::note(gateway, a, change);
 }
 

@@ -12,20 +12,19 @@
 //! is dropped — its build on the plugin builder thread aborted — and refused,
 //! naming the stage and the phase.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail};
-use parking_lot::Mutex;
 
-use super::accounts::AccountState;
 use super::auth::{AdminToken, ClientKeys};
-use super::metrics::Metrics;
-use super::now_ms;
 use super::upstream::Target;
+use crate::clock::now_ms;
 use crate::config::headers::ForwardPolicy;
 use crate::config::{AccountConfig, Config, Credential, OAuthConfig};
+use crate::learned::AccountBook;
+use crate::learned::accounts::AccountState;
+use crate::metrics::Metrics;
 use crate::policy::loading::{self, LoadPhase, LoadWatch, Step};
 use crate::policy::types::{self as wit, AccountInfo};
 use crate::policy::view;
@@ -223,13 +222,13 @@ impl Generation {
         config: Config,
         engine: &Arc<PolicyEngine>,
         plugin_state: &Arc<dyn StateStore>,
-        states: &Mutex<HashMap<String, Arc<AccountState>>>,
+        book: &AccountBook,
         metrics: &Arc<Metrics>,
         previous: Option<&Chain>,
     ) -> Result<Generation> {
         let bounds = LoadBounds::of(&config)?;
         let watch = LoadWatch::new(Instant::now());
-        let build = watch.scope(Self::build(number, config, engine, plugin_state, states, metrics, previous));
+        let build = watch.scope(Self::build(number, config, engine, plugin_state, book, metrics, previous));
         tokio::select! {
             built = build => built,
             why = overdue(&watch, &bounds) => Err(anyhow!(why)),
@@ -245,7 +244,7 @@ impl Generation {
         config: Config,
         engine: &Arc<PolicyEngine>,
         plugin_state: &Arc<dyn StateStore>,
-        states: &Mutex<HashMap<String, Arc<AccountState>>>,
+        book: &AccountBook,
         metrics: &Arc<Metrics>,
         previous: Option<&Chain>,
     ) -> Result<Generation> {
@@ -257,11 +256,7 @@ impl Generation {
         let mut disabled = Vec::new();
         let forward = Arc::new(ForwardPolicy::new(&config.gateway.forward_headers));
         for (i, account) in resolved.accounts.iter().enumerate() {
-            let state = states
-                .lock()
-                .entry(account.config.id.clone())
-                .or_insert_with(|| Arc::new(AccountState::new(&account.config.id)))
-                .clone();
+            let state = book.entry(&account.config.id);
             let Some(credential) = &account.credential else {
                 disabled.push((account.config.clone(), state));
                 continue;

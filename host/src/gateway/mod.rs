@@ -2,25 +2,34 @@
 //! the policy chain ranks first, learns quota from every answer, cools accounts
 //! down by cause, fails over before the first byte, and explains every decision.
 //!
+//! What the gateway learns about accounts lives below it, in
+//! `crate::learned`; this module routes and serves.
+//!
 //! - [`generation`]: one loaded configuration (accounts, credentials, chain),
-//!   swapped atomically on reload.
+//!   swapped atomically on reload; [`upstream`]: each account's target and
+//!   the [`upstream::Transport`] requests go out through.
 //! - [`proxy`]: one client request end to end, as named phases — read, rank,
-//!   admit, attempt, learn, commit or fail over, answer. [`attempt`] is one
-//!   try on one account and the pure failover decision; [`finish`] is the one
-//!   place a request ends; [`relay`] is the response body that finishes it
-//!   when the stream ends.
-//! - [`accounts`], [`quota`], [`cooldown`], [`admission`]: learned state, the quota
-//!   signal, the cooldown plan, the in-flight limits and queue.
+//!   admit, attempt, learn, commit or fail over, answer ([`request`] is what
+//!   is read from the client). [`attempt`] is one try on one account and the
+//!   pure failover decision; [`finish`] is the one place a request ends;
+//!   [`relay`] is the response body that finishes it when the stream ends;
+//!   [`unserved`] answers when no account can serve; [`errors`] words the
+//!   pool's own answers.
+//! - [`chat`] and [`fallback`]: the OpenAI Chat Completions dialect and the
+//!   backends an exhausted pool falls back to.
+//! - [`admission`]: the in-flight limits and their queue; [`auth`]: client
+//!   keys and the admin token; [`decisions`]: the last decision records.
 //! - [`routes`], [`server`]: the HTTP surface and the listener; [`conn`]
 //!   bounds what one client connection can hold; [`lifecycle`] is the
 //!   shutdown as requests see it (draining, streams cut); [`sd_notify`]
 //!   tells systemd.
 //! - [`reload`]: a new generation built beside the running one and swapped
-//!   in; a newer reload supersedes one still loading.
+//!   in; a newer reload supersedes one still loading; [`watch`] is what
+//!   triggers one; [`change`] says what it changed, in words.
 //! - [`admin`]: operators acting on accounts at run time; [`persist`]: what
-//!   was learned, kept across a restart in the state file.
+//!   was learned, kept across a restart in the state file; [`seat_keeper`]:
+//!   the task that keeps subscription seats' tokens fresh.
 
-pub mod accounts;
 pub mod admin;
 pub mod admission;
 pub mod attempt;
@@ -28,28 +37,25 @@ pub mod auth;
 pub mod change;
 pub mod chat;
 pub mod conn;
-pub mod cooldown;
 pub mod decisions;
 pub mod errors;
 pub mod fallback;
 pub mod finish;
 pub mod generation;
 pub mod lifecycle;
-pub mod metrics;
 pub mod persist;
 pub mod proxy;
-pub mod quota;
 pub mod relay;
 pub mod reload;
 pub mod request;
 pub mod routes;
 pub mod sd_notify;
+pub mod seat_keeper;
 pub mod server;
 pub mod unserved;
 pub mod upstream;
 pub mod watch;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -58,26 +64,14 @@ use anyhow::Result;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
+use crate::clock::now_ms;
 use crate::config::Config;
+use crate::learned::AccountBook;
+use crate::learned::accounts::AccountState;
+use crate::metrics::Metrics;
 use crate::policy::{MemoryState, PolicyEngine, StateStore};
 pub use generation::Generation;
 pub use reload::{ReloadError, ReloadStatus};
-
-/// Installs the TLS crypto provider (ring) for the process, once; later calls
-/// are no-ops.
-pub fn install_crypto() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
-/// The time since the Unix epoch (zero on a clock set before it).
-fn since_epoch() -> Duration {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default()
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
 
 /// The first request id of a gateway started `since_epoch` after the Unix
 /// epoch: its start time in microseconds. Ids then go up by one per request,
@@ -94,7 +88,6 @@ pub fn first_request_id(since_epoch: Duration) -> u64 {
 
 /// The pooled HTTP client requests go upstream through.
 fn pooled_client(config: &Config) -> Result<Arc<upstream::Upstream>> {
-    install_crypto();
     Ok(Arc::new(upstream::Upstream::new(Duration::from_millis(config.gateway.connect_timeout_ms))?))
 }
 
@@ -102,7 +95,7 @@ fn pooled_client(config: &Config) -> Result<Arc<upstream::Upstream>> {
 struct Parts {
     plugin_state: Arc<dyn StateStore>,
     http: Arc<dyn upstream::Transport>,
-    metrics: Arc<metrics::Metrics>,
+    metrics: Arc<Metrics>,
     shared: Arc<dyn crate::shared::StateBackend>,
 }
 
@@ -110,7 +103,7 @@ struct Parts {
 pub struct Gateway {
     current: ArcSwap<Generation>,
     /// Learned account state, by account id; outlives generations.
-    states: Mutex<HashMap<String, Arc<accounts::AccountState>>>,
+    pub book: Arc<AccountBook>,
     /// Plugin state, shared by every generation (affinity survives a swap).
     pub plugin_state: Arc<dyn StateStore>,
     /// The plugin engine.
@@ -118,7 +111,7 @@ pub struct Gateway {
     /// The admission queue.
     pub admission: Arc<admission::Admission>,
     /// Metrics.
-    pub metrics: Arc<metrics::Metrics>,
+    pub metrics: Arc<Metrics>,
     /// The last decision records.
     pub decisions: decisions::DecisionLog,
     /// What sends requests to accounts: the pooled HTTP client
@@ -149,7 +142,7 @@ pub struct Gateway {
 impl Gateway {
     /// Builds the gateway and its first generation from `config`.
     pub async fn new(config: Config, engine: Arc<PolicyEngine>) -> Result<Arc<Gateway>> {
-        let metrics = Arc::new(metrics::Metrics::default());
+        let metrics = Arc::new(Metrics::default());
         let local = Arc::new(MemoryState::with_limits(config.state_limits()));
         if !config.state.shared() {
             return Self::with_state(config, engine, local).await;
@@ -180,16 +173,16 @@ impl Gateway {
         plugin_state: Arc<dyn StateStore>,
         http: Arc<dyn upstream::Transport>,
     ) -> Result<Arc<Gateway>> {
-        let metrics = Arc::new(metrics::Metrics::default());
+        let metrics = Arc::new(Metrics::default());
         let parts = Parts { plugin_state, http, metrics, shared: Arc::new(crate::shared::Embedded) };
         Self::assemble(config, engine, parts).await
     }
 
     async fn assemble(config: Config, engine: Arc<PolicyEngine>, parts: Parts) -> Result<Arc<Gateway>> {
         let Parts { plugin_state, http, metrics, shared } = parts;
-        let states = Mutex::new(HashMap::new());
+        let book = Arc::new(AccountBook::default());
         engine.set_compile_limits(config.compile_limits());
-        let first = Generation::build_bounded(1, config, &engine, &plugin_state, &states, &metrics, None).await?;
+        let first = Generation::build_bounded(1, config, &engine, &plugin_state, &book, &metrics, None).await?;
         plugin_state.retain_scopes(&first.chain.scopes());
         let decisions = decisions::DecisionLog::new(first.config.server.decisions_kept);
         let state = &first.config.state;
@@ -199,14 +192,14 @@ impl Gateway {
             .map(|p| Arc::new(persist::Persist::new(p, Duration::from_millis(state.file_write_ms))));
         let gateway = Arc::new(Gateway {
             current: ArcSwap::from_pointee(first),
-            states,
+            book,
             plugin_state,
             engine,
             admission: admission::Admission::with_backend(shared.clone()),
             metrics,
             decisions,
             http,
-            next_request: AtomicU64::new(first_request_id(since_epoch())),
+            next_request: AtomicU64::new(first_request_id(crate::clock::since_epoch())),
             last_reload: Mutex::new(None),
             reloads: reload::Reloads::default(),
             started_ms: now_ms(),
@@ -223,7 +216,7 @@ impl Gateway {
             p.restore(&gateway).await;
             p.clone().spawn(Arc::downgrade(&gateway));
         }
-        shared.start(Arc::downgrade(&gateway));
+        shared.start(Arc::downgrade(&gateway.book));
         Ok(gateway)
     }
 
@@ -239,18 +232,8 @@ impl Gateway {
     }
 
     /// The learned state of account `id`, if this replica has one.
-    pub fn account_state(&self, id: &str) -> Option<Arc<accounts::AccountState>> {
-        self.states.lock().get(id).cloned()
-    }
-
-    /// The ids of every account with learned state.
-    pub fn account_ids(&self) -> Vec<String> {
-        self.states.lock().keys().cloned().collect()
-    }
-
-    /// Every account's learned state.
-    pub fn account_states(&self) -> Vec<Arc<accounts::AccountState>> {
-        self.states.lock().values().cloned().collect()
+    pub fn account_state(&self, id: &str) -> Option<Arc<AccountState>> {
+        self.book.get(id)
     }
 
     /// The generation in force (requests hold on to the one they started with).

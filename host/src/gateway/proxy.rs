@@ -41,8 +41,9 @@ use super::generation::Generation;
 use super::relay::Relay;
 use super::request::{BodyFacts, body_facts, session_id};
 use super::unserved;
-use super::{Gateway, now_ms, upstream};
+use super::{Gateway, upstream};
 use crate::account::model_family;
+use crate::clock::now_ms;
 use crate::policy::Decision;
 use crate::policy::types as wit;
 

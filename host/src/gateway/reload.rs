@@ -20,7 +20,8 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedMutexGuard, watch};
 
-use super::{Gateway, Generation, admin, change, now_ms};
+use super::{Gateway, Generation, admin, change};
+use crate::clock::now_ms;
 use crate::config::Config;
 
 /// The outcome of the last reload, for `/status`.
@@ -249,7 +250,7 @@ impl Gateway {
             config,
             &self.engine,
             &self.plugin_state,
-            &self.states,
+            &self.book,
             &self.metrics,
             Some(&running.chain),
         )

@@ -18,9 +18,10 @@ use serde::Deserialize;
 
 use super::errors::{ErrorType, error, final_error};
 use super::finish::Early;
-use super::metrics::labels;
 use super::proxy::{Api, Incoming, forward};
-use super::{Gateway, ReloadError, now_ms};
+use super::{Gateway, ReloadError};
+use crate::clock::now_ms;
+use crate::metrics::labels;
 
 /// A hook the server installs to reload the configuration from its source:
 /// called with what triggered it, it resolves to the new generation's number,
@@ -348,7 +349,7 @@ async fn status(State(s): State<AppState>, headers: HeaderMap) -> Response {
         .map(|a| a.state.status(&a.config, now))
         .chain(g.disabled.iter().map(|(c, st)| st.status(c, now)))
         .collect();
-    super::accounts::mark_shared_subscriptions(&mut accounts);
+    crate::learned::accounts::mark_shared_subscriptions(&mut accounts);
     json(&serde_json::json!({
         "version": env!("CARGO_PKG_VERSION"),
         "now_ms": now,
@@ -538,5 +539,5 @@ async fn metrics(State(s): State<AppState>) -> Response {
             vec![(Vec::new(), if gw.shared.status().connected { 1.0 } else { 0.0 })],
         ),
     ]);
-    ([(http::header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response()
+    ([(http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }

@@ -95,8 +95,8 @@ impl Running {
         gateway.shared.settle().await;
         // Seats whose token expired while the gateway was down are refreshed
         // before it serves, then kept fresh in the background.
-        crate::oauth::keep::heal(&gateway).await;
-        crate::oauth::keep::spawn(&gateway);
+        crate::gateway::seat_keeper::heal(&gateway).await;
+        crate::gateway::seat_keeper::spawn(&gateway);
         // After the first generation: the chain's own built-ins are in memory by now.
         warm.warm_builtins();
         size_connections(&gateway, lifecycle::raise_open_files());

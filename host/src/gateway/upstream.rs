@@ -11,15 +11,11 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, header};
 use http_body_util::{BodyDataStream, BodyExt, Full};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use std::sync::Arc;
 
@@ -76,42 +72,17 @@ pub trait Transport: Send + Sync + 'static {
     ) -> Result<UpstreamResponse, String>;
 }
 
-/// The pooled HTTPS client type (also the OAuth token endpoint's).
-pub type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
 /// The HTTP client every account's requests go through.
 #[derive(Clone)]
 pub struct Upstream {
-    client: HttpsClient,
+    client: crate::https::HttpsClient,
 }
 
 impl Upstream {
     /// A pooled client: TCP_NODELAY, `connect_timeout` per connection attempt,
     /// HTTP/2 where TLS negotiates it, idle connections kept 90 s.
     pub fn new(connect_timeout: Duration) -> Result<Upstream> {
-        Ok(Upstream { client: https_client(connect_timeout)? })
-    }
-}
-
-/// A pooled client as [`Upstream::new`] describes.
-pub fn https_client(connect_timeout: Duration) -> Result<HttpsClient> {
-    {
-        let mut tcp = HttpConnector::new();
-        tcp.set_nodelay(true);
-        tcp.enforce_http(false);
-        tcp.set_connect_timeout(Some(connect_timeout));
-        let tls = <rustls::ClientConfig as rustls_platform_verifier::ConfigVerifierExt>::with_platform_verifier()
-            .context("loading the platform's TLS trust store")?;
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_all_versions()
-            .wrap_connector(tcp);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_timer(TokioTimer::new())
-            .build(connector);
-        Ok(client)
+        Ok(Upstream { client: crate::https::client(connect_timeout)? })
     }
 }
 
@@ -352,7 +323,7 @@ pub fn integer_retry_after(headers: &mut HeaderMap, now_ms: u64) {
     if !v.is_empty() && v.as_bytes().iter().all(u8::is_ascii_digit) {
         return;
     }
-    match v.to_str().ok().and_then(|v| super::quota::parse_retry_after(v, now_ms)) {
+    match v.to_str().ok().and_then(|v| crate::learned::quota::parse_retry_after(v, now_ms)) {
         Some(ms) => headers.insert(header::RETRY_AFTER, HeaderValue::from(ms.div_ceil(1000))),
         None => headers.remove(header::RETRY_AFTER),
     };

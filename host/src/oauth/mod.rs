@@ -1,7 +1,11 @@
 //! Subscription seats that stay alive: OAuth credentials the gateway owns
 //! ([`store`]), the token endpoint ([`token`]), each seat's token and its
-//! single-flight refresh ([`seat`]), and the background keeper that refreshes
-//! seats before they expire, and heals expired ones at start ([`keep`]).
+//! single-flight refresh ([`seat`]), and what a refresh shared between
+//! replicas needs ([`share`]). A leaf: it takes plain values (a metrics
+//! handle, a clock reading) and imports nothing from the gateway; the task
+//! that refreshes seats ahead of expiry, heals them at start and polls their
+//! usage is the gateway's (`gateway::seat_keeper`), and the usage endpoint's
+//! answer is a quota reading (`learned::usage`).
 //!
 //! Access tokens live hours and refresh tokens are single-use, so a pool of
 //! static tokens dies the same day and a refresh that is lost, or two that
@@ -9,12 +13,10 @@
 //! all refresh ahead of expiry, on a 401, and at start, one refresh per seat at
 //! a time; so does this module. Settings: `[oauth]` (`crate::config::OAuthConfig`).
 
-pub mod keep;
 pub mod seat;
 pub mod share;
 pub mod store;
 pub mod token;
-pub mod usage;
 
 pub use crate::config::OAuthConfig;
 pub use seat::{Refreshed, Seat, SeatError, SeatStatus, Why};

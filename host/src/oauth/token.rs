@@ -50,14 +50,14 @@ impl std::fmt::Display for TokenError {
 /// Sends token requests.
 #[derive(Clone)]
 pub struct TokenClient {
-    http: crate::gateway::upstream::HttpsClient,
+    http: crate::https::HttpsClient,
     config: OAuthConfig,
 }
 
 impl TokenClient {
     /// A client for the endpoints in `config`.
     pub fn new(config: OAuthConfig) -> Result<TokenClient> {
-        let http = crate::gateway::upstream::https_client(Duration::from_secs(10))?;
+        let http = crate::https::client(Duration::from_secs(10))?;
         Ok(TokenClient { http, config })
     }
 

@@ -37,7 +37,6 @@
 //! and the merge by observed time keeps anything older from replacing
 //! anything newer.
 
-pub mod facts;
 pub mod plugin;
 pub mod redis;
 
@@ -46,7 +45,7 @@ use std::sync::{Arc, Weak};
 use async_trait::async_trait;
 use serde::Serialize;
 
-use crate::gateway::Gateway;
+use crate::learned::AccountBook;
 use crate::oauth::CredentialShare;
 
 /// A slot taken in the shared in-flight count of an account.
@@ -115,9 +114,9 @@ pub trait StateBackend: Send + Sync {
     /// Its health, for `/status`.
     fn status(&self) -> BackendStatus;
 
-    /// Starts whatever keeps this replica in step, for as long as `gateway`
-    /// lives.
-    fn start(self: Arc<Self>, gateway: Weak<Gateway>);
+    /// Starts whatever keeps this replica's learned state in step with the
+    /// others', for as long as `book` lives.
+    fn start(self: Arc<Self>, book: Weak<AccountBook>);
 
     /// Waits (bounded by the backend's own timeout) until this replica's first
     /// attempt to get in step has ended, so that a fresh replica starts with
@@ -154,5 +153,5 @@ impl StateBackend for Embedded {
         BackendStatus { kind: "memory", connected: true, ..BackendStatus::default() }
     }
 
-    fn start(self: Arc<Self>, _gateway: Weak<Gateway>) {}
+    fn start(self: Arc<Self>, _book: Weak<AccountBook>) {}
 }

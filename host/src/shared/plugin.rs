@@ -181,7 +181,7 @@ impl StateStore for SharedPluginState {
             key: key.to_string(),
             value: None,
             expires_at: None,
-            written: crate::gateway::now_ms(),
+            written: crate::clock::now_ms(),
         });
     }
 

@@ -52,8 +52,8 @@ use tokio::task::JoinHandle;
 
 pub use scenario::{AccountSpec, BucketSpec, Latency, Scenario, Timescale, WindowSpec};
 
+use crate::clock::now_ms;
 use crate::config::Secret;
-use crate::gateway::now_ms;
 use crate::random::{random_hex, splitmix, uuid_like};
 use quota::Ledger;
 use server::{Account, Shared};

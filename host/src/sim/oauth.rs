@@ -14,7 +14,7 @@ use http::StatusCode;
 use parking_lot::Mutex;
 
 use super::server::{Account, Shared};
-use crate::gateway::now_ms;
+use crate::clock::now_ms;
 use crate::random::random_hex;
 
 /// How long a seat's access token lives in the demo.

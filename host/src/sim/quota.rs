@@ -226,7 +226,7 @@ mod tests {
 
     use super::*;
     use crate::account::Status;
-    use crate::gateway::quota;
+    use crate::learned::quota;
 
     const NOW: u64 = 1_760_000_000_000;
 
@@ -293,7 +293,7 @@ mod tests {
 
         // What the gateway makes of it: cool the account until the reset.
         let r = parsed(&l, Some("sonnet"), Some(&refusal), NOW);
-        use crate::gateway::cooldown::{Answer, CooldownConfig, Plan, Streaks, plan};
+        use crate::learned::cooldown::{Answer, CooldownConfig, Plan, Streaks, plan};
         let p = plan(Answer::Status(429), &r, Some("sonnet"), Streaks::default(), &CooldownConfig::default(), NOW);
         assert_eq!(p, Plan::Cool { until_ms: NOW + 21_000, reason: crate::account::CooldownReason::SessionExhausted });
 
@@ -321,7 +321,7 @@ mod tests {
         let r = parsed(&l, Some("fable"), Some(&refusal), NOW);
         assert_eq!(r.representative_claim.as_deref(), Some("seven_day_overage_included"));
         assert_eq!(r.window("5h").unwrap().status, Status::Allowed);
-        use crate::gateway::cooldown::{Answer, CooldownConfig, Plan, Streaks, plan};
+        use crate::learned::cooldown::{Answer, CooldownConfig, Plan, Streaks, plan};
         let p = plan(Answer::Status(429), &r, Some("fable"), Streaks::default(), &CooldownConfig::default(), NOW);
         assert_eq!(
             p,

@@ -29,8 +29,9 @@ use super::quota::Ledger;
 use super::reply::{self, CHUNKING, MODELS};
 use super::scenario::Scenario;
 use crate::account::model_family;
+use crate::clock::now_ms;
 use crate::config::Secret;
-use crate::gateway::{auth, now_ms};
+use crate::gateway::auth;
 use crate::random::splitmix;
 
 /// Bodies above this are refused, as upstream does; Claude Code sends ~90 KB a

@@ -19,7 +19,7 @@ use bounded::OutputWithin as _;
 
 /// A client (reqwest is built without a default TLS provider; install ours).
 fn client() -> reqwest::Client {
-    poolgate::gateway::install_crypto();
+    poolgate::https::install_crypto();
     reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
 }
 
@@ -240,7 +240,7 @@ async fn the_simulator_answers_as_anthropic_does() {
     assert_eq!(r.status(), 429);
     assert_eq!(h(&r, "anthropic-ratelimit-unified-5h-status"), "rejected");
     let reset: u64 = h(&r, "anthropic-ratelimit-unified-5h-reset").parse().unwrap();
-    let now = poolgate::gateway::now_ms() / 1000;
+    let now = poolgate::clock::now_ms() / 1000;
     assert!((now + 28..=now + 31).contains(&reset), "reset {reset} vs now {now}");
     let e: Value = r.json().await.unwrap();
     assert_eq!((e["type"].as_str(), e["error"]["type"].as_str()), (Some("error"), Some("rate_limit_error")));

@@ -282,7 +282,7 @@ async fn held_sockets_neither_delay_other_clients_nor_outlive_their_timeouts() {
     assert!(gw.log().contains("client connections: at most 448 open; open-file limit 1024"), "{}", gw.log());
     let addr = gw.url.trim_start_matches("http://").to_string();
     // A new connection for each request: each goes through the listener.
-    poolgate::gateway::install_crypto();
+    poolgate::https::install_crypto();
     let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).pool_max_idle_per_host(0).build().unwrap();
     let messages = || {
         client
@@ -391,7 +391,7 @@ async fn connections_past_the_limit_are_refused_each_in_its_own_protocol() {
     let gw = Gateway::start(&cfg, &env());
     let addr = gw.url.trim_start_matches("http://").to_string();
     // HTTP/2 with prior knowledge is served through the guard like HTTP/1.
-    poolgate::gateway::install_crypto();
+    poolgate::https::install_crypto();
     let h2 = reqwest::Client::builder().timeout(Duration::from_secs(10)).http2_prior_knowledge().build().unwrap();
     let r = h2.post(format!("{}/v1/messages", gw.url)).json(&message("claude-sonnet-4-5", false)).send().await.unwrap();
     assert_eq!((r.version(), r.status().as_u16()), (reqwest::Version::HTTP_2, 200));

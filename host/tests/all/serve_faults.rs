@@ -988,7 +988,7 @@ async fn a_plugin_named_like_a_builtin_has_a_state_scope_of_its_own() {
 /// Claude Code session, and reads each to its end: the statuses.
 async fn burst(url: &str, n: usize, wave: usize) -> Vec<u16> {
     let barrier = Arc::new(tokio::sync::Barrier::new(n));
-    poolgate::gateway::install_crypto();
+    poolgate::https::install_crypto();
     let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
     let tasks: Vec<_> = (0..n)
         .map(|i| {

@@ -12,9 +12,10 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use super::traffic::Counts;
-use crate::gateway::accounts::AccountStatus;
+use crate::clock::now_ms;
+use crate::gateway::Gateway;
 use crate::gateway::decisions::{Ending, RequestRecord};
-use crate::gateway::{Gateway, now_ms};
+use crate::learned::accounts::AccountStatus;
 
 /// Decisions the live table lists.
 const RECENT: usize = 8;

@@ -72,11 +72,11 @@ impl Traffic {
     /// Starts `sessions` concurrent sessions against the gateway at `base`,
     /// authenticating with `key`.
     pub fn start(base: &str, key: &str, sessions: u32) -> Result<Traffic> {
-        crate::gateway::install_crypto();
+        crate::https::install_crypto();
         let client = reqwest::Client::builder().tcp_nodelay(true).timeout(Duration::from_secs(120)).build()?;
         let (stop, stopped) = watch::channel(false);
         let counts = Arc::new(Mutex::new(Counts::default()));
-        let seed = crate::gateway::now_ms();
+        let seed = crate::clock::now_ms();
         let tasks = (0..sessions)
             .map(|n| {
                 let client = Client { http: client.clone(), url: format!("{base}/v1/messages"), key: key.to_string() };

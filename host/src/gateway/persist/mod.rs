@@ -8,7 +8,7 @@
 //! session loses the account its prompt cache is warm on.
 //!
 //! - **Format.** An account's learned state is the record replicas already
-//!   exchange (`shared::facts`: every fact with its observed time, bound to
+//!   exchange (`learned::facts`: every fact with its observed time, bound to
 //!   the account's identity), so a restart is a merge like any other: an
 //!   account whose credential changed since (another key under the same id, a
 //!   seat logged into another organization) inherits nothing; cooldowns and
@@ -46,10 +46,11 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use super::accounts::{AccountState, RuntimeDisable};
-use super::{Gateway, now_ms};
+use super::Gateway;
+use crate::clock::now_ms;
+use crate::learned::accounts::{AccountState, RuntimeDisable};
+use crate::learned::facts::{self, Absorbed, AccountFacts};
 use crate::policy::{StateEntry, StateStore};
-use crate::shared::facts::{self, Absorbed, AccountFacts};
 
 /// The file format; a file of another version is ignored (and kept aside).
 pub const VERSION: u32 = 1;
@@ -385,7 +386,7 @@ impl Persist {
     /// What `gw` holds now, as change counters: every account's (they only
     /// grow) summed, and the plugin store's. Equal counters, nothing to write.
     fn fingerprint(gw: &Gateway) -> (u64, u64) {
-        let accounts = gw.account_states().iter().map(|s| s.version()).fold(0u64, u64::wrapping_add);
+        let accounts = gw.book.all().iter().map(|s| s.version()).fold(0u64, u64::wrapping_add);
         (accounts, gw.plugin_state.changes())
     }
 

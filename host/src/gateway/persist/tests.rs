@@ -1,8 +1,8 @@
 use super::*;
 use crate::account::{CooldownReason, Status, WindowReading};
 use crate::config::CooldownConfig;
-use crate::gateway::cooldown::Answer;
-use crate::gateway::quota::QuotaReading;
+use crate::learned::cooldown::Answer;
+use crate::learned::quota::QuotaReading;
 use crate::policy::MemoryState;
 
 const NOW: u64 = 1_760_000_000_000;

@@ -38,12 +38,13 @@ use parking_lot::Mutex;
 use redis::aio::MultiplexedConnection;
 use serde::{Deserialize, Serialize};
 
-use super::facts::AccountFacts;
 use super::plugin::{Outbox, SharedPluginState};
 use super::{BackendStatus, LeaseAnswer, RemoteLease, StateBackend};
+use crate::clock::now_ms;
 use crate::config::StateConfig;
-use crate::gateway::metrics::Metrics;
-use crate::gateway::{Gateway, now_ms};
+use crate::learned::AccountBook;
+use crate::learned::facts::AccountFacts;
+use crate::metrics::Metrics;
 use crate::oauth::CredentialShare;
 
 /// How long a record of an account lives in Redis without being rewritten:
@@ -284,15 +285,15 @@ impl StateBackend for Redis {
         }
     }
 
-    fn start(self: Arc<Self>, gateway: Weak<Gateway>) {
+    fn start(self: Arc<Self>, book: Weak<AccountBook>) {
         tokio::spawn(async move {
             let mut backoff = FIRST_BACKOFF;
             loop {
-                if gateway.strong_count() == 0 {
+                if book.strong_count() == 0 {
                     return;
                 }
                 let started = std::time::Instant::now();
-                if let Err(e) = self.session(&gateway).await {
+                if let Err(e) = self.session(&book).await {
                     self.fail("connect", &format!("{e:#}"), true);
                 }
                 self.settled.send_replace(true);

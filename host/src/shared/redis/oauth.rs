@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use redis::AsyncCommands;
 
 use super::Redis;
-use crate::gateway::now_ms;
+use crate::clock::now_ms;
 use crate::oauth::{CredentialShare, SharedLock, StoredCredential};
 
 #[async_trait]

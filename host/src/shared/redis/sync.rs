@@ -12,13 +12,13 @@ use redis::AsyncCommands;
 
 use super::scripts::{DEL_IF_OLDER, SET_IF_NEWER};
 use super::*;
-use crate::shared::facts::{self, Absorbed, AccountFacts};
+use crate::learned::facts::{self, Absorbed, AccountFacts};
 use crate::shared::plugin::PluginWrite;
 
 impl Redis {
     /// Connects, reads everything, writes everything, then follows the
     /// channel and flushes until the connection fails.
-    pub(super) async fn session(self: &Arc<Self>, gw: &Weak<Gateway>) -> Result<()> {
+    pub(super) async fn session(self: &Arc<Self>, book: &Weak<AccountBook>) -> Result<()> {
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout()))
             .set_response_timeout(Some(self.timeout()));
@@ -31,7 +31,7 @@ impl Redis {
             .map_err(|_| anyhow!("subscribing timed out"))??;
         *self.conn.lock() = Some(conn);
         self.connected.store(true, Ordering::Release);
-        self.pull_facts(gw).await?;
+        self.pull_facts(book).await?;
         self.pull_plugin_state().await?;
         // Everything this replica holds, again: Redis may have lost it (a
         // restart without persistence), or missed what happened while away.
@@ -39,7 +39,7 @@ impl Redis {
         let everything = self.plugin.everything(now_ms());
         self.outbox.take_overflowed();
         self.outbox.put_back(everything);
-        self.flush(gw).await?;
+        self.flush(book).await?;
         {
             let mut h = self.health.lock();
             h.connects += 1;
@@ -62,12 +62,12 @@ impl Redis {
             }
             tokio::select! {
                 m = messages.next() => match m {
-                    Some(m) => self.on_message(gw, &m),
+                    Some(m) => self.on_message(book, &m),
                     None => bail!("the subscription ended"),
                 },
-                _ = flush.tick() => self.flush(gw).await?,
-                _ = self.outbox.notify.notified() => self.flush(gw).await?,
-                _ = poll.tick() => self.pull_facts(gw).await?,
+                _ = flush.tick() => self.flush(book).await?,
+                _ = self.outbox.notify.notified() => self.flush(book).await?,
+                _ = poll.tick() => self.pull_facts(book).await?,
                 _ = renew.tick() => self.renew().await?,
                 // Every record again, changed or not: what marks this replica alive.
                 _ = rewrite.tick() => self.flushed.lock().clear(),
@@ -76,7 +76,7 @@ impl Redis {
     }
 
     /// Applies one announcement from the channel.
-    fn on_message(&self, gw: &Weak<Gateway>, m: &redis::Msg) {
+    fn on_message(&self, book: &Weak<AccountBook>, m: &redis::Msg) {
         let Ok(payload) = m.get_payload::<String>() else {
             return self.garbage("an announcement that is not text");
         };
@@ -87,9 +87,9 @@ impl Redis {
         let now = now_ms();
         match event {
             Event::Facts { r, a, f } if r != self.replica => {
-                let Some(gw) = gw.upgrade() else { return };
+                let Some(book) = book.upgrade() else { return };
                 let written = f.written_ms;
-                if self.absorb(&gw, &r, &a, &f, now) {
+                if self.absorb(&book, &r, &a, &f, now) {
                     let lag = now.saturating_sub(written);
                     self.metrics.state_lag(lag as f64 / 1000.0);
                     let mut h = self.health.lock();
@@ -115,13 +115,13 @@ impl Redis {
     }
 
     /// Merges replica `r`'s record `f` of account `id`; whether it was taken.
-    fn absorb(&self, gw: &Gateway, r: &str, id: &str, f: &AccountFacts, now: u64) -> bool {
+    fn absorb(&self, book: &AccountBook, r: &str, id: &str, f: &AccountFacts, now: u64) -> bool {
         {
             let mut seen = self.seen.lock();
             seen.insert(r.to_string(), now);
             seen.retain(|_, at| now.saturating_sub(*at) < SEEN_MS);
         }
-        let Some(state) = gw.account_state(id) else { return false };
+        let Some(state) = book.get(id) else { return false };
         let identity = state.identity();
         let absorbed = facts::absorb(&mut state.learned(), f, r, identity.as_deref(), now);
         tracing::trace!(account = id, replica = r, ?absorbed, "shared record merged");
@@ -144,9 +144,9 @@ impl Redis {
     }
 
     /// Reads every replica's record of every account this replica knows.
-    async fn pull_facts(&self, gw: &Weak<Gateway>) -> Result<()> {
-        let Some(g) = gw.upgrade() else { return Ok(()) };
-        let ids = g.account_ids();
+    async fn pull_facts(&self, book: &Weak<AccountBook>) -> Result<()> {
+        let Some(g) = book.upgrade() else { return Ok(()) };
+        let ids = g.ids();
         if ids.is_empty() {
             return Ok(());
         }
@@ -238,13 +238,13 @@ impl Redis {
 
     /// Writes what changed since the last flush: account records, plugin
     /// writes, lease releases — one pipeline.
-    async fn flush(&self, gw: &Weak<Gateway>) -> Result<()> {
-        let Some(g) = gw.upgrade() else { return Ok(()) };
+    async fn flush(&self, book: &Weak<AccountBook>) -> Result<()> {
+        let Some(g) = book.upgrade() else { return Ok(()) };
         let now = now_ms();
         let mut pipe = redis::pipe();
         let mut versions = Vec::new();
         let events = self.key("events");
-        for state in g.account_states() {
+        for state in g.all() {
             let version = state.version();
             if self.flushed.lock().get(&state.id) == Some(&version) {
                 continue;

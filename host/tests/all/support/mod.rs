@@ -187,7 +187,7 @@ impl Gateway {
 
     /// An HTTP client for the gateway.
     pub fn client() -> reqwest::Client {
-        poolgate::gateway::install_crypto();
+        poolgate::https::install_crypto();
         reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
     }
 

@@ -12,7 +12,7 @@
 use serde::Deserialize;
 
 use crate::account::{Status, WindowReading};
-use crate::gateway::quota::QuotaReading;
+use crate::learned::quota::QuotaReading;
 
 #[derive(Deserialize)]
 struct Window {

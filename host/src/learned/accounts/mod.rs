@@ -75,7 +75,7 @@ pub struct Cleared {
 
 /// What is learned about an account. Every fact a replica may share carries
 /// when it was learned, so that replicas merge by observed time
-/// (`crate::shared::facts`).
+/// (`crate::learned::facts`).
 #[derive(Debug, Default)]
 pub(crate) struct Learned {
     pub(crate) windows: BTreeMap<String, WindowReading>,
@@ -217,7 +217,7 @@ impl AccountState {
     /// `cooldown`) and the model gates of `gates` (`None`: every gate),
     /// resets the failure streaks a cleared cooldown escalated from, and
     /// stamps the clear so that other replicas' records set before it cannot
-    /// bring any of it back (`shared::facts`).
+    /// bring any of it back (`learned::facts`).
     pub fn clear(&self, cooldown: bool, gates: Option<&[String]>, now: u64) -> Cleared {
         let mut l = self.learned.lock();
         self.changed();
@@ -330,7 +330,7 @@ impl AccountState {
     /// The chain's view of the account.
     pub fn snapshot(&self, config: &AccountConfig) -> AccountSnapshot {
         let seat = self.seat();
-        let unusable = seat.as_ref().and_then(|s| s.unusable_until(super::now_ms()));
+        let unusable = seat.as_ref().and_then(|s| s.unusable_until(crate::clock::now_ms()));
         let l = self.learned.lock();
         AccountSnapshot {
             id: self.id.clone(),
@@ -458,7 +458,7 @@ impl AccountState {
             }
             Plan::Clear { gates } => {
                 // What other replicas set before this success is lifted too
-                // (`shared::facts`): stamped before any gate this answer sets.
+                // (`learned::facts`): stamped before any gate this answer sets.
                 l.cleared_ms = now;
                 if let Some(f) = family {
                     l.gates_cleared_ms.insert(f.to_string(), now);
@@ -492,7 +492,7 @@ impl AccountState {
             return Change::None;
         }
         self.changed();
-        l.set_cooldown(Cooldown { until_ms, reason }, super::now_ms());
+        l.set_cooldown(Cooldown { until_ms, reason }, crate::clock::now_ms());
         Change::Cooled(reason)
     }
 
@@ -501,7 +501,7 @@ impl AccountState {
     pub fn clear_auth_cooldown(&self) {
         let mut l = self.learned.lock();
         self.changed();
-        l.auth_cleared_ms = super::now_ms();
+        l.auth_cleared_ms = crate::clock::now_ms();
         if l.cooldown.is_some_and(|c| c.reason == CooldownReason::Auth) {
             l.cooldown = None;
             l.streaks.auth = 0;

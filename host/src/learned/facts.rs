@@ -34,8 +34,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::account::{Cooldown, CooldownReason, ModelGate, Status, WindowReading};
-use crate::gateway::accounts::{Learned, REMOTE_STREAK_MS as STREAK_MS};
-use crate::gateway::cooldown::{Streaks, lifted_by_success};
+use crate::learned::accounts::{Learned, REMOTE_STREAK_MS as STREAK_MS};
+use crate::learned::cooldown::{Streaks, lifted_by_success};
 
 /// The record format; a reader ignores records of another version.
 pub const VERSION: u32 = 1;

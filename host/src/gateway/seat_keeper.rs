@@ -1,4 +1,4 @@
-//! The seat keeper: refreshes every seat of the running generation before its
+//! The seat keeper, a background task of the gateway: refreshes every seat of the running generation before its
 //! token expires (checked every `check_interval_ms`, refreshed when less than
 //! `refresh_before_ms` is left), and at start heals the seats whose token has
 //! already expired, before the gateway serves. Never on a request's path: a
@@ -7,11 +7,12 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::seat::{Refreshed, Seat, SeatError, Why};
-use crate::gateway::{Gateway, now_ms};
+use super::Gateway;
+use crate::clock::now_ms;
+use crate::oauth::{Refreshed, Seat, SeatError, Why};
 
 /// The seats of the running generation, with their account ids.
-fn seats(gw: &Gateway) -> Vec<(String, Arc<Seat>, Arc<crate::gateway::accounts::AccountState>)> {
+fn seats(gw: &Gateway) -> Vec<(String, Arc<Seat>, Arc<crate::learned::accounts::AccountState>)> {
     let g = gw.generation();
     g.accounts
         .iter()
@@ -38,9 +39,9 @@ pub async fn refresh_due(gw: &Gateway, before_ms: u64) {
 /// sent nothing is not counted), lifts a cooldown the old token earned, and
 /// forgets what was learned about an identity the seat no longer has.
 pub fn note(
-    metrics: &crate::gateway::metrics::Metrics,
+    metrics: &crate::metrics::Metrics,
     id: &str,
-    state: &crate::gateway::accounts::AccountState,
+    state: &crate::learned::accounts::AccountState,
     r: &Result<Refreshed, SeatError>,
 ) {
     if matches!(r, Ok(Refreshed::Renewed { .. } | Refreshed::Adopted)) {
@@ -90,7 +91,7 @@ pub async fn poll_usage(gw: &Gateway) {
             Ok(r) => return tracing::debug!(account = %a.config.id, status = r.status().as_u16(), "usage poll refused"),
             Err(e) => return tracing::debug!(account = %a.config.id, error = %e, "usage poll failed"),
         };
-        match super::usage::parse(&body, now_ms()) {
+        match crate::learned::usage::parse(&body, now_ms()) {
             Some(reading) => a.state.take_reading(&reading, now_ms()),
             None => tracing::debug!(account = %a.config.id, "usage poll answered something else"),
         }

@@ -1,0 +1,51 @@
+//! The one HTTPS client constructor: every outbound connection poolgate makes
+//! — to accounts, to the OAuth token endpoint, to a fallback backend — goes
+//! through a client built here, so TLS (rustls with the platform's trust
+//! store), TCP_NODELAY, the connect timeout and connection pooling are decided
+//! once.
+//!
+//! hyper's pooled client rather than a higher-level HTTP library: the gateway
+//! never follows redirects, never retries inside the client (failover is its
+//! own, across accounts) and already holds the path it forwards, so URL
+//! parsing, redirect and retry layers would be work done on every request for
+//! nothing (docs/benchmarks.md, "Gateway overhead").
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+/// The pooled HTTPS client type.
+pub type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Installs the TLS crypto provider (ring) for the process, once; later calls
+/// are no-ops.
+pub fn install_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A pooled client: TCP_NODELAY, `connect_timeout` per connection attempt,
+/// HTTP/2 where TLS negotiates it, idle connections kept 90 s.
+pub fn client(connect_timeout: Duration) -> Result<HttpsClient> {
+    install_crypto();
+    let mut tcp = HttpConnector::new();
+    tcp.set_nodelay(true);
+    tcp.enforce_http(false);
+    tcp.set_connect_timeout(Some(connect_timeout));
+    let tls = <rustls::ClientConfig as rustls_platform_verifier::ConfigVerifierExt>::with_platform_verifier()
+        .context("loading the platform's TLS trust store")?;
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_all_versions()
+        .wrap_connector(tcp);
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_timer(TokioTimer::new())
+        .build(connector))
+}
