@@ -7,7 +7,7 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
 use poolgate::case::Case;
@@ -168,7 +168,7 @@ fn measure(mut f: impl FnMut(), iters: usize) -> (f64, f64) {
     }
     let samples = (0..iters)
         .map(|_| {
-            let t = Instant::now();
+            let t = poolgate::clock::machine_instant();
             f();
             t.elapsed()
         })
@@ -185,7 +185,7 @@ fn measure_chain(ch: &Chain, req: &Request, cands: &poolgate::policy::Candidates
         }
         let mut samples = Vec::with_capacity(iters);
         for _ in 0..iters {
-            let t = Instant::now();
+            let t = poolgate::clock::machine_instant();
             black_box(ch.rank(req.clone(), cands.clone()).await);
             samples.push(t.elapsed());
         }
@@ -237,7 +237,7 @@ fn handoff() {
     let (p50, p99) = runtime().block_on(async {
         let mut samples = Vec::with_capacity(iters);
         for i in 0..iters + iters / 10 {
-            let t = Instant::now();
+            let t = poolgate::clock::machine_instant();
             let (reply, answer) = tokio::sync::oneshot::channel();
             tx.send(reply).unwrap();
             black_box(answer.await.unwrap());

@@ -19,7 +19,7 @@ mod bounded;
 mod example_plugins;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use example_plugins::{Built, Lang};
 use poolgate::case::Case;
@@ -87,13 +87,13 @@ fn measure(b: &Built) -> Row {
     // First load: nothing cached, the component is compiled (what a new
     // plugin costs at load or reload, off the request path).
     let cold = PolicyEngine::new(Some(cache.clone())).unwrap();
-    let t = Instant::now();
+    let t = poolgate::clock::machine_instant();
     cold.compile(&bytes, "bench").unwrap();
     let first_load = t.elapsed();
 
     // Cached load: a restarted gateway, same cache directory.
     let restarted = PolicyEngine::new(Some(cache)).unwrap();
-    let t = Instant::now();
+    let t = poolgate::clock::machine_instant();
     restarted.compile(&bytes, "bench").unwrap();
     let cached_load = t.elapsed();
 
@@ -109,7 +109,7 @@ fn measure(b: &Built) -> Row {
         let mut req = case.request();
         // Calls are asynchronous, as in `serve`: time them inside one runtime.
         let samples = poolgate::policy::block_on(async {
-            let t = Instant::now();
+            let t = poolgate::clock::machine_instant();
             plugin.rank(&req, &c.accounts, &c.windows).await.unwrap();
             if n == SIZES[0] {
                 first_call = t.elapsed();
@@ -118,10 +118,10 @@ fn measure(b: &Built) -> Row {
                 plugin.rank(&req, &c.accounts, &c.windows).await.unwrap();
             }
             let mut samples = Vec::with_capacity(iters);
-            let started = Instant::now();
+            let started = poolgate::clock::machine_instant();
             while samples.len() < iters && (samples.len() < 200 || started.elapsed() < budget) {
                 req.id += 1;
-                let t = Instant::now();
+                let t = poolgate::clock::machine_instant();
                 let r = plugin.rank(&req, &c.accounts, &c.windows).await.unwrap();
                 samples.push(t.elapsed());
                 std::hint::black_box(r);

@@ -39,7 +39,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
             std::sync::Arc::new(crate::policy::MemoryState::with_limits(config.state_limits()));
         let metrics = std::sync::Arc::new(crate::metrics::Metrics::default());
         let accounts = Default::default();
-        Generation::build_bounded(1, config, &engine, &state, &accounts, &metrics, None).await
+        let clock = crate::clock::Clock::system();
+        let around = crate::gateway::generation::Around {
+            engine: &engine,
+            plugin_state: &state,
+            book: &accounts,
+            metrics: &metrics,
+            clock: &clock,
+        };
+        Generation::build_bounded(1, config, &around, None).await
     });
     match loaded {
         Ok(g) => {

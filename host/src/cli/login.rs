@@ -113,7 +113,7 @@ pub fn recover_seats(path: &Path) -> Vec<String> {
     if let Some(dir) = path.parent() {
         config.resolve_paths(dir);
     }
-    let now = std::time::SystemTime::now();
+    let now = crate::clock::system_time();
     let files: std::collections::BTreeSet<PathBuf> =
         config.accounts.iter().filter_map(|a| a.credentials.clone()).collect();
     files.iter().flat_map(|f| crate::oauth::store::recover_leftovers(f, now)).collect()

@@ -8,7 +8,7 @@
 //! that dies before its first byte fails over like a 5xx.
 
 use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
@@ -21,7 +21,6 @@ use super::finish::outcome_of;
 use super::generation::{Generation, PoolAccount};
 use super::proxy::Incoming;
 use super::upstream::{self, BoxError};
-use crate::clock::now_ms;
 use crate::learned::accounts::Change;
 use crate::learned::cooldown::{Answer, fails_over};
 use crate::learned::quota::{self, QuotaReading};
@@ -159,14 +158,14 @@ pub async fn send(
     lease: Lease,
     queued_ms: u64,
 ) -> Attempted {
-    let sent = Instant::now();
+    let sent = gw.clock.instant();
     account.state.attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let timeout = Duration::from_millis(generation.config.gateway.response_timeout_ms);
     let result = send_refreshing(gw, generation, account, incoming, timeout).await;
     let attempted = |reading, how| Attempted {
         account: account.index,
         queued_ms,
-        upstream_ms: sent.elapsed().as_millis() as u64,
+        upstream_ms: gw.clock.since(sent).as_millis() as u64,
         reading,
         how,
     };
@@ -177,9 +176,9 @@ pub async fn send(
             return attempted(QuotaReading::default(), How::Unreachable(e));
         }
     };
-    gw.metrics.upstream_latency(&account.config.id, sent.elapsed().as_secs_f64());
+    gw.metrics.upstream_latency(&account.config.id, gw.clock.since(sent).as_secs_f64());
     let status = response.status();
-    let reading = quota::parse(response.headers(), now_ms());
+    let reading = quota::parse(response.headers(), gw.clock.now_ms());
     if fails_over(status.as_u16()) {
         let body = upstream::read_small(response).await;
         return attempted(reading, How::Refused { status, body });
@@ -220,9 +219,15 @@ async fn send_refreshing(
     }
     let oauth = &generation.config.oauth;
     let refreshed = seat
-        .refresh(crate::oauth::Why::Unauthorized, Some(&token), now_ms, oauth.refresh_before_ms, oauth.max_backoff_ms)
+        .refresh(
+            crate::oauth::Why::Unauthorized,
+            Some(&token),
+            || gw.clock.now_ms(),
+            oauth.refresh_before_ms,
+            oauth.max_backoff_ms,
+        )
         .await;
-    crate::gateway::seat_keeper::note(&gw.metrics, &account.config.id, &account.state, &refreshed);
+    crate::gateway::seat_keeper::note(&gw.metrics, &account.config.id, &account.state, &refreshed, gw.clock.now_ms());
     match refreshed {
         Ok(_) => {
             tracing::info!(request = incoming.id, account = %account.config.id, "401 on an OAuth seat: token refreshed, sending again");
@@ -260,16 +265,17 @@ pub fn learn(
         How::Unreachable(_) => None,
     };
     gw.metrics.attempt(id, status.map(|s| s.as_u16()));
+    let now = gw.clock.now_ms();
     if let Some(s) = status {
-        let change = account.state.record(Answer::Status(s.as_u16()), &attempted.reading, family, cooldowns, now_ms());
+        let change = account.state.record(Answer::Status(s.as_u16()), &attempted.reading, family, cooldowns, now);
         note(gw, account, change);
-        share_reading(generation, account, &attempted.reading);
+        share_reading(generation, account, &attempted.reading, now);
         if s.is_success() {
             overage_guard(gw, generation, account, &attempted.reading);
         }
     }
     let connection_failed = |cause: &str| {
-        let change = account.state.record(Answer::ConnectFailed, &QuotaReading::default(), family, cooldowns, now_ms());
+        let change = account.state.record(Answer::ConnectFailed, &QuotaReading::default(), family, cooldowns, now);
         note(gw, account, change);
         gw.metrics.failover(id, cause);
     };
@@ -295,14 +301,14 @@ pub fn learn(
 
 /// Hands a quota reading to the other accounts of the same subscription
 /// (same organization id): they draw on one quota.
-fn share_reading(generation: &Generation, account: &PoolAccount, reading: &QuotaReading) {
+fn share_reading(generation: &Generation, account: &PoolAccount, reading: &QuotaReading, now: u64) {
     let Some(org) = reading.organization_id.as_deref() else { return };
     if reading.is_empty() {
         return;
     }
     for sibling in generation.accounts.iter().filter(|a| a.index != account.index) {
         if sibling.state.is_organization(org) {
-            sibling.state.merge_shared(reading, now_ms());
+            sibling.state.merge_shared(reading, now);
         }
     }
 }
@@ -312,7 +318,7 @@ fn share_reading(generation: &Generation, account: &PoolAccount, reading: &Quota
 /// rests until the windows that pushed it there reset.
 fn overage_guard(gw: &Gateway, generation: &Generation, account: &PoolAccount, reading: &QuotaReading) {
     use crate::config::{AccountKind, Overage};
-    let now = now_ms();
+    let now = gw.clock.now_ms();
     if account.config.kind != AccountKind::Oauth || !reading.billed_as_overage(now) {
         return;
     }
@@ -324,7 +330,7 @@ fn overage_guard(gw: &Gateway, generation: &Generation, account: &PoolAccount, r
         Overage::Avoid => {
             let fallback = now + generation.config.cooldowns.unified_ms;
             let until = reading.subscription_reset_ms(now).unwrap_or(fallback);
-            let change = account.state.cool(until, crate::account::CooldownReason::Overage);
+            let change = account.state.cool(until, crate::account::CooldownReason::Overage, now);
             tracing::warn!(account = %account.config.id, until_ms = until, "an answer was billed as extra usage: the seat rests until its windows reset");
             note(gw, account, change);
         }

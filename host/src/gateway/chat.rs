@@ -9,7 +9,7 @@
 //! every error, the gateway's own included, in OpenAI's shape.
 
 use std::future::Future as _;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::response::Response;
@@ -92,7 +92,7 @@ pub fn translate_request(
 }
 
 fn now_s() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    crate::clock::system_time().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// Whether a `GET /v1/models` comes from an OpenAI-shaped client: one that

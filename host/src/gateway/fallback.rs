@@ -23,7 +23,6 @@ use http::{HeaderValue, Method, Request, header};
 use http_body_util::{BodyExt, Full};
 use poolgate_wire::openai::{self, MessagesStream};
 
-use crate::clock::now_ms;
 use crate::config::FallbackConfig;
 use crate::https::HttpsClient;
 
@@ -84,12 +83,13 @@ impl Fallbacks {
         body: &Bytes,
         timeout: Duration,
         cut: impl Fn() -> super::chat::OnCut,
+        clock: &crate::clock::Clock,
     ) -> Option<(Response, String)> {
         let http = self.http.as_ref()?;
         let request: serde_json::Value = serde_json::from_slice(body).ok()?;
         let client_model = request.get("model").and_then(|m| m.as_str()).unwrap_or("").to_string();
         for b in &self.backends {
-            let now = now_ms();
+            let now = clock.now_ms();
             if b.resting_until_ms.load(Ordering::Acquire) > now {
                 continue;
             }

@@ -129,7 +129,7 @@ impl Finish {
         }
         record.status = status;
         record.outcome = ending;
-        record.duration_ms = started.elapsed().as_millis() as u64;
+        record.duration_ms = gateway.clock.since(started).as_millis() as u64;
         gateway.metrics.request(record.account.as_deref().unwrap_or("-"), record.status);
         log_line(&RequestLine {
             id: record.id,
@@ -166,7 +166,7 @@ fn stream_ended(gateway: &Gateway, generation: &Generation, account: u32, ending
     if !whole {
         gateway.metrics.stream_cut(&a.config.id);
     }
-    let change = a.state.stream_ended(whole, &generation.config.cooldowns, crate::clock::now_ms());
+    let change = a.state.stream_ended(whole, &generation.config.cooldowns, gateway.clock.now_ms());
     super::attempt::note(gateway, a, change);
 }
 
@@ -203,7 +203,7 @@ impl Early<'_> {
             account: None,
             client,
             model: None,
-            ms: self.started.elapsed().as_millis() as u64,
+            ms: gw.clock.since(self.started).as_millis() as u64,
         });
         r
     }

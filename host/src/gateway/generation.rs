@@ -19,7 +19,7 @@ use anyhow::{Result, anyhow, bail};
 
 use super::auth::{AdminToken, ClientKeys};
 use super::upstream::Target;
-use crate::clock::now_ms;
+use crate::clock::Clock;
 use crate::config::headers::ForwardPolicy;
 use crate::config::{AccountConfig, Config, Credential, OAuthConfig};
 use crate::learned::AccountBook;
@@ -195,6 +195,8 @@ impl LoadBounds {
 }
 
 /// Resolves, with the refusal, once the load `watch` follows overstays a phase.
+/// The load's phases are real work (compiles, `configure`) timed on the
+/// machine's clock, whatever clock the gateway runs on.
 async fn overdue(watch: &LoadWatch, bounds: &LoadBounds) -> String {
     loop {
         let changed = watch.changed();
@@ -204,13 +206,28 @@ async fn overdue(watch: &LoadWatch, bounds: &LoadBounds) -> String {
         let deadline = step.since + bounds.of_phase(step.phase);
         tokio::select! {
             () = tokio::time::sleep_until(deadline.into()) => {
-                if let Some(why) = bounds.overdue(&watch.now(), Instant::now()) {
+                if let Some(why) = bounds.overdue(&watch.now(), crate::clock::machine_instant()) {
                     return why;
                 }
             }
             () = &mut changed => {}
         }
     }
+}
+
+/// What a generation is built against: what outlives it.
+#[derive(Clone, Copy)]
+pub struct Around<'a> {
+    /// The plugin engine.
+    pub engine: &'a Arc<PolicyEngine>,
+    /// Plugin state, shared by every generation.
+    pub plugin_state: &'a Arc<dyn StateStore>,
+    /// Learned account state: each account of the config is bound to its entry.
+    pub book: &'a AccountBook,
+    /// Where stage failures are counted.
+    pub metrics: &'a Arc<Metrics>,
+    /// The gateway's clock.
+    pub clock: &'a Clock,
 }
 
 impl Generation {
@@ -220,15 +237,12 @@ impl Generation {
     pub async fn build_bounded(
         number: u64,
         config: Config,
-        engine: &Arc<PolicyEngine>,
-        plugin_state: &Arc<dyn StateStore>,
-        book: &AccountBook,
-        metrics: &Arc<Metrics>,
+        around: &Around<'_>,
         previous: Option<&Chain>,
     ) -> Result<Generation> {
         let bounds = LoadBounds::of(&config)?;
-        let watch = LoadWatch::new(Instant::now());
-        let build = watch.scope(Self::build(number, config, engine, plugin_state, book, metrics, previous));
+        let watch = LoadWatch::new(crate::clock::machine_instant());
+        let build = watch.scope(Self::build(number, config, around, previous));
         tokio::select! {
             built = build => built,
             why = overdue(&watch, &bounds) => Err(anyhow!(why)),
@@ -242,12 +256,10 @@ impl Generation {
     pub async fn build(
         number: u64,
         config: Config,
-        engine: &Arc<PolicyEngine>,
-        plugin_state: &Arc<dyn StateStore>,
-        book: &AccountBook,
-        metrics: &Arc<Metrics>,
+        around: &Around<'_>,
         previous: Option<&Chain>,
     ) -> Result<Generation> {
+        let Around { engine, plugin_state, book, metrics, clock } = *around;
         // Secrets were read when the file was loaded; a config built in code is
         // resolved now.
         let resolved = config.resolved()?;
@@ -299,22 +311,21 @@ impl Generation {
             disabled,
             client_keys,
             admin,
-            loaded_ms: now_ms(),
+            loaded_ms: clock.now_ms(),
             fallbacks,
         };
         loading::phase(LoadPhase::Smoke);
-        generation.smoke_rank().await?;
+        generation.smoke_rank(clock.now_ms()).await?;
         Ok(generation)
     }
 
     /// Ranks a synthetic request over the real pool once, and tells the chain
     /// it was served, on the same path a request takes: a chain that cannot
     /// answer it is refused before it takes traffic.
-    async fn smoke_rank(&self) -> Result<()> {
+    async fn smoke_rank(&self, now: u64) -> Result<()> {
         if self.accounts.is_empty() || self.chain.is_empty() {
             return Ok(());
         }
-        let now = now_ms();
         let req = wit::Request {
             id: 0,
             now_ms: now,
@@ -357,7 +368,7 @@ impl Generation {
             .accounts
             .iter()
             .filter(|a| !exclude.contains(&a.index))
-            .map(|a| (a.index, a.state.snapshot(&a.config)));
+            .map(|a| (a.index, a.state.snapshot(&a.config, now)));
         view::candidates(snapshots, family, now, self.config.policy.freshness_ms)
     }
 
@@ -399,7 +410,7 @@ mod tests {
             configure: Duration::from_secs(4),
             smoke: Duration::from_secs(3),
         };
-        let t0 = Instant::now();
+        let t0 = crate::clock::machine_instant();
         let step = |phase, stage: Option<(usize, &str)>| Step {
             stage: stage.map(|(i, n)| (i, n.to_string())),
             phase,

@@ -64,7 +64,7 @@ use anyhow::Result;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
-use crate::clock::now_ms;
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::learned::AccountBook;
 use crate::learned::accounts::AccountState;
@@ -97,6 +97,7 @@ struct Parts {
     http: Arc<dyn upstream::Transport>,
     metrics: Arc<Metrics>,
     shared: Arc<dyn crate::shared::StateBackend>,
+    clock: Clock,
 }
 
 /// Everything the gateway shares across requests.
@@ -137,6 +138,8 @@ pub struct Gateway {
     pub persist: Option<Arc<persist::Persist>>,
     /// The operators' actions on accounts, for `/status`.
     pub admin: admin::AdminLog,
+    /// What every part of the gateway reads the time from.
+    pub clock: Clock,
 }
 
 impl Gateway {
@@ -148,11 +151,13 @@ impl Gateway {
             return Self::with_state(config, engine, local).await;
         }
         // Replicas: the same in-process store, whose writes are also shared.
+        let clock = Clock::system();
         let outbox = Arc::new(crate::shared::plugin::Outbox::default());
-        let plugin = Arc::new(crate::shared::plugin::SharedPluginState::new(local, outbox.clone()));
-        let backend = crate::shared::redis::Redis::new(&config.state, plugin.clone(), outbox, metrics.clone())?;
+        let plugin = Arc::new(crate::shared::plugin::SharedPluginState::new(local, outbox.clone(), clock.clone()));
+        let backend =
+            crate::shared::redis::Redis::new(&config.state, plugin.clone(), outbox, metrics.clone(), clock.clone())?;
         let http = pooled_client(&config)?;
-        let parts = Parts { plugin_state: plugin, http, metrics, shared: Arc::new(backend) };
+        let parts = Parts { plugin_state: plugin, http, metrics, shared: Arc::new(backend), clock };
         Self::assemble(config, engine, parts).await
     }
 
@@ -173,16 +178,35 @@ impl Gateway {
         plugin_state: Arc<dyn StateStore>,
         http: Arc<dyn upstream::Transport>,
     ) -> Result<Arc<Gateway>> {
+        Self::with_transport_and_clock(config, engine, plugin_state, http, Clock::system()).await
+    }
+
+    /// As [`Gateway::with_transport`], reading the time from `clock`: a
+    /// gateway in a test or the policy simulator, on time the caller moves.
+    pub async fn with_transport_and_clock(
+        config: Config,
+        engine: Arc<PolicyEngine>,
+        plugin_state: Arc<dyn StateStore>,
+        http: Arc<dyn upstream::Transport>,
+        clock: Clock,
+    ) -> Result<Arc<Gateway>> {
         let metrics = Arc::new(Metrics::default());
-        let parts = Parts { plugin_state, http, metrics, shared: Arc::new(crate::shared::Embedded) };
+        let parts = Parts { plugin_state, http, metrics, shared: Arc::new(crate::shared::Embedded), clock };
         Self::assemble(config, engine, parts).await
     }
 
     async fn assemble(config: Config, engine: Arc<PolicyEngine>, parts: Parts) -> Result<Arc<Gateway>> {
-        let Parts { plugin_state, http, metrics, shared } = parts;
+        let Parts { plugin_state, http, metrics, shared, clock } = parts;
         let book = Arc::new(AccountBook::default());
         engine.set_compile_limits(config.compile_limits());
-        let first = Generation::build_bounded(1, config, &engine, &plugin_state, &book, &metrics, None).await?;
+        let around = generation::Around {
+            engine: &engine,
+            plugin_state: &plugin_state,
+            book: &book,
+            metrics: &metrics,
+            clock: &clock,
+        };
+        let first = Generation::build_bounded(1, config, &around, None).await?;
         plugin_state.retain_scopes(&first.chain.scopes());
         let decisions = decisions::DecisionLog::new(first.config.server.decisions_kept);
         let state = &first.config.state;
@@ -199,15 +223,16 @@ impl Gateway {
             metrics,
             decisions,
             http,
-            next_request: AtomicU64::new(first_request_id(crate::clock::since_epoch())),
+            next_request: AtomicU64::new(first_request_id(clock.since_epoch())),
             last_reload: Mutex::new(None),
             reloads: reload::Reloads::default(),
-            started_ms: now_ms(),
+            started_ms: clock.now_ms(),
             shared: shared.clone(),
             listening: std::sync::OnceLock::new(),
             lifecycle: Arc::default(),
             persist,
             admin: admin::AdminLog::default(),
+            clock,
         });
         gateway.share_seats(&gateway.generation());
         // What this gateway learned before a restart, before it serves and

@@ -43,7 +43,6 @@ use super::request::{BodyFacts, body_facts, session_id};
 use super::unserved;
 use super::{Gateway, upstream};
 use crate::account::model_family;
-use crate::clock::now_ms;
 use crate::policy::Decision;
 use crate::policy::types as wit;
 
@@ -161,7 +160,7 @@ pub struct Exchange {
 impl Exchange {
     /// Phase *read*: the body's facts (model, stream, session) and the record.
     fn read(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Result<Exchange, Box<Response>> {
-        let started = Instant::now();
+        let started = gw.clock.instant();
         let id = incoming.id;
         let generation = gw.generation();
         let early = Early { id, method: &incoming.method, path: incoming.uri.path(), started };
@@ -184,7 +183,7 @@ impl Exchange {
         let max_attempts = if max == 0 { pool } else { max.min(pool) } as u32;
         let record = RequestRecord {
             id,
-            at_ms: now_ms(),
+            at_ms: gw.clock.now_ms(),
             generation: generation.number,
             api: api.name(),
             method: incoming.method.to_string(),
@@ -225,7 +224,7 @@ impl Exchange {
         if attempt >= self.max_attempts {
             return None;
         }
-        let now = now_ms();
+        let now = self.gw.clock.now_ms();
         // An account an operator disabled is no candidate, like one the file
         // disables; the accounts already tried are no longer candidates.
         let disabled = self.generation.accounts.iter().filter(|a| a.state.is_runtime_disabled()).map(|a| a.index);
@@ -269,7 +268,7 @@ impl Exchange {
             .filter(|i| !usable.contains(i))
             .filter_map(|&i| {
                 let a = self.generation.account(i)?;
-                let (cause, until) = unusable_cause(&a.state.snapshot(&a.config), self.family, now);
+                let (cause, until) = unusable_cause(&a.state.snapshot(&a.config, now), self.family, now);
                 Some((i, cause, until))
             })
             .collect();
@@ -283,11 +282,11 @@ impl Exchange {
         let cfg = &self.generation.config.gateway;
         let accounts: Vec<_> = ranked.order.iter().filter_map(|&i| self.generation.account(i)).collect();
         let slots: Vec<Slot<'_>> = accounts.iter().map(|a| (&a.state, a.config.max_in_flight)).collect();
-        let queued = Instant::now();
+        let queued = self.gw.clock.instant();
         let timeout = Duration::from_millis(cfg.queue_timeout_ms);
         let admitted = self.gw.admission.acquire(&slots, cfg.queue_max, timeout).await?;
         let full = admitted.full.iter().filter_map(|&p| accounts.get(p).map(|a| a.index)).collect();
-        Ok((admitted.lease, queued.elapsed().as_millis() as u64, full))
+        Ok((admitted.lease, self.gw.clock.since(queued).as_millis() as u64, full))
     }
 
     /// Phase *attempt*: the request goes to the leased account, and the answer
@@ -341,7 +340,7 @@ impl Exchange {
     fn commit(self, request: wit::Request, answered: Answered) -> Response {
         let Answered { account, status, mut headers, first, rest, sse, lease } = answered;
         upstream::retain_forwardable(&mut headers);
-        upstream::integer_retry_after(&mut headers, now_ms());
+        upstream::integer_retry_after(&mut headers, self.gw.clock.now_ms());
         let length = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
         let finish = self.into_finish(Some(lease), true, Observe::Answer { account, request });
         let mut head = Response::new(Body::empty());
@@ -394,9 +393,10 @@ impl Exchange {
     /// Phase *answer*, when no account is left to try: the cause that stood
     /// in the way, as the status a client can act on ([`unserved`]).
     async fn out_of_accounts(mut self) -> Response {
-        let (blocked, usable) = unserved::survey(&self.generation, self.family, &self.record.attempts, now_ms());
+        let now = self.gw.clock.now_ms();
+        let (blocked, usable) = unserved::survey(&self.generation, self.family, &self.record.attempts, now);
         let attempted = self.record.attempts.iter().any(|a| a.account.is_some());
-        let verdict = unserved::verdict(&blocked, usable, attempted, now_ms());
+        let verdict = unserved::verdict(&blocked, usable, attempted, now);
         let ending = verdict.ending();
         // A populated pool that cannot serve: the fallback backends, if any
         // (never for an empty pool, which a fallback would only hide).
@@ -404,7 +404,9 @@ impl Exchange {
         if substitutable && !self.generation.accounts.is_empty() && !self.generation.fallbacks.is_empty() {
             let timeout = Duration::from_millis(self.generation.config.gateway.response_timeout_ms);
             let cut = || self.gw.lifecycle.on_cut();
-            if let Some((answer, marker)) = self.generation.fallbacks.serve(&self.incoming.body, timeout, cut).await {
+            if let Some((answer, marker)) =
+                self.generation.fallbacks.serve(&self.incoming.body, timeout, cut, &self.gw.clock).await
+            {
                 self.gw.metrics.fallback(&marker);
                 self.record.blocked = blocked;
                 self.record.fallback = Some(marker);

@@ -21,7 +21,6 @@ use std::sync::Arc;
 use tokio::sync::{OwnedMutexGuard, watch};
 
 use super::{Gateway, Generation, admin, change};
-use crate::clock::now_ms;
 use crate::config::Config;
 
 /// The outcome of the last reload, for `/status`.
@@ -235,7 +234,7 @@ impl Gateway {
         locate: &(dyn Fn(&str) -> String + Sync),
     ) -> Result<u64, String> {
         let number = self.generation().number + 1;
-        let started = std::time::Instant::now();
+        let started = self.clock.instant();
         let weakens =
             crate::config::serving::reload_weakens(&self.generation().config, self.listening.get().copied(), &config);
         if !weakens.is_empty() {
@@ -245,22 +244,20 @@ impl Gateway {
         }
         self.engine.set_compile_limits(config.compile_limits());
         let running = self.generation();
-        let built = Generation::build_bounded(
-            number,
-            config,
-            &self.engine,
-            &self.plugin_state,
-            &self.book,
-            &self.metrics,
-            Some(&running.chain),
-        )
-        .await;
+        let around = super::generation::Around {
+            engine: &self.engine,
+            plugin_state: &self.plugin_state,
+            book: &self.book,
+            metrics: &self.metrics,
+            clock: &self.clock,
+        };
+        let built = Generation::build_bounded(number, config, &around, Some(&running.chain)).await;
         drop(running);
         match built {
             Ok(generation) => {
                 let changes = self.swap(generation);
                 *self.last_reload.lock() = Some(ReloadStatus {
-                    at_ms: now_ms(),
+                    at_ms: self.clock.now_ms(),
                     ok: true,
                     trigger: trigger.into(),
                     errors: Vec::new(),
@@ -270,7 +267,7 @@ impl Gateway {
                     target: "poolgate::reload",
                     generation = number,
                     trigger,
-                    took_ms = started.elapsed().as_millis() as u64,
+                    took_ms = self.clock.since(started).as_millis() as u64,
                     "configuration reloaded: {changes}"
                 );
                 Ok(number)
@@ -328,7 +325,7 @@ impl Gateway {
             tracing::error!(trigger, error = %message.trim_end(), "reload refused; the running configuration stays");
         }
         *last = Some(ReloadStatus {
-            at_ms: now_ms(),
+            at_ms: self.clock.now_ms(),
             ok: false,
             trigger: trigger.into(),
             errors,

@@ -20,7 +20,6 @@ use super::errors::{ErrorType, error, final_error};
 use super::finish::Early;
 use super::proxy::{Api, Incoming, forward};
 use super::{Gateway, ReloadError};
-use crate::clock::now_ms;
 use crate::metrics::labels;
 
 /// A hook the server installs to reload the configuration from its source:
@@ -80,7 +79,7 @@ pub fn router(state: AppState) -> Router {
 
 async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
     let gw = state.gateway;
-    let early = Early { id: gw.next_request_id(), method: &method, path: uri.path(), started: Instant::now() };
+    let early = Early { id: gw.next_request_id(), method: &method, path: uri.path(), started: gw.clock.instant() };
     let generation = gw.generation();
     let client = if generation.client_keys.is_empty() {
         None
@@ -104,7 +103,7 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
     }
     let server = &generation.config.server;
     let timeout = std::time::Duration::from_millis(server.body_timeout_ms);
-    let body = match read_body(&headers, body, server.max_body_mb << 20, (early.started, timeout)).await {
+    let body = match read_body(&headers, body, server.max_body_mb << 20, (early.started, timeout), &gw.clock).await {
         Ok(b) => b,
         Err((reason, refused)) => return early.refuse(&gw, reason, refused),
     };
@@ -154,6 +153,7 @@ async fn read_body(
     body: Body,
     limit: usize,
     (started, timeout): (Instant, std::time::Duration),
+    clock: &crate::clock::Clock,
 ) -> Result<bytes::Bytes, (&'static str, Response)> {
     let deadline = started + timeout;
     let declared =
@@ -173,7 +173,7 @@ async fn read_body(
         // Read (and drop) a moderately oversized body first: answering while the
         // client is still sending makes many clients see a reset instead of 413.
         if n <= limit.saturating_mul(8) {
-            let drain = deadline.min(Instant::now() + std::time::Duration::from_secs(10));
+            let drain = deadline.min(clock.instant() + std::time::Duration::from_secs(10));
             // Read and let go, chunk by chunk: never held whole.
             let discard = async {
                 let mut chunks = body.into_data_stream();
@@ -293,20 +293,30 @@ pub fn oversized_head(gw: &Gateway, method: &Method, uri: &Uri, headers: &Header
         headers.len(),
     );
     let r = final_error(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, ErrorType::InvalidRequest, &msg);
-    let early = Early { id: gw.next_request_id(), method, path: uri.path(), started: Instant::now() };
+    let early = Early { id: gw.next_request_id(), method, path: uri.path(), started: gw.clock.instant() };
     Some(early.refuse(gw, reason, r))
 }
 
 async fn not_found(State(s): State<AppState>, method: Method, uri: Uri) -> Response {
     let r = error(StatusCode::NOT_FOUND, ErrorType::NotFound, &format!("poolgate: no route for {}", uri.path()));
-    let early = Early { id: s.gateway.next_request_id(), method: &method, path: uri.path(), started: Instant::now() };
+    let early = Early {
+        id: s.gateway.next_request_id(),
+        method: &method,
+        path: uri.path(),
+        started: s.gateway.clock.instant(),
+    };
     early.refuse(&s.gateway, "not_found", r)
 }
 
 async fn wrong_method(State(s): State<AppState>, method: Method, uri: Uri) -> Response {
     let msg = format!("poolgate: {method} is not allowed on {}", uri.path());
     let r = final_error(StatusCode::METHOD_NOT_ALLOWED, ErrorType::InvalidRequest, &msg);
-    let early = Early { id: s.gateway.next_request_id(), method: &method, path: uri.path(), started: Instant::now() };
+    let early = Early {
+        id: s.gateway.next_request_id(),
+        method: &method,
+        path: uri.path(),
+        started: s.gateway.clock.instant(),
+    };
     early.refuse(&s.gateway, "method_not_allowed", r)
 }
 
@@ -342,7 +352,7 @@ async fn status(State(s): State<AppState>, headers: HeaderMap) -> Response {
     }
     let gw = &s.gateway;
     let g = gw.generation();
-    let now = now_ms();
+    let now = gw.clock.now_ms();
     let mut accounts: Vec<_> = g
         .accounts
         .iter()
@@ -394,7 +404,7 @@ async fn account_action(
         Ok(b) => b,
         Err(msg) => return error(StatusCode::BAD_REQUEST, ErrorType::InvalidRequest, &msg),
     };
-    match super::admin::act(&s.gateway, act, &id, parsed, now_ms()) {
+    match super::admin::act(&s.gateway, act, &id, parsed, s.gateway.clock.now_ms()) {
         Ok(answer) => json(&answer),
         Err(super::admin::Refusal::UnknownAccount(id)) => {
             let msg = format!("poolgate: no configured account `{}` (GET /status lists them)", id.escape_debug());
@@ -477,7 +487,7 @@ async fn superseded(gw: &Gateway, ticket: u64) -> Response {
 async fn metrics(State(s): State<AppState>) -> Response {
     let gw = &s.gateway;
     let g = gw.generation();
-    let now = now_ms();
+    let now = gw.clock.now_ms();
     let in_flight =
         g.accounts.iter().map(|a| (labels(&[("account", &a.config.id)]), a.state.in_flight() as f64)).collect();
     let cooling = g

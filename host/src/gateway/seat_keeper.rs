@@ -8,7 +8,6 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::Gateway;
-use crate::clock::now_ms;
 use crate::oauth::{Refreshed, Seat, SeatError, Why};
 
 /// The seats of the running generation, with their account ids.
@@ -26,10 +25,10 @@ pub async fn refresh_due(gw: &Gateway, before_ms: u64) {
     let oauth = gw.generation().config.oauth.clone();
     let runs = seats(gw).into_iter().map(|(id, seat, state)| {
         let oauth = oauth.clone();
-        let metrics = gw.metrics.clone();
+        let (metrics, clock) = (gw.metrics.clone(), gw.clock.clone());
         async move {
-            let r = seat.refresh(Why::Expiring, None, now_ms, before_ms, oauth.max_backoff_ms).await;
-            note(&metrics, &id, &state, &r);
+            let r = seat.refresh(Why::Expiring, None, || clock.now_ms(), before_ms, oauth.max_backoff_ms).await;
+            note(&metrics, &id, &state, &r, clock.now_ms());
         }
     });
     futures_util::future::join_all(runs).await;
@@ -43,9 +42,10 @@ pub fn note(
     id: &str,
     state: &crate::learned::accounts::AccountState,
     r: &Result<Refreshed, SeatError>,
+    now_ms: u64,
 ) {
     if matches!(r, Ok(Refreshed::Renewed { .. } | Refreshed::Adopted)) {
-        state.clear_auth_cooldown();
+        state.clear_auth_cooldown(now_ms);
     }
     let result = match r {
         Ok(Refreshed::Renewed { identity_changed }) => {
@@ -74,7 +74,7 @@ pub async fn poll_usage(gw: &Gateway) {
     if every == 0 {
         return;
     }
-    let now = now_ms();
+    let now = gw.clock.now_ms();
     let timeout = Duration::from_millis(g.config.oauth.timeout_ms);
     let runs = g.accounts.iter().filter_map(|a| {
         let seat = a.target.oauth_seat()?;
@@ -91,8 +91,9 @@ pub async fn poll_usage(gw: &Gateway) {
             Ok(r) => return tracing::debug!(account = %a.config.id, status = r.status().as_u16(), "usage poll refused"),
             Err(e) => return tracing::debug!(account = %a.config.id, error = %e, "usage poll failed"),
         };
-        match crate::learned::usage::parse(&body, now_ms()) {
-            Some(reading) => a.state.take_reading(&reading, now_ms()),
+        let now = gw.clock.now_ms();
+        match crate::learned::usage::parse(&body, now) {
+            Some(reading) => a.state.take_reading(&reading, now),
             None => tracing::debug!(account = %a.config.id, "usage poll answered something else"),
         }
     });

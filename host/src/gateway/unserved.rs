@@ -134,7 +134,7 @@ pub fn survey(generation: &Generation, family: Option<&str>, attempts: &[Attempt
     // An account an operator disabled is out of the pool, as one the file
     // disables: nothing about it is for the client to wait out.
     for a in generation.accounts.iter().filter(|a| !a.state.is_runtime_disabled()) {
-        match blocked_by(&a.state.snapshot(&a.config), family, attempts, now) {
+        match blocked_by(&a.state.snapshot(&a.config, now), family, attempts, now) {
             Some(b) => blocked.push(b),
             None => usable = true,
         }

@@ -67,7 +67,7 @@ pub fn watch_files(gateway: &Arc<Gateway>, config: PathBuf, reload: Reloader) ->
             if now == last {
                 continue;
             }
-            let seen = std::time::Instant::now();
+            let seen = tokio::time::Instant::now();
             // Wait for the writer to finish.
             loop {
                 tokio::time::sleep(SETTLE).await;

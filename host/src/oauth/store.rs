@@ -419,7 +419,7 @@ mod tests {
         put(std::process::id(), &newest);
         put(999_999_991, &StoredCredential { refresh_token: "between".into(), obtained_at_ms: 200, ..sample() });
         std::fs::write(seats.join(temp_name("a.json", 999_999_992)), b"{\"access_token\": \"sk-ant-o").unwrap();
-        let said = recover_leftovers(&path, std::time::SystemTime::now());
+        let said = recover_leftovers(&path, crate::clock::system_time());
         assert_eq!(StoredCredential::read(&path).unwrap(), newest);
         assert_eq!(said.len(), 3, "{said:?}");
         assert!(said.iter().all(|l| !l.contains("secret") && !l.contains("newest")), "{said:?}");

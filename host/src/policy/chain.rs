@@ -233,7 +233,7 @@ impl Chain {
 
     /// Decides the order of `candidates` for `req`, on the caller's thread.
     pub async fn rank(&self, mut req: Request, candidates: Candidates) -> Decision {
-        let started = Instant::now();
+        let started = crate::clock::machine_instant();
         let Candidates { accounts, windows } = candidates;
         let mut current = initial_order(accounts);
         let mut reason = POOL_ORDER.to_string();
@@ -247,7 +247,7 @@ impl Chain {
             if current.is_empty() {
                 break;
             }
-            let t0 = Instant::now();
+            let t0 = crate::clock::machine_instant();
             let mut record = StageRecord {
                 stage: stage.name.clone(),
                 reason: String::new(),

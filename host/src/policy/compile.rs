@@ -33,7 +33,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use parking_lot::Mutex;
@@ -198,7 +198,7 @@ impl Compiler {
         limits: CompileLimits,
         path: &Path,
     ) -> Result<Component> {
-        let started = Instant::now();
+        let started = crate::clock::machine_instant();
         let lock_path = path.with_extension("lock");
         let mut waited = false;
         let lock = loop {
@@ -258,7 +258,7 @@ impl Compiler {
         timeout: Duration,
         path: Option<&Path>,
     ) -> Result<Component> {
-        let started = Instant::now();
+        let started = crate::clock::machine_instant();
         let (c, serialized) = build(engine, bytes, label, limits.timeout, timeout)?;
         tracing::info!(plugin = label, elapsed_ms = started.elapsed().as_millis() as u64, "compiled plugin");
         if let Some(path) = path {
@@ -452,7 +452,7 @@ fn precompile_in_child(exe: &Path, bytes: &[u8], label: &str, timeout: Duration)
         let _ = stderr.by_ref().take(64 * 1024).read_to_string(&mut out);
         out
     });
-    let started = Instant::now();
+    let started = crate::clock::machine_instant();
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break status;
@@ -522,7 +522,7 @@ fn load_cached(engine: &Engine, path: &Path) -> Option<Component> {
         return None;
     }
     if let Ok(f) = std::fs::File::options().append(true).open(path) {
-        let _ = f.set_modified(SystemTime::now());
+        let _ = f.set_modified(crate::clock::system_time());
     }
     // SAFETY: the bytes are a serialization this process family wrote (the file
     // name carries the engine's compatibility hash) and the checksum above

@@ -26,7 +26,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use wasmtime::component::{Component, InstancePre, Linker};
@@ -162,7 +162,7 @@ impl PolicyEngine {
     pub fn warm_builtins(self: &Arc<Self>) {
         let engine = Arc::downgrade(self);
         let spawned = std::thread::Builder::new().name("poolgate-warm".into()).spawn(move || {
-            let started = Instant::now();
+            let started = crate::clock::machine_instant();
             for (name, bytes) in crate::artifacts::BUILTINS {
                 let Some(e) = engine.upgrade() else { return };
                 if let Err(err) = e.compile(bytes, &format!("builtin:{name}")) {

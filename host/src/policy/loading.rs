@@ -100,7 +100,7 @@ impl LoadWatch {
                 s.stage = stage;
             }
             s.phase = phase;
-            s.since = Instant::now();
+            s.since = crate::clock::machine_instant();
             s.seq += 1;
         }
         self.changed.notify_waiters();
@@ -125,7 +125,7 @@ mod tests {
 
     #[tokio::test]
     async fn marks_reach_the_watch_of_the_loading_task_only() {
-        let watch = LoadWatch::new(Instant::now());
+        let watch = LoadWatch::new(crate::clock::machine_instant());
         watch
             .scope(async {
                 stage(2, "slow");

@@ -19,7 +19,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use sha2::Digest;
@@ -475,7 +475,7 @@ async fn refill(
                 let (recipe, turns) = (s.recipe.clone(), turns.clone());
                 builds.spawn(async move {
                     let _turn = turns.acquire_owned().await;
-                    let started = Instant::now();
+                    let started = crate::clock::machine_instant();
                     (recipe.build().await, started.elapsed())
                 });
             }

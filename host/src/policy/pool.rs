@@ -158,7 +158,7 @@ impl InstancePool {
             observe_dropped: AtomicU64::new(0),
             peak: AtomicUsize::new(0),
             last_short_ms: AtomicU64::new(0),
-            epoch: Instant::now(),
+            epoch: crate::clock::machine_instant(),
             wake: Arc::new(Notify::new()),
             last_build_error: Mutex::new(None),
             times: Default::default(),

@@ -154,7 +154,7 @@ struct Bucket {
 
 impl Default for LogBudget {
     fn default() -> Self {
-        LogBudget { state: Mutex::new(Bucket { tokens: LINE_BURST, at: Instant::now(), dropped: 0 }) }
+        LogBudget { state: Mutex::new(Bucket { tokens: LINE_BURST, at: crate::clock::machine_instant(), dropped: 0 }) }
     }
 }
 
@@ -163,7 +163,7 @@ impl LogBudget {
     /// dropped since the last one that went out.
     pub fn admit(&self) -> Option<u64> {
         let mut b = self.state.lock();
-        let now = Instant::now();
+        let now = crate::clock::machine_instant();
         let refill = now.duration_since(b.at).as_secs_f64() * LINES_PER_SECOND;
         b.tokens = (b.tokens + refill).min(LINE_BURST);
         b.at = now;

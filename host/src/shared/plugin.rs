@@ -117,12 +117,14 @@ pub struct SharedPluginState {
     /// The scopes the running chain uses: another replica's writes to any
     /// other scope are not this replica's business.
     scopes: RwLock<Option<HashSet<String>>>,
+    /// Stamps a delete (a write is stamped with the time it is given).
+    clock: crate::clock::Clock,
 }
 
 impl SharedPluginState {
     /// Shares the writes to `local` through `outbox`.
-    pub fn new(local: Arc<MemoryState>, outbox: Arc<Outbox>) -> Self {
-        SharedPluginState { local, outbox, scopes: RwLock::new(None) }
+    pub fn new(local: Arc<MemoryState>, outbox: Arc<Outbox>, clock: crate::clock::Clock) -> Self {
+        SharedPluginState { local, outbox, scopes: RwLock::new(None), clock }
     }
 
     /// Whether writes to `scope` from other replicas are taken.
@@ -181,7 +183,7 @@ impl StateStore for SharedPluginState {
             key: key.to_string(),
             value: None,
             expires_at: None,
-            written: crate::clock::now_ms(),
+            written: self.clock.now_ms(),
         });
     }
 
@@ -228,7 +230,11 @@ mod tests {
     #[test]
     fn writes_are_queued_and_a_later_local_write_beats_an_earlier_remote_one() {
         let outbox = Arc::new(Outbox::default());
-        let st = SharedPluginState::new(Arc::new(MemoryState::default()), outbox.clone());
+        let st = SharedPluginState::new(
+            Arc::new(MemoryState::default()),
+            outbox.clone(),
+            crate::clock::Clock::manual(1_000),
+        );
         st.set("builtin:affinity", "s1", "a|1", Some(1_000), 100);
         assert_eq!(outbox.take(10).len(), 1);
         let earlier = PluginWrite {
@@ -248,7 +254,11 @@ mod tests {
 
     #[test]
     fn writes_to_scopes_the_chain_does_not_use_are_ignored() {
-        let st = SharedPluginState::new(Arc::new(MemoryState::default()), Arc::new(Outbox::default()));
+        let st = SharedPluginState::new(
+            Arc::new(MemoryState::default()),
+            Arc::new(Outbox::default()),
+            crate::clock::Clock::manual(1_000),
+        );
         st.retain_scopes(&["builtin:affinity"]);
         let w = PluginWrite {
             scope: "file:/x.wasm".into(),

@@ -52,7 +52,7 @@ use tokio::task::JoinHandle;
 
 pub use scenario::{AccountSpec, BucketSpec, Latency, Scenario, Timescale, WindowSpec};
 
-use crate::clock::now_ms;
+use crate::clock::Clock;
 use crate::config::Secret;
 use crate::random::{random_hex, splitmix, uuid_like};
 use quota::Ledger;
@@ -119,7 +119,7 @@ impl SimUpstream {
     /// [`oauth::TOKEN_LIFETIME`] and refresh at `<url>/v1/oauth/token`.
     pub fn seat(&self, name: &str) -> Result<SeatTokens> {
         let account = self.shared.accounts.iter().find(|a| a.name == name).context("no such simulated account")?;
-        let (access, refresh, expires_at_ms) = oauth::issue(&self.shared.tokens, account)?;
+        let (access, refresh, expires_at_ms) = oauth::issue(&self.shared.tokens, account, self.shared.clock.now_ms())?;
         Ok(SeatTokens { access_token: Secret::new(access)?, refresh_token: Secret::new(refresh)?, expires_at_ms })
     }
 
@@ -131,10 +131,16 @@ impl SimUpstream {
     /// Binds an ephemeral loopback port and serves `scenario`. Every account
     /// gets a fresh random key; its windows start as the scenario says, from now.
     pub async fn start(scenario: Scenario) -> Result<SimUpstream> {
+        Self::start_on(scenario, Clock::system()).await
+    }
+
+    /// [`SimUpstream::start`] on `clock`: windows fill and reset, and tokens
+    /// expire, on its time.
+    pub async fn start_on(scenario: Scenario, clock: Clock) -> Result<SimUpstream> {
         let listener =
             tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind the simulated upstream")?;
         let addr = listener.local_addr()?;
-        let now = now_ms();
+        let now = clock.now_ms();
         let accounts = scenario
             .accounts
             .iter()
@@ -152,7 +158,7 @@ impl SimUpstream {
             })
             .collect::<Result<Vec<_>>>()?;
         let seed = u64::from_le_bytes(hex::decode(random_hex(8)?)?.try_into().expect("8 bytes"));
-        let shared = Arc::new(Shared::new(scenario, accounts, seed));
+        let shared = Arc::new(Shared::new(scenario, accounts, seed, clock));
         let (stop, mut stopped) = watch::channel(false);
         let app = server::router(shared.clone());
         let task = tokio::spawn(async move {
@@ -192,7 +198,7 @@ impl SimUpstream {
 
     /// Every account's usage as of now.
     pub fn usage(&self) -> Vec<AccountUsage> {
-        let now = now_ms();
+        let now = self.shared.clock.now_ms();
         self.shared
             .accounts
             .iter()

@@ -14,7 +14,6 @@ use http::StatusCode;
 use parking_lot::Mutex;
 
 use super::server::{Account, Shared};
-use crate::clock::now_ms;
 use crate::random::random_hex;
 
 /// How long a seat's access token lives in the demo.
@@ -30,10 +29,10 @@ pub(crate) struct Tokens {
 }
 
 /// A fresh pair for `account`: (access, refresh, expires at ms).
-pub(crate) fn issue(tokens: &Tokens, account: &Arc<Account>) -> anyhow::Result<(String, String, u64)> {
+pub(crate) fn issue(tokens: &Tokens, account: &Arc<Account>, now_ms: u64) -> anyhow::Result<(String, String, u64)> {
     let access = format!("sk-ant-oat-sim-{}", random_hex(24)?);
     let refresh = format!("sk-ant-ort-sim-{}", random_hex(24)?);
-    let expires = now_ms() + TOKEN_LIFETIME.as_millis() as u64;
+    let expires = now_ms + TOKEN_LIFETIME.as_millis() as u64;
     tokens.access.lock().insert(access.clone(), (account.clone(), expires));
     tokens.refresh.lock().insert(refresh.clone(), account.clone());
     Ok((access, refresh, expires))
@@ -50,9 +49,9 @@ pub(crate) enum Bearer {
 }
 
 /// Looks up a presented bearer token.
-pub(crate) fn bearer(tokens: &Tokens, token: &str) -> Bearer {
+pub(crate) fn bearer(tokens: &Tokens, token: &str, now_ms: u64) -> Bearer {
     match tokens.access.lock().get(token) {
-        Some((a, until)) if *until > now_ms() => Bearer::Live(a.clone()),
+        Some((a, until)) if *until > now_ms => Bearer::Live(a.clone()),
         Some(_) => Bearer::Expired,
         None => Bearer::Unknown,
     }
@@ -79,7 +78,7 @@ pub(crate) async fn token(State(s): State<Arc<Shared>>, body: Bytes) -> Response
             serde_json::json!({"error": "invalid_grant", "error_description": "Refresh token not found or invalid"});
         return answer(StatusCode::BAD_REQUEST, body);
     };
-    let Ok((access, refresh, _)) = issue(&s.tokens, &account) else {
+    let Ok((access, refresh, _)) = issue(&s.tokens, &account, s.clock.now_ms()) else {
         return answer(StatusCode::INTERNAL_SERVER_ERROR, serde_json::json!({"error": "server_error"}));
     };
     s.tokens.refreshes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -29,7 +29,7 @@ use super::quota::Ledger;
 use super::reply::{self, CHUNKING, MODELS};
 use super::scenario::Scenario;
 use crate::account::model_family;
-use crate::clock::now_ms;
+use crate::clock::Clock;
 use crate::config::Secret;
 use crate::gateway::auth;
 use crate::random::splitmix;
@@ -68,12 +68,14 @@ pub(crate) struct Shared {
     seed: u64,
     /// OAuth seats' tokens (see [`super::oauth`]).
     pub tokens: super::oauth::Tokens,
+    /// Where windows and tokens read the time.
+    pub clock: Clock,
 }
 
 impl Shared {
-    pub fn new(scenario: Scenario, accounts: Vec<Arc<Account>>, seed: u64) -> Shared {
+    pub fn new(scenario: Scenario, accounts: Vec<Arc<Account>>, seed: u64, clock: Clock) -> Shared {
         let by_key = accounts.iter().map(|a| (a.key.expose().to_string(), a.clone())).collect();
-        Shared { scenario, accounts, by_key, next_id: AtomicU64::new(1), seed, tokens: Default::default() }
+        Shared { scenario, accounts, by_key, next_id: AtomicU64::new(1), seed, tokens: Default::default(), clock }
     }
 
     /// The account whose key (or live OAuth token) the request presents.
@@ -82,7 +84,7 @@ impl Shared {
         if let Some(a) = self.by_key.get(presented) {
             return Some(a.clone());
         }
-        match super::oauth::bearer(&self.tokens, presented) {
+        match super::oauth::bearer(&self.tokens, presented, self.clock.now_ms()) {
             super::oauth::Bearer::Live(a) => Some(a),
             _ => None,
         }
@@ -90,8 +92,9 @@ impl Shared {
 
     /// Whether the request presents one of our OAuth tokens past its expiry.
     fn expired(&self, headers: &HeaderMap) -> bool {
-        auth::presented(headers)
-            .is_some_and(|t| matches!(super::oauth::bearer(&self.tokens, t), super::oauth::Bearer::Expired))
+        auth::presented(headers).is_some_and(|t| {
+            matches!(super::oauth::bearer(&self.tokens, t, self.clock.now_ms()), super::oauth::Bearer::Expired)
+        })
     }
 
     /// A fresh number, and a pseudo-random value derived from it: replies and
@@ -204,7 +207,7 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) 
         random >> 32,
     );
 
-    let now = now_ms();
+    let now = s.clock.now_ms();
     let admitted = {
         let mut ledger = account.ledger.lock();
         match ledger.admit(Some(family), now) {

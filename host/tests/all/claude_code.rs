@@ -13,7 +13,7 @@
 use crate::support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use poolgate_mock_upstream::{MockUpstream, Quota, Step};
@@ -226,7 +226,7 @@ async fn what_the_serving_account_answers_reaches_claude_code_as_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_out_of_quota_answers_as_anthropic_would_and_a_full_queue_as_a_throttle() {
     let mock = MockUpstream::start().await;
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let now = poolgate::clock::system_time().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     for (key, reset) in [("key-a", now + 3_000), ("key-b", now + 2_000)] {
         let acct = mock.account(key);
         // A 5h window spent, resetting at `reset`.
@@ -280,7 +280,7 @@ async fn probes_are_answered_at_once_and_discovery_is_one_page() {
     cfg.push_str("[[server.client_keys]]\nname = \"dev\"\nkey_env = \"DEV_KEY\"\n");
     let gw = Gateway::start(&cfg, &[("KEY_A", "key-a"), ("DEV_KEY", "dev-key"), ("PG_ADMIN", ADMIN)]);
     for path in ["/", "/api/hello"] {
-        let started = Instant::now();
+        let started = poolgate::clock::machine_instant();
         let (status, _, body) =
             raw(&gw, format!("HEAD {path} HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n").as_bytes()).await;
         assert_eq!(status, 200, "HEAD {path}");
@@ -416,7 +416,7 @@ async fn a_stream_is_relayed_as_it_arrives_byte_for_byte() {
     let gap = Duration::from_millis(300);
     let upstream = scripted_upstream(gap).await;
     let gw = Gateway::start(&config(&upstream, &[("a", "KEY_A")], ""), &[("KEY_A", "key-a"), ("PG_ADMIN", ADMIN)]);
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     let mut r = Gateway::client()
         .post(format!("{}/v1/messages", gw.url))
         .header("anthropic-version", "2023-06-01")

@@ -18,6 +18,7 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use parking_lot::Mutex;
 
+use poolgate::clock::Clock;
 use poolgate::config::Config;
 use poolgate::gateway::Gateway;
 use poolgate::gateway::decisions::{AttemptOutcome, Ending, RequestRecord};
@@ -96,6 +97,11 @@ impl Transport for Scripted {
 /// A gateway over accounts `a`, `b`, `c` (ranked in that order by
 /// fill-first), sending through `transport`.
 async fn gateway(transport: Arc<Scripted>, extra: &str) -> Arc<Gateway> {
+    gateway_on(transport, extra, Clock::system()).await
+}
+
+/// [`gateway`] reading the time from `clock`.
+async fn gateway_on(transport: Arc<Scripted>, extra: &str, clock: Clock) -> Arc<Gateway> {
     let dir = std::env::temp_dir().join(format!("poolgate-failover-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut text =
@@ -111,7 +117,7 @@ async fn gateway(transport: Arc<Scripted>, extra: &str) -> Arc<Gateway> {
     }
     let (config, _) = Config::load_text(&dir.join("poolgate.toml"), &text).expect("config loads");
     let state = Arc::new(MemoryState::default());
-    Gateway::with_transport(config, common::ENGINE.clone(), state, transport).await.expect("gateway")
+    Gateway::with_transport_and_clock(config, common::ENGINE.clone(), state, transport, clock).await.expect("gateway")
 }
 
 async fn send(gw: &Arc<Gateway>) -> (Response, RequestRecord) {
@@ -138,6 +144,25 @@ fn header<'a>(r: &'a Response, name: &str) -> Option<&'a str> {
 
 fn outcomes(record: &RequestRecord) -> Vec<(Option<&str>, AttemptOutcome)> {
     record.attempts.iter().map(|a| (a.account.as_deref(), a.outcome)).collect()
+}
+
+/// Cooldowns run on the gateway's clock: on a manual one, an account
+/// rate-limited for 30 s stays out until the clock is moved past that, and
+/// is back at once when it is — no sleep, no wall-clock bound.
+#[tokio::test]
+async fn a_cooldown_ends_when_the_gateways_clock_passes_it() {
+    let t = Scripted::new(&[("a", &[Reply::Status(429, &[("retry-after", "30")], "{}")])]);
+    let clock = Clock::manual(1_760_000_000_000);
+    let gw = gateway_on(t.clone(), "", clock.clone()).await;
+    let (r, record) = send(&gw).await;
+    assert_eq!((r.status(), record.account.as_deref()), (StatusCode::OK, Some("b")));
+    clock.advance(Duration::from_secs(29));
+    let (_, record) = send(&gw).await;
+    assert_eq!(record.account.as_deref(), Some("b"), "a is still cooling 29 s later");
+    clock.advance(Duration::from_secs(2));
+    let (_, record) = send(&gw).await;
+    assert_eq!(record.account.as_deref(), Some("a"), "a is back once the clock passed its cooldown");
+    assert_eq!(t.asked(), ["a", "b", "b", "a"]);
 }
 
 #[tokio::test]

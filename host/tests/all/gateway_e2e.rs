@@ -14,7 +14,7 @@ use support::{Gateway, config, message};
 const ADMIN: &str = "admin-token-for-tests";
 
 fn now_s() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+    poolgate::clock::system_time().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
 }
 
 fn env3() -> Vec<(&'static str, &'static str)> {
@@ -193,7 +193,7 @@ async fn requests_queue_for_a_full_account_and_time_out_with_queue_timeout() {
     let cfg = config(&mock.base_url(), &[("a", "KEY_A")], extra).replace("base_url", "max_in_flight = 1\nbase_url");
     let gw = Gateway::start(&cfg, &env3());
     // Two at once on a one-slot account: the second waits for the first.
-    let started = std::time::Instant::now();
+    let started = poolgate::clock::machine_instant();
     let m = message("m", false);
     let (r1, r2) = tokio::join!(post(&gw, &m), post(&gw, &m));
     assert_eq!((r1.status().as_u16(), r2.status().as_u16()), (200, 200));
@@ -513,7 +513,7 @@ fn stream(url: &str, path: &str, body: Value) -> tokio::task::JoinHandle<(String
         let r = Gateway::client().post(url).header("anthropic-version", "2023-06-01").json(&body).send().await.unwrap();
         assert_eq!(r.status(), 200);
         let text = r.text().await.unwrap_or_else(|e| format!("<cut: {e}>"));
-        (text, Instant::now())
+        (text, poolgate::clock::machine_instant())
     })
 }
 
@@ -562,7 +562,7 @@ async fn sigterm_drains_then_cuts_what_is_still_open_as_shutdown() {
     assert!(head.starts_with("http/1.1 200") && !head.contains("connection: close"), "{head}");
     skip_body(&mut pooled, &head).await;
 
-    let signalled = Instant::now();
+    let signalled = poolgate::clock::machine_instant();
     gw.terminate();
     // At once: not ready, so a load balancer stops sending…
     support::eventually("/readyz answers 503", Duration::from_secs(2), async || {
@@ -629,7 +629,7 @@ async fn ctrl_c_skips_the_drain_and_a_second_one_stops_at_once() {
     // No load balancer at a terminal: the listener closes at once.
     support::eventually("the listener closes", Duration::from_secs(3), async || !accepting(&gw).await).await;
     assert!(!messages.is_finished(), "the open stream goes on");
-    let second = Instant::now();
+    let second = poolgate::clock::machine_instant();
     gw.signal("INT");
     let (text, ended) = messages.await.unwrap();
     assert!(text.trim_end().ends_with("shutdown grace period\"}}"), "{text}");

@@ -9,7 +9,7 @@ use crate::support;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use poolgate_mock_upstream::MockUpstream;
 use serde_json::Value;
@@ -130,7 +130,7 @@ async fn a_hundred_swaps_under_traffic_lose_no_request() {
     // The gateway compiles every built-in in the background after it starts;
     // from then on a swap is a reload, not a first compile (which on two busy
     // cores with an empty cache can alone take longer than the second allowed).
-    let warming = Instant::now();
+    let warming = poolgate::clock::machine_instant();
     while status(&url).await["builtins_ready"] != true {
         assert!(warming.elapsed() < Duration::from_secs(120), "built-ins never finished compiling:\n{}", gw.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -192,7 +192,7 @@ async fn a_hundred_swaps_under_traffic_lose_no_request() {
                 None
             }
         };
-        let started = Instant::now();
+        let started = poolgate::clock::machine_instant();
         match expect {
             Some(e) => {
                 valid += 1;
@@ -284,7 +284,7 @@ async fn sighup_and_the_admin_endpoint_reload_and_state_survives() {
     assert!(errors.contains(":2: server.listen: expected a string"), "{errors}");
     std::fs::write(&cfg_path, &good).unwrap();
     // The watcher picks the restored file up by itself.
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     let settled = loop {
         let st = status(&gw.url).await;
         if st["config"]["last_reload"]["trigger"] == "file-watch" && st["config"]["last_reload"]["ok"] == true {
@@ -300,7 +300,7 @@ async fn sighup_and_the_admin_endpoint_reload_and_state_survives() {
 
     // SIGHUP reloads the unchanged file.
     std::process::Command::new("kill").args(["-HUP", &gw.pid().to_string()]).status().unwrap();
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     loop {
         let st = status(&gw.url).await;
         if st["config"]["generation"].as_u64().unwrap() > settled {
@@ -422,7 +422,7 @@ async fn a_reload_that_would_open_or_weaken_the_gateway_is_refused() {
     let both = |log: &str| {
         said(log, "client keys 2 → 1 (removed ci)") && said(log, "stage `headroom`: options changed (floor)")
     };
-    let started = std::time::Instant::now();
+    let started = poolgate::clock::machine_instant();
     while !both(&gw.log()) && started.elapsed() < std::time::Duration::from_secs(10) {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }

@@ -14,7 +14,7 @@ use crate::example_plugins;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bounded::OutputWithin as _;
 use example_plugins::{Built, Lang, built, engine, fixtures_dir, warm};
@@ -207,7 +207,7 @@ fn large_components_load_from_the_compile_cache_after_a_restart() {
         let b = built(lang);
         warm(&engine(), &b.wasm); // the first load of this build, in any test
         let restarted = engine();
-        let started = Instant::now();
+        let started = poolgate::clock::machine_instant();
         let plugin = load(&restarted, &b.wasm, "{}").unwrap_or_else(|e| panic!("{lang:?}: {e:#}"));
         let cached = started.elapsed();
         assert!(cached < Duration::from_secs(3), "{lang:?}: a cached load took {cached:?}");
@@ -216,7 +216,7 @@ fn large_components_load_from_the_compile_cache_after_a_restart() {
         // instantiation on the request path.
         let case = fixture_pool();
         let c = case.candidates(poolgate::account::DEFAULT_FRESHNESS_MS);
-        let started = Instant::now();
+        let started = poolgate::clock::machine_instant();
         poolgate::policy::block_on(plugin.rank(&case.request(), &c.accounts, &c.windows))
             .unwrap_or_else(|f| panic!("{lang:?}: {f:?}"));
         let first_call = started.elapsed();

@@ -8,7 +8,7 @@ use crate::support;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sha2::Digest as _;
 
@@ -37,7 +37,7 @@ fn stage(plugin: &str, options: &str) -> String {
 fn check(dir: &Path, text: &str, limit: Duration) -> (bool, String, Duration) {
     let path = dir.join("check.toml");
     std::fs::write(&path, text).unwrap();
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     let out = Command::new(env!("CARGO_BIN_EXE_poolgate"))
         .arg("check")
         .arg("--config")
@@ -127,7 +127,7 @@ async fn a_reload_that_hangs_in_configure_is_refused_and_the_next_one_works() {
         .unwrap();
     let gw = Gateway::start_file(&path, &[("KEY_A", "key-a"), ("PG_ADMIN", ADMIN)], dir);
     let reload = || async {
-        let started = Instant::now();
+        let started = poolgate::clock::machine_instant();
         let r = Gateway::client().post(format!("{}/admin/reload", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
         (r.status().as_u16(), r.text().await.unwrap(), started.elapsed())
     };

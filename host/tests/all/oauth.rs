@@ -459,7 +459,7 @@ fn refresh_answers(mock: &MockUpstream, status: u16) -> usize {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+    poolgate::clock::system_time().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
 /// Kill -9 between writing the rotated pair to the temporary file and the

@@ -10,7 +10,7 @@ use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use poolgate_mock_upstream::{Identity, MockUpstream, Quota, Step};
 use serde_json::{Value, json};
@@ -20,11 +20,11 @@ use support::{Gateway, tempdir};
 const ADMIN: &str = "replicas-admin";
 
 fn now_s() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+    poolgate::clock::system_time().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+    poolgate::clock::system_time().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
 /// `[state]` for `redis`, under a prefix of the test's own.
@@ -117,7 +117,7 @@ async fn exhausted_on_a_skipped_by_b(spending: Step, served_on_a: &str) {
     x.set_default(spending);
     let r = send(&a).await;
     assert_eq!((r.status().as_u16(), served_by(&r)), (200, served_on_a.to_string()));
-    let learned = Instant::now();
+    let learned = poolgate::clock::machine_instant();
     assert_eq!(x.count(), 1);
     support::eventually("B knows x is cooling", Duration::from_secs(1), async || {
         !account(&status(&b).await, "x")["cooldown"].is_null()
@@ -244,7 +244,7 @@ async fn max_in_flight_holds_across_replicas() {
     assert_eq!(served_by(&send(&b).await), "y");
     let pid = a.pid().to_string();
     std::process::Command::new("kill").args(["-KILL", &pid]).status().unwrap();
-    let died = Instant::now();
+    let died = poolgate::clock::machine_instant();
     support::eventually("B gets x once the dead replica's lease lapsed", Duration::from_secs(5), async || {
         served_by(&send(&b).await) == "x"
     })
@@ -324,7 +324,7 @@ async fn a_seat_both_replicas_serve_is_refreshed_once_per_expiry() {
     in_step(&[&a, &b]).await;
     let stop = Arc::new(AtomicBool::new(false));
     let loads = [&a, &b].map(|gw| support::drive(gw, stop.clone(), Duration::from_millis(25)));
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     support::eventually("four refreshes", Duration::from_secs(20), async || mock.oauth().refreshes() >= 4).await;
     stop.store(true, Ordering::Release);
     let lifetimes = started.elapsed().as_secs_f64() / 1.5;

@@ -235,7 +235,7 @@ async fn answer_on(mut socket: TcpStream, limit: Duration) -> (Vec<u8>, Option<I
             if n == 0 {
                 break;
             }
-            first.get_or_insert_with(Instant::now);
+            first.get_or_insert_with(poolgate::clock::machine_instant);
             out.extend_from_slice(&buf[..n]);
         }
     })
@@ -255,7 +255,7 @@ fn parse_answer(bytes: &[u8]) -> (u16, String, Value) {
 async fn median<F: Future<Output = reqwest::Response>>(n: usize, mut send: impl FnMut() -> F) -> Duration {
     let mut times = Vec::with_capacity(n);
     for _ in 0..n {
-        let started = Instant::now();
+        let started = poolgate::clock::machine_instant();
         let r = send().await;
         assert_eq!(r.status(), 200);
         r.bytes().await.unwrap();
@@ -295,21 +295,21 @@ async fn held_sockets_neither_delay_other_clients_nor_outlive_their_timeouts() {
     let healthz = || client.get(format!("{}/healthz", gw.url)).send().map(Result::unwrap);
     let quiet = (median(9, messages).await, median(9, healthz).await);
 
-    let held = Instant::now();
+    let held = poolgate::clock::machine_instant();
     let mut sockets = Vec::new();
     for _ in 0..HEADS {
         let mut s = TcpStream::connect(&addr).await.unwrap();
         s.write_all(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-slow: ")
             .await
             .unwrap();
-        sockets.push(("head", Instant::now(), s));
+        sockets.push(("head", poolgate::clock::machine_instant(), s));
     }
     for _ in 0..BODIES {
         let mut s = TcpStream::connect(&addr).await.unwrap();
         let head = "POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
                     anthropic-version: 2023-06-01\r\ncontent-length: 1000\r\n\r\n{\"model\": \"claude";
         s.write_all(head.as_bytes()).await.unwrap();
-        sockets.push(("body", Instant::now(), s));
+        sockets.push(("body", poolgate::clock::machine_instant(), s));
     }
     let busy = (median(9, messages).await, median(9, healthz).await);
     assert!(held.elapsed() < Duration::from_millis(TIMEOUT_MS), "measured while every socket was held");
@@ -400,7 +400,7 @@ async fn connections_past_the_limit_are_refused_each_in_its_own_protocol() {
     // An idle HTTP/2 connection is closed after idle_timeout_ms with GOAWAY.
     let mut idle = TcpStream::connect(&addr).await.unwrap();
     idle.write_all(H2_START).await.unwrap();
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     let frames = h2_frames(idle, Duration::from_secs(10)).await;
     assert!(frames.iter().any(|(kind, _)| *kind == 7), "GOAWAY: {frames:?}");
     assert!(started.elapsed() >= Duration::from_millis(950), "after the idle timeout: {:?}", started.elapsed());

@@ -16,7 +16,7 @@ use support::Gateway;
 const ADMIN: &str = "routing-admin";
 
 fn now_s() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+    poolgate::clock::system_time().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
 }
 
 /// A config of `accounts` (id, kind, env var) with no chain: the default one.

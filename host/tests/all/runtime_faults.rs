@@ -51,7 +51,7 @@ fn a_trapping_plugin_is_a_trap() {
 
 #[test]
 fn an_endless_loop_is_a_timeout() {
-    let started = std::time::Instant::now();
+    let started = poolgate::clock::machine_instant();
     assert_fault_then_recovery("loop", Cause::Timeout);
     assert!(started.elapsed() < std::time::Duration::from_secs(2), "the deadline cut the loop short");
 }
@@ -213,7 +213,7 @@ fn a_fast_plugin_never_times_out_on_a_saturated_machine() {
     let case = pool_case(16);
     let chain = chain(&case, vec![stage("builtin:headroom", json!({}), 1), stage("builtin:headroom", json!({}), 1)]);
     let _busy = Saturated::new();
-    let started = std::time::Instant::now();
+    let started = poolgate::clock::machine_instant();
     let mut calls = 0;
     while calls < 3_000 || started.elapsed() < std::time::Duration::from_secs(2) {
         let d = rank(&chain, &case, "claude-sonnet-4-5");
@@ -229,7 +229,7 @@ fn an_endless_loop_is_cut_in_time_on_a_saturated_machine() {
     let (case, chain) = faulty("loop", 25);
     let _busy = Saturated::new();
     for _ in 0..3 {
-        let started = std::time::Instant::now();
+        let started = poolgate::clock::machine_instant();
         let d = rank(&chain, &case, "boom");
         let took = started.elapsed();
         assert_eq!(d.policy_errors[0].cause, Cause::Timeout, "{d:?}");
@@ -261,7 +261,7 @@ fn one_memory_fill_runs_to_its_end_bounded_by_the_instance_memory() {
     .unwrap();
     let mut fills = Vec::new();
     for _ in 0..6 {
-        let started = std::time::Instant::now();
+        let started = poolgate::clock::machine_instant();
         let d = rank(&chain, &case, "boom");
         let took = started.elapsed();
         // A fresh instance fills (answered, or cut as `timeout` right after the
@@ -286,7 +286,7 @@ fn one_memory_fill_runs_to_its_end_bounded_by_the_instance_memory() {
 fn a_rank_napping_in_short_pieces_is_cut_at_its_budget() {
     let (case, chain) = faulty_with(json!({ "fault": "budget-nap", "on_model": "boom", "ms": 10 }), 25);
     for _ in 0..3 {
-        let started = std::time::Instant::now();
+        let started = poolgate::clock::machine_instant();
         let d = rank(&chain, &case, "boom");
         let took = started.elapsed();
         let e = &d.policy_errors[0];
@@ -307,7 +307,7 @@ fn a_configure_napping_in_short_pieces_is_refused_within_its_budget() {
     let case = pool_case(2);
     let mut spec = stage(&guest("misbehave"), json!({ "fault": "pass", "configure": "budget-nap", "ms": 20 }), 25);
     spec.plugin.limits.configure_deadline = std::time::Duration::from_millis(200);
-    let started = std::time::Instant::now();
+    let started = poolgate::clock::machine_instant();
     let err = poolgate::policy::block_on(poolgate::policy::Chain::load(
         &ENGINE,
         vec![spec],

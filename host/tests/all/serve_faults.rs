@@ -13,7 +13,7 @@ use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use poolgate_mock_upstream::MockUpstream;
 use serde_json::{Value, json};
@@ -119,7 +119,7 @@ async fn drive(gw: &Gateway, n: usize) -> Run {
         tokio::spawn(async move {
             let client = Gateway::client();
             while !done.load(Ordering::Acquire) {
-                let t = Instant::now();
+                let t = poolgate::clock::machine_instant();
                 let r = client.get(format!("{url}/healthz")).send().await;
                 let took = t.elapsed().as_micros() as u64;
                 assert!(r.is_ok_and(|r| r.status() == 200), "/healthz failed");
@@ -137,7 +137,7 @@ async fn drive(gw: &Gateway, n: usize) -> Run {
             let client = Gateway::client();
             let mut seen = Vec::new();
             while (next.fetch_add(1, Ordering::AcqRel) as usize) < n {
-                let t = Instant::now();
+                let t = poolgate::clock::machine_instant();
                 let r = send_message(&client, &url, MODEL).await;
                 let (status, headers) = match r {
                     Ok(r) => {
@@ -236,7 +236,7 @@ async fn through_serve(what: &str, options: &str, timeout_ms: u64) -> (Gateway, 
 /// little cost — so traffic goes on until it opens (at most 10 s). Returns the
 /// decisions then.
 async fn assert_breaker_opened(gw: &Gateway, what: &str) -> Vec<Value> {
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     loop {
         let d = decisions(gw).await;
         let stage = hostile_stage(gw).await;
@@ -499,7 +499,7 @@ async fn a_configure_looping_on_host_calls_does_not_block_a_reload() {
     .await;
     let text = std::fs::read_to_string(&path).unwrap();
     let swapped = text.replace(&hostile_stage, "[[policy.chain]]\nplugin = \"builtin:headroom\"\nname = \"plain\"\n");
-    let saved = Instant::now();
+    let saved = poolgate::clock::machine_instant();
     std::fs::write(&path, swapped).unwrap();
     loop {
         let st = gw.admin_json("/status", ADMIN).await;
@@ -528,7 +528,7 @@ async fn a_reload_keeps_the_stages_it_leaves_as_they_were() {
         |ms: u64| hostile(&misbehave(), &format!("fault = \"pass\", configure = \"sleep-after-first\", ms = {ms}"), 25);
     let gw = start(&mock, dir, &slow(4000));
     let reload = async || {
-        let took = Instant::now();
+        let took = poolgate::clock::machine_instant();
         let r = Gateway::client().post(format!("{}/admin/reload", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
         took.elapsed()
@@ -626,7 +626,7 @@ async fn hostile_plugins_hot_swapped_in_under_load_lose_no_request() {
     swaps.push(hostile(memories.to_str().unwrap(), "", 25));
     for (i, stages) in swaps.iter().enumerate() {
         std::fs::write(&path, format!("{head}{stages}")).unwrap();
-        let took = Instant::now();
+        let took = poolgate::clock::machine_instant();
         let r = Gateway::client().post(format!("{}/admin/reload", gw.url)).bearer_auth(ADMIN).send().await.unwrap();
         let status = r.status();
         let body: Value = r.json().await.unwrap_or(json!({}));
@@ -675,7 +675,7 @@ const SLOW: &str = "claude-sonnet-4-5";
 /// or `within` passes; whether it did.
 async fn ranked_again(gw: &Gateway, within: Duration) -> bool {
     let client = Gateway::client();
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     while started.elapsed() < within {
         let r = send_message(&client, &gw.url, FINE).await.unwrap();
         assert_eq!(r.status(), 200);
@@ -738,7 +738,7 @@ async fn a_breaker_probe_that_finds_no_free_instance_hands_the_probe_on() {
         misbehave()
     );
     let gw = start(&mock, tempdir::Dir::new("probe-busy"), &stages);
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     while hostile_stage(&gw).await["idle_instances"] != 3 {
         assert!(started.elapsed() < Duration::from_secs(10), "the pool never filled");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1090,7 +1090,7 @@ async fn a_burst_of_streams_opening_together_skips_no_stage_loses_no_observe_and
     std::fs::write(&path, format!("[server]\nadmin_token_env = \"PG_ADMIN\"\n\n{accounts}")).unwrap();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let gw = Gateway::start_file(&path, &env, dir);
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     // Each wave opens while the streams of the last ones are still running.
     let mut waves = Vec::new();
     for wave in 0..WAVES {
@@ -1157,7 +1157,7 @@ async fn instance_builds_that_never_end_are_cut_counted_and_open_the_breaker() {
     );
     let gw = start(&mock, tempdir::Dir::new("refill-naps"), &stages);
     let mut seen_parallel = false;
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     let stage = loop {
         let stage = hostile_stage(&gw).await;
         seen_parallel |= stage["pool"]["building"].as_u64().unwrap() >= 2;
@@ -1204,14 +1204,14 @@ fn configure_timeout(ms: u64) -> String {
 
 /// POST /admin/reload: the status, the JSON answer and how long it took.
 async fn admin_reload(url: String) -> (u16, Value, Duration) {
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     let (status, body) = support::admin_post(&url, "/admin/reload", Some(ADMIN), "").await;
     (status, body, started.elapsed())
 }
 
 /// Waits until the gateway's RSS is under `kib`; false if it is not within 10 s.
 async fn rss_settles_under(gw: &Gateway, kib: u64) -> bool {
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     while started.elapsed() < Duration::from_secs(10) {
         if rss_kib(gw.pid()) < kib {
             return true;

@@ -58,7 +58,7 @@ fn outcome(mut cmd: Command, what: &str, limit: Duration) -> (bool, String) {
         .stderr(Stdio::from(out))
         .spawn()
         .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
@@ -79,7 +79,7 @@ fn outcome(mut cmd: Command, what: &str, limit: Duration) -> (bool, String) {
 }
 
 fn rand() -> u32 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos()
+    poolgate::clock::system_time().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos()
 }
 
 /// `poolgate <args>` in `dir`, with what the language needs and nothing else.
@@ -198,7 +198,7 @@ async fn walk(lang: &str, source: &str) {
 
     // Deploy: add the stage to the running gateway's config and save it.
     let stage = format!("[[policy.chain]]\nplugin = \"{}\"\nname = \"alias-first\"\n", deployed.display());
-    let saved = Instant::now();
+    let saved = poolgate::clock::machine_instant();
     std::fs::write(&config, gateway_config(&mock.base_url(), &cache, &stage)).unwrap();
     let swap = first_ranked(&gw, "alias_first", saved, lang).await;
     for _ in 0..20 {
@@ -219,7 +219,7 @@ async fn walk(lang: &str, source: &str) {
     std::fs::write(&file, text.replace("alias_first", "alias_next")).unwrap();
     let before = std::fs::read(&deployed).unwrap();
     let watching = watch_reasons(gw.url.clone());
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     let (ok, refused) = build("an edit the fixture rejects");
     let rejected = started.elapsed();
     let reasons = watching.stop().await;
@@ -236,7 +236,7 @@ async fn walk(lang: &str, source: &str) {
     let fixture = plugin.join("fixtures/basic.json");
     let expected = std::fs::read_to_string(&fixture).unwrap();
     std::fs::write(&fixture, expected.replace("alias_first", "alias_next")).unwrap();
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     let (ok, rebuilt) = build("the edit with its fixture");
     let build_time = started.elapsed();
     assert!(ok && rebuilt.contains("deployed"), "{rebuilt}");
@@ -245,7 +245,7 @@ async fn walk(lang: &str, source: &str) {
     assert!(!compiled_here, "plugin build --config compiled it into the gateway's cache:\n{}", gw.log());
 
     // Nothing changed: no build, no compile, no reload.
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     let (ok, again) = build("unchanged");
     let unchanged = started.elapsed();
     assert!(ok && again.contains("unchanged since its last build") && again.contains("already deployed"), "{again}");

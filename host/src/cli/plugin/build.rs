@@ -26,7 +26,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
@@ -66,7 +66,7 @@ const RECORD: &str = ".poolgate-build";
 
 /// Runs `poolgate plugin build`.
 pub fn run(args: Args) -> Result<ExitCode> {
-    let started = Instant::now();
+    let started = crate::clock::machine_instant();
     let script = args.dir.join("build.sh");
     if !script.is_file() {
         bail!(
@@ -98,7 +98,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         None => args.dir.join("dist").join(wasm.file_name().context("the component has no file name")?),
     };
     let engine = args.cache.engine()?;
-    let compiled = Instant::now();
+    let compiled = crate::clock::machine_instant();
     let inspected = inspect::inspect_bytes(&engine, &wasm, &bytes, false)?;
     print!("{}", inspected.text);
     if !inspected.compatible {
@@ -141,7 +141,7 @@ struct Staged {
 
 impl Staged {
     fn new(bytes: &[u8], wasm: &Path) -> Result<Self> {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let nanos = crate::clock::system_time().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
         let dir = std::env::temp_dir().join(format!("poolgate-build-{}-{nanos}", std::process::id()));
         let mut builder = std::fs::DirBuilder::new();
         #[cfg(unix)]
@@ -172,7 +172,7 @@ fn built(args: &Args, script: &Path, not_inputs: &[&Path]) -> Result<(PathBuf, V
         println!("{} unchanged since its last build: not rebuilt (--rebuild forces it)\n", last.0.display());
         return Ok(last);
     }
-    let started = Instant::now();
+    let started = crate::clock::machine_instant();
     let mut command = std::process::Command::new("bash");
     command.arg(script);
     // build.sh may call this binary (`plugin bindings`, `plugin wrap`).

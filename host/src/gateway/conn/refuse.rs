@@ -127,7 +127,7 @@ pub fn h2_goaway(debug: &str) -> Bytes {
 /// tell HTTP/2 from HTTP/1, then answers each in its own protocol — a 503 in
 /// Anthropic's shape for HTTP/1 — and closes.
 pub async fn over_limit<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, gw: &Gateway, limit: usize) {
-    let started = Instant::now();
+    let started = gw.clock.instant();
     let mut sniff = Sniffer::default();
     let mut scan = HeadScan::new(HeadLimits { bytes: 4096, headers: 0 });
     let mut buf = [0u8; 1024];

@@ -47,7 +47,6 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::Gateway;
-use crate::clock::now_ms;
 use crate::learned::accounts::{AccountState, RuntimeDisable};
 use crate::learned::facts::{self, Absorbed, AccountFacts};
 use crate::policy::{StateEntry, StateStore};
@@ -425,7 +424,7 @@ impl Persist {
             .chain(generation.disabled.iter().map(|(c, s)| (c.id.as_str(), &**s)))
             .collect();
         let scopes = generation.chain.scopes();
-        let restored = restore(&file, accounts, &*gw.plugin_state, &scopes, now_ms());
+        let restored = restore(&file, accounts, &*gw.plugin_state, &scopes, gw.clock.now_ms());
         for id in &restored.other_identity {
             tracing::info!(account = %id, "the account's credential changed since the state file was written: nothing learned about the old one is restored");
         }
@@ -438,7 +437,7 @@ impl Persist {
             cooling = restored.cooling,
             disabled = restored.disabled,
             plugin_entries = restored.plugin_entries,
-            age_ms = now_ms().saturating_sub(file.written_ms),
+            age_ms = gw.clock.now_ms().saturating_sub(file.written_ms),
             "learned state restored"
         );
         self.status.lock().restored = Some(restored);
@@ -451,7 +450,7 @@ impl Persist {
     pub async fn save(&self, gw: &Gateway, last: bool) {
         let _turn = self.writing.lock().await;
         let (accounts_v, plugin_v) = Self::fingerprint(gw);
-        let now = now_ms();
+        let now = gw.clock.now_ms();
         let cached = self.plugin.lock().clone();
         let every_ms = self.every.as_millis() as u64;
         let plugin_due = copy_due(cached.as_ref().map(|c| (c.changes, c.at_ms)), plugin_v, now, every_ms, last);
@@ -469,7 +468,7 @@ impl Persist {
         drop(generation);
         let (plugin, path) = (gw.plugin_state.clone(), self.path.clone());
         let reuse = cached.as_ref().filter(|_| !plugin_due).map(|c| c.json.clone());
-        let started = std::time::Instant::now();
+        let started = gw.clock.instant();
         let wrote = on_writer(move || {
             let records = account_records(accounts.iter().map(|(id, s)| (id.as_str(), &**s)), now);
             let json = match reuse {
@@ -482,7 +481,7 @@ impl Persist {
         })
         .await
         .and_then(|r| r);
-        let took_ms = started.elapsed().as_millis() as u64;
+        let took_ms = gw.clock.since(started).as_millis() as u64;
         match wrote {
             Ok((size, json)) => {
                 tracing::debug!(file = %self.path.display(), bytes = size, took_ms, "state file written");

@@ -327,10 +327,10 @@ impl AccountState {
         let _ = self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
     }
 
-    /// The chain's view of the account.
-    pub fn snapshot(&self, config: &AccountConfig) -> AccountSnapshot {
+    /// The chain's view of the account at `now_ms`.
+    pub fn snapshot(&self, config: &AccountConfig, now_ms: u64) -> AccountSnapshot {
         let seat = self.seat();
-        let unusable = seat.as_ref().and_then(|s| s.unusable_until(crate::clock::now_ms()));
+        let unusable = seat.as_ref().and_then(|s| s.unusable_until(now_ms));
         let l = self.learned.lock();
         AccountSnapshot {
             id: self.id.clone(),
@@ -485,23 +485,23 @@ impl AccountState {
     }
 
     /// Cools the account until `until_ms` for `reason`, unless a longer
-    /// cooldown is in force.
-    pub fn cool(&self, until_ms: u64, reason: CooldownReason) -> Change {
+    /// cooldown is in force (`now_ms`: when).
+    pub fn cool(&self, until_ms: u64, reason: CooldownReason, now_ms: u64) -> Change {
         let mut l = self.learned.lock();
         if l.cooldown.is_some_and(|c| c.until_ms >= until_ms) {
             return Change::None;
         }
         self.changed();
-        l.set_cooldown(Cooldown { until_ms, reason }, crate::clock::now_ms());
+        l.set_cooldown(Cooldown { until_ms, reason }, now_ms);
         Change::Cooled(reason)
     }
 
     /// Lifts a cooldown for a refused credential: the seat has a new token
     /// (a refresh, or a new login), which that refusal says nothing about.
-    pub fn clear_auth_cooldown(&self) {
+    pub fn clear_auth_cooldown(&self, now_ms: u64) {
         let mut l = self.learned.lock();
         self.changed();
-        l.auth_cleared_ms = crate::clock::now_ms();
+        l.auth_cleared_ms = now_ms;
         if l.cooldown.is_some_and(|c| c.reason == CooldownReason::Auth) {
             l.cooldown = None;
             l.streaks.auth = 0;

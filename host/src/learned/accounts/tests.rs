@@ -56,7 +56,7 @@ fn a_per_model_429_gates_the_family_without_rejecting_the_account() {
         ..Default::default()
     };
     assert_eq!(a.record(Answer::Status(429), &fable_429, Some("fable"), &cfg, NOW), Change::Gated("fable".into()));
-    let s = a.snapshot(&AccountConfig { id: "a".into(), enabled: true, ..Default::default() });
+    let s = a.snapshot(&AccountConfig { id: "a".into(), enabled: true, ..Default::default() }, NOW);
     assert_ne!(s.status, Status::Rejected, "the top-level rejection was about fable only");
     assert!(s.usable(Some("sonnet"), NOW + 1));
     assert!(!s.usable(Some("fable"), NOW + 1));
@@ -82,7 +82,7 @@ fn an_operators_clear_lifts_any_cooldown_and_the_gates_asked_for() {
     for _ in 0..3 {
         a.record(Answer::Status(529), &r, None, &cfg, NOW);
     }
-    a.cool(NOW + 3_600_000, CooldownReason::Overage);
+    a.cool(NOW + 3_600_000, CooldownReason::Overage, NOW);
     {
         let mut l = a.learned();
         AccountState::gate(&mut l, "opus", NOW + 60_000, NOW);
@@ -152,7 +152,7 @@ fn readings_merge_by_window_name() {
         &cfg,
         NOW + 1,
     );
-    let s = a.snapshot(&AccountConfig { id: "a".into(), enabled: true, ..Default::default() });
+    let s = a.snapshot(&AccountConfig { id: "a".into(), enabled: true, ..Default::default() }, NOW);
     let by = |n: &str| s.windows.iter().find(|x| x.name == n).unwrap().utilization;
     assert_eq!((by("5h"), by("7d")), (0.3, 0.2));
 }

@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use super::plugin::{Outbox, SharedPluginState};
 use super::{BackendStatus, LeaseAnswer, RemoteLease, StateBackend};
-use crate::clock::now_ms;
+use crate::clock::Clock;
 use crate::config::StateConfig;
 use crate::learned::AccountBook;
 use crate::learned::facts::AccountFacts;
@@ -129,6 +129,8 @@ pub struct Redis {
     /// Replicas whose records were seen, with when.
     seen: Mutex<HashMap<String, u64>>,
     scripts: Scripts,
+    /// The gateway's clock: facts, leases and locks are stamped with it.
+    clock: Clock,
 }
 
 /// A lease asked for and not yet handed to its request; given back on drop.
@@ -163,6 +165,7 @@ impl Redis {
         plugin: Arc<SharedPluginState>,
         outbox: Arc<Outbox>,
         metrics: Arc<Metrics>,
+        clock: Clock,
     ) -> Result<Redis> {
         let url = cfg.url.as_deref().context("state.url is not set")?;
         let client = redis::Client::open(url).map_err(|_| anyhow!("state.url does not parse as a Redis URL"))?;
@@ -188,6 +191,7 @@ impl Redis {
                 renew: redis::Script::new(scripts::RENEW),
                 unlock: redis::Script::new(scripts::UNLOCK),
             },
+            clock,
         })
     }
 
@@ -234,7 +238,7 @@ impl Redis {
         let first = h.connects == 0 && h.last_error.is_none();
         if drop_link && (was || first) {
             self.connected.store(false, Ordering::Release);
-            h.since_ms = Some(now_ms());
+            h.since_ms = Some(self.clock.now_ms());
             tracing::warn!(url = %self.cfg.redacted_url(), error = %message, "the shared state backend is unreachable; serving on this replica's own state and retrying");
         } else {
             tracing::debug!(error = %message, "shared state backend operation failed");
@@ -276,7 +280,12 @@ impl StateBackend for Redis {
             last_error: h.last_error.clone(),
             errors: h.errors,
             connects: h.connects,
-            replicas_seen: self.seen.lock().values().filter(|at| now_ms().saturating_sub(**at) < SEEN_MS).count(),
+            replicas_seen: self
+                .seen
+                .lock()
+                .values()
+                .filter(|at| self.clock.now_ms().saturating_sub(**at) < SEEN_MS)
+                .count(),
             other_identity: h.other_identity,
             records_merged: h.records_merged,
             plugin_writes_applied: h.plugin_writes_applied,
@@ -292,7 +301,7 @@ impl StateBackend for Redis {
                 if book.strong_count() == 0 {
                     return;
                 }
-                let started = std::time::Instant::now();
+                let started = crate::clock::machine_instant();
                 if let Err(e) = self.session(&book).await {
                     self.fail("connect", &format!("{e:#}"), true);
                 }
@@ -320,7 +329,9 @@ impl StateBackend for Redis {
     }
 
     async fn lease(&self, account: &str, max: u32) -> LeaseAnswer {
-        if !self.connected.load(Ordering::Acquire) || self.lease_skip_until.load(Ordering::Acquire) > now_ms() {
+        if !self.connected.load(Ordering::Acquire)
+            || self.lease_skip_until.load(Ordering::Acquire) > self.clock.now_ms()
+        {
             return LeaseAnswer::Unavailable;
         }
         let member = format!("{}:{}", self.replica, self.next_member.fetch_add(1, Ordering::Relaxed));
@@ -339,7 +350,7 @@ impl StateBackend for Redis {
             // Redis that slow is asked again only after a pause, so a slow
             // but connected server costs requests one wait, not one each.
             self.metrics.state_error("lease");
-            self.lease_skip_until.store(now_ms() + LEASE_PAUSE_MS, Ordering::Release);
+            self.lease_skip_until.store(self.clock.now_ms() + LEASE_PAUSE_MS, Ordering::Release);
             self.fail(
                 "lease",
                 &format!("no answer within lease_wait_ms; leases paused for {LEASE_PAUSE_MS} ms"),
@@ -386,8 +397,8 @@ mod tests {
             ..StateConfig::default()
         };
         let outbox = Arc::new(Outbox::default());
-        let plugin = Arc::new(SharedPluginState::new(Arc::default(), outbox.clone()));
-        Redis::new(&cfg, plugin, outbox, Arc::default()).unwrap()
+        let plugin = Arc::new(SharedPluginState::new(Arc::default(), outbox.clone(), Clock::default()));
+        Redis::new(&cfg, plugin, outbox, Arc::default(), Clock::default()).unwrap()
     }
 
     #[test]

@@ -5,15 +5,17 @@ use async_trait::async_trait;
 use redis::AsyncCommands;
 
 use super::Redis;
-use crate::clock::now_ms;
 use crate::oauth::{CredentialShare, SharedLock, StoredCredential};
 
 #[async_trait]
 impl CredentialShare for Redis {
     async fn lock(&self, account: &str) -> SharedLock {
         let key = self.key(&format!("oauth:{account}:lock"));
-        let token =
-            format!("{}:{}", self.replica, crate::random::random_hex(8).unwrap_or_else(|_| now_ms().to_string()));
+        let token = format!(
+            "{}:{}",
+            self.replica,
+            crate::random::random_hex(8).unwrap_or_else(|_| self.clock.now_ms().to_string())
+        );
         let ms = self.cfg.refresh_lock_ms;
         let set: Option<Option<String>> = self
             .run("oauth", async |c| {
@@ -56,7 +58,7 @@ impl CredentialShare for Redis {
         let Ok(text) = serde_json::to_string(credential) else { return false };
         // Kept a day past the access token's expiry: its refresh token is
         // what the next refresh needs.
-        let ttl = credential.expires_at_ms.saturating_sub(now_ms()).saturating_add(24 * 3600 * 1000);
+        let ttl = credential.expires_at_ms.saturating_sub(self.clock.now_ms()).saturating_add(24 * 3600 * 1000);
         self.run("oauth", async |c| c.pset_ex::<_, _, ()>(&key, text, ttl).await).await.is_some()
     }
 

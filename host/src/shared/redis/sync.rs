@@ -36,14 +36,14 @@ impl Redis {
         // Everything this replica holds, again: Redis may have lost it (a
         // restart without persistence), or missed what happened while away.
         self.flushed.lock().clear();
-        let everything = self.plugin.everything(now_ms());
+        let everything = self.plugin.everything(self.clock.now_ms());
         self.outbox.take_overflowed();
         self.outbox.put_back(everything);
         self.flush(book).await?;
         {
             let mut h = self.health.lock();
             h.connects += 1;
-            h.since_ms = Some(now_ms());
+            h.since_ms = Some(self.clock.now_ms());
         }
         tracing::info!(url = %self.cfg.redacted_url(), replica = %self.replica, "in step with the shared state backend");
         self.settled.send_replace(true);
@@ -84,7 +84,7 @@ impl Redis {
             Ok(e) => e,
             Err(_) => return self.garbage("an announcement that does not parse"),
         };
-        let now = now_ms();
+        let now = self.clock.now_ms();
         match event {
             Event::Facts { r, a, f } if r != self.replica => {
                 let Some(book) = book.upgrade() else { return };
@@ -158,7 +158,7 @@ impl Redis {
             .run("read", async |c| pipe.query_async(c).await)
             .await
             .ok_or_else(|| anyhow!("reading records failed"))?;
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut gone = redis::pipe();
         let mut any_gone = false;
         for (id, record) in ids.iter().zip(records) {
@@ -190,7 +190,7 @@ impl Redis {
     async fn pull_plugin_state(&self) -> Result<()> {
         let pattern = format!("{}ps:*", self.cfg.key_prefix);
         let mut cursor: u64 = 0;
-        let now = now_ms();
+        let now = self.clock.now_ms();
         loop {
             let (next, keys): (u64, Vec<String>) = self
                 .run("read", async |c| {
@@ -240,7 +240,7 @@ impl Redis {
     /// writes, lease releases — one pipeline.
     async fn flush(&self, book: &Weak<AccountBook>) -> Result<()> {
         let Some(g) = book.upgrade() else { return Ok(()) };
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut pipe = redis::pipe();
         let mut versions = Vec::new();
         let events = self.key("events");

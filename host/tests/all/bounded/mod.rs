@@ -11,7 +11,7 @@
 use std::io::Read;
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// [`Command::output`] with a time limit.
 pub trait OutputWithin {
@@ -40,7 +40,7 @@ impl OutputWithin for Command {
         };
         let stdout = drain(Box::new(child.stdout.take().unwrap()));
         let stderr = drain(Box::new(child.stderr.take().unwrap()));
-        let started = Instant::now();
+        let started = machine_now();
         let status = loop {
             if let Some(status) = child.try_wait().expect("waiting for a child") {
                 break status;
@@ -61,9 +61,16 @@ impl OutputWithin for Command {
 /// Polls `ready` every 10 ms until it holds; fails the test naming `what`
 /// once `limit` has passed. (`support::eventually` is its async twin.)
 pub fn eventually_blocking(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
-    let started = Instant::now();
+    let started = machine_now();
     while !ready() {
         assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// The machine's monotonic time. This helper is shared with the SDK's tests,
+/// which do not link poolgate (and its `clock::machine_instant`).
+fn machine_now() -> std::time::Instant {
+    #[allow(clippy::disallowed_methods, reason = "a child process is timed by the machine's clock")]
+    std::time::Instant::now()
 }

@@ -17,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use poolgate::policy::PolicyEngine;
 
@@ -167,7 +167,7 @@ pub fn build_example(lang: Lang) -> Result<Built, String> {
     }
 
     let script = lang.dir().join("build.sh");
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     let output = Command::new("bash")
         .arg(&script)
         .arg(&out)
@@ -207,7 +207,7 @@ fn describe(lang: Lang, wasm: PathBuf, build_time: Duration, rebuilt: bool) -> B
 /// each: the others wait for it). Returns how long this call took.
 pub fn warm(engine: &PolicyEngine, wasm: &Path) -> Duration {
     let bytes = std::fs::read(wasm).unwrap_or_else(|e| panic!("cannot read {}: {e}", wasm.display()));
-    let started = Instant::now();
+    let started = poolgate::clock::machine_instant();
     engine.compile(&bytes, &wasm.display().to_string()).expect("the component compiles");
     started.elapsed()
 }

@@ -42,7 +42,7 @@ pub mod tempdir {
         use std::sync::atomic::{AtomicU64, Ordering};
         static N: AtomicU64 = AtomicU64::new(0);
         N.fetch_add(1, Ordering::Relaxed)
-            ^ (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64)
+            ^ (poolgate::clock::system_time().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64)
     }
 }
 
@@ -175,7 +175,7 @@ impl Gateway {
     /// A test that sends a second signal waits for the first to be seen, so
     /// the two are never coalesced into one.
     pub async fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
-        let start = std::time::Instant::now();
+        let start = poolgate::clock::machine_instant();
         while start.elapsed() < timeout {
             if self.log.lock().contains(needle) {
                 return true;
@@ -208,7 +208,7 @@ impl Gateway {
 
     /// Waits for the process to exit.
     pub fn wait(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let start = std::time::Instant::now();
+        let start = poolgate::clock::machine_instant();
         while start.elapsed() < timeout {
             if let Ok(Some(s)) = self.child.try_wait() {
                 return Some(s);
@@ -285,7 +285,7 @@ pub async fn send_message(client: &reqwest::Client, base: &str, model: &str) -> 
 /// Polls `ready` every 10 ms until it holds; fails the test naming `what`
 /// once `limit` has passed — instead of sleeping a fixed time and hoping.
 pub async fn eventually(what: &str, limit: Duration, mut ready: impl AsyncFnMut() -> bool) {
-    let started = std::time::Instant::now();
+    let started = poolgate::clock::machine_instant();
     while !ready().await {
         assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -4,7 +4,7 @@
 //! Debian's packages.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::tempdir;
 
@@ -50,9 +50,9 @@ impl RedisServer {
             .spawn()
             .expect("redis-server is not installed: ./test.sh installs it (apt-get install redis-server)");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = poolgate::clock::machine_instant() + Duration::from_secs(10);
         while self.cli(&["PING"]).trim() != "PONG" {
-            assert!(Instant::now() < deadline, "redis-server did not start on port {}", self.port);
+            assert!(poolgate::clock::machine_instant() < deadline, "redis-server did not start on port {}", self.port);
             std::thread::sleep(Duration::from_millis(20));
         }
     }
