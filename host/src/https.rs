@@ -8,7 +8,9 @@
 //! never follows redirects, never retries inside the client (failover is its
 //! own, across accounts) and already holds the path it forwards, so URL
 //! parsing, redirect and retry layers would be work done on every request for
-//! nothing (docs/benchmarks.md, "Gateway overhead").
+//! nothing (docs/benchmarks.md, "Gateway overhead"). [`base_prefix`] is
+//! how every base URL (an account's, a fallback's, the token endpoint's)
+//! is checked and normalised.
 
 use std::time::Duration;
 
@@ -19,6 +21,21 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+/// The part of a base URL every request path is appended to: scheme,
+/// authority and path, without a trailing slash. Refuses anything but an
+/// http(s) URL with a host.
+pub fn base_prefix(base: &str) -> Result<String> {
+    let refuse = || anyhow::anyhow!("`{base}` is not an http(s) URL with a host");
+    let uri: http::Uri = base.trim().parse().map_err(|_| refuse())?;
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return Err(refuse());
+    };
+    if !matches!(scheme, "http" | "https") || authority.host().is_empty() {
+        return Err(refuse());
+    }
+    Ok(format!("{scheme}://{authority}{}", uri.path().trim_end_matches('/')))
+}
 
 /// The pooled HTTPS client type.
 pub type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;

@@ -7,7 +7,6 @@ mod accounts;
 mod cooldowns;
 mod fallback;
 pub mod headers;
-mod oauth;
 pub mod schema;
 mod secrets;
 mod server;
@@ -20,15 +19,19 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+pub use crate::oauth::settings::{CLAUDE_CODE_CLIENT_ID, OAuthConfig, Overage};
 pub use accounts::{ANTHROPIC_API, AccountConfig, AccountKind};
 pub use cooldowns::CooldownConfig;
 pub use fallback::FallbackConfig;
-pub use oauth::{CLAUDE_CODE_CLIENT_ID, OAuthConfig, Overage};
 pub use secrets::{Credential, Resolved, ResolvedAccount, Secret, base_prefix, digest};
 pub use server::{ClientKey, GatewayConfig, LogFormat, ServerConfig};
 pub use state::{Backend as StateBackendKind, StateConfig, prefix_problem, redact as redact_url};
 
 use crate::policy::{self, BreakerConfig, Limits, PluginRef, PluginSpec, StageSpec};
+
+/// Key paths → the line they were written on (for the meaning pass of
+/// `validate` and the serving checks).
+pub type LineIndex = std::collections::HashMap<String, usize>;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -50,20 +50,7 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// The part of a base URL every request path is appended to: scheme,
-/// authority and path, without a trailing slash. Refuses anything but an
-/// http(s) URL with a host.
-pub fn base_prefix(base: &str) -> Result<String> {
-    let refuse = || anyhow::anyhow!("`{base}` is not an http(s) URL with a host");
-    let uri: http::Uri = base.trim().parse().map_err(|_| refuse())?;
-    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
-        return Err(refuse());
-    };
-    if !matches!(scheme, "http" | "https") || authority.host().is_empty() {
-        return Err(refuse());
-    }
-    Ok(format!("{scheme}://{authority}{}", uri.path().trim_end_matches('/')))
-}
+pub use crate::https::base_prefix;
 
 /// One account, resolved.
 #[derive(Debug, Clone)]

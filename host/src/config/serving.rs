@@ -5,8 +5,7 @@
 //! listener, drop its admin token). Pure functions of the configurations and
 //! the bound address; `validate::meaning` and `Gateway::reload` call them.
 
-use super::validate::LineIndex;
-use super::{Config, Overrides};
+use super::{Config, LineIndex, Overrides};
 
 /// The checks of what `serve` would run, which a reload must pass as the start
 /// did: an address to listen on; no listener beyond loopback without client

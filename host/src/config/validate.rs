@@ -71,8 +71,7 @@ impl Lines {
     }
 }
 
-/// Key paths → the line they were written on (for the meaning pass).
-pub type LineIndex = HashMap<String, usize>;
+pub use super::LineIndex;
 
 struct Walker<'a> {
     lines: &'a Lines,

@@ -7,27 +7,24 @@
 //! nothing has reached the client and the request can still move, so a stream
 //! that dies before its first byte fails over like a 5xx.
 
-use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
+use futures_util::StreamExt;
 use http::{HeaderMap, StatusCode};
 
 use super::Gateway;
 use super::admission::Lease;
 use super::decisions::AttemptOutcome;
-use super::finish::outcome_of;
+use super::finish::{note, outcome_of};
 use super::generation::{Generation, PoolAccount};
-use super::proxy::Incoming;
-use super::upstream::{self, BoxError};
-use crate::learned::accounts::Change;
+use super::request::Incoming;
+use super::upstream;
 use crate::learned::cooldown::{Answer, fails_over};
 use crate::learned::quota::{self, QuotaReading};
 use crate::policy::types as wit;
 
-/// The rest of an upstream body, after its first chunk.
-pub type Rest = Pin<Box<dyn Stream<Item = Result<Bytes, BoxError>> + Send>>;
+pub use super::upstream::Rest;
 
 /// How one attempt went.
 pub struct Attempted {
@@ -344,21 +341,6 @@ fn upstream_message(body: &[u8]) -> String {
     let message = parsed.as_ref().and_then(|v| v["error"]["message"].as_str()).map(str::to_string);
     let text = message.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
     text.chars().take(200).collect()
-}
-
-/// Reports a cooldown change to metrics and the log.
-pub(super) fn note(gw: &Gateway, account: &PoolAccount, change: Change) {
-    match change {
-        Change::Cooled(reason) => {
-            gw.metrics.cooldown(&account.config.id, reason.as_str());
-            tracing::info!(account = %account.config.id, reason = reason.as_str(), "account cooling down");
-        }
-        Change::Gated(family) => {
-            gw.metrics.cooldown(&account.config.id, "model_exhausted");
-            tracing::info!(account = %account.config.id, family, "model family gated on account");
-        }
-        Change::Cleared | Change::None => {}
-    }
 }
 
 #[cfg(test)]

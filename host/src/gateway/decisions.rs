@@ -142,7 +142,7 @@ pub struct RequestRecord {
     pub attempts: Vec<Attempt>,
     /// When no account served: what stood in each one's way.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub blocked: Vec<super::unserved::Blocked>,
+    pub blocked: Vec<Blocked>,
     /// Every account ranked ahead of the one tried, on every attempt, and why
     /// it was passed over (an account once: its first cause). Empty when the
     /// chain's head served.
@@ -357,6 +357,37 @@ impl DecisionLog {
     pub fn latest(&self, limit: usize) -> Vec<Arc<RequestRecord>> {
         self.kept.lock().1.iter().rev().take(limit).cloned().collect()
     }
+}
+
+/// What kept one account from serving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    /// A quota window, model gate or rate limit: it recovers at a known time.
+    Quota,
+    /// Its credential was refused: someone has to re-authenticate it.
+    Auth,
+    /// The upstream failed (5xx, 529, no connection).
+    Upstream,
+}
+
+/// One account that could not serve, and why (kept in the request record).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Blocked {
+    /// The account id.
+    pub account: String,
+    /// The cause.
+    pub cause: Cause,
+    /// What showed it: `cooling: auth`, `HTTP 401`, `no answer`.
+    pub detail: String,
+    /// When it is expected to serve again (ms since the epoch), if known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<u64>,
+    /// When what blocks it is a plan limit — a spent window, not a burst
+    /// limit or an outage — the window, as Claude Code names it
+    /// (`five_hour`, `seven_day`, `seven_day_opus`; empty when unknown).
+    #[serde(skip)]
+    pub plan_limit: Option<&'static str>,
 }
 
 #[cfg(test)]

@@ -31,3 +31,7 @@ pub fn rate_limited(kind_message: &str, retry_after_ms: u64) -> Response {
     r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
     r
 }
+
+/// The SSE event that ends a stream still open when the shutdown grace
+/// period ends.
+pub const STREAM_SHUTDOWN_EVENT: &[u8] = b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"poolgate is shutting down: the stream was cut at the end of its shutdown grace period\"}}\n\n";

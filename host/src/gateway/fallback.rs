@@ -151,7 +151,7 @@ impl Backend {
             let mut stream = MessagesStream::new(client_model);
             let mut body = response.into_body().into_data_stream();
             let keepalive = keepalive.map(|every| (every, super::chat::ANTHROPIC_PING));
-            let cut = Some((cut, super::relay::STREAM_SHUTDOWN_EVENT));
+            let cut = Some((cut, super::errors::STREAM_SHUTDOWN_EVENT));
             let translated = super::chat::async_stream_lines(keepalive, cut, move |tx| async move {
                 while let Some(Ok(chunk)) = body.next().await {
                     for line in stream.feed(&chunk) {

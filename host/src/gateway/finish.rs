@@ -27,8 +27,8 @@ use http::{HeaderValue, Method};
 use super::Gateway;
 use super::admission::Lease;
 use super::decisions::{Ending, RequestRecord};
-use super::generation::Generation;
-use super::relay;
+use super::generation::{Generation, PoolAccount};
+use crate::learned::accounts::Change;
 use crate::policy::types as wit;
 
 /// How the chain hears a request ended: the request as it saw it, the pool
@@ -125,7 +125,7 @@ impl Finish {
             Observe::Known(o) => Some(o),
         };
         if let Some((request, account, outcome)) = observed {
-            relay::observe(generation, request, account, outcome);
+            self::observe(generation, request, account, outcome);
         }
         record.status = status;
         record.outcome = ending;
@@ -167,7 +167,7 @@ fn stream_ended(gateway: &Gateway, generation: &Generation, account: u32, ending
         gateway.metrics.stream_cut(&a.config.id);
     }
     let change = a.state.stream_ended(whole, &generation.config.cooldowns, gateway.clock.now_ms());
-    super::attempt::note(gateway, a, change);
+    note(gateway, a, change);
 }
 
 /// A request refused before its record began — its head, its body, or a pool
@@ -262,6 +262,30 @@ fn relayed_outcome(ending: Ending, status: u16) -> wit::Outcome {
         Ending::Complete => outcome_of(Some(status), None),
         _ => wit::Outcome::Failed,
     }
+}
+
+/// Reports a cooldown change to metrics and the log.
+pub(super) fn note(gw: &Gateway, account: &PoolAccount, change: Change) {
+    match change {
+        Change::Cooled(reason) => {
+            gw.metrics.cooldown(&account.config.id, reason.as_str());
+            tracing::info!(account = %account.config.id, reason = reason.as_str(), "account cooling down");
+        }
+        Change::Gated(family) => {
+            gw.metrics.cooldown(&account.config.id, "model_exhausted");
+            tracing::info!(account = %account.config.id, family, "model family gated on account");
+        }
+        Change::Cleared | Change::None => {}
+    }
+}
+
+/// Tells the chain how a request ended: at once when the calls finish in
+/// one go, else on the plugin call threads (see [`crate::policy::calls`]).
+/// One waiting for an instance queues for it (the pool grows meanwhile; see
+/// `policy::pool`) instead of being dropped: only past the queue's bound is an
+/// `observe` dropped, and then counted.
+pub fn observe(generation: Arc<Generation>, request: wit::Request, account: u32, ended: wit::Outcome) {
+    generation.chain.observe_detached(request, account, ended);
 }
 
 #[cfg(test)]

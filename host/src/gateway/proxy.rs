@@ -27,8 +27,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::response::Response;
-use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use http::{HeaderValue, Method, StatusCode, header};
 
 use super::admission::{Lease, Refused, Slot};
 use super::attempt::{self, Answered, Attempted, Failure, How, Next, next};
@@ -79,21 +78,7 @@ impl Api {
     }
 }
 
-/// A client request, read.
-pub struct Incoming {
-    /// The request's number (already on any early refusal).
-    pub id: u64,
-    /// Method.
-    pub method: Method,
-    /// Path and query, as the client sent them.
-    pub uri: Uri,
-    /// Client headers.
-    pub headers: HeaderMap,
-    /// The whole body (kept so it can be replayed on another account).
-    pub body: Bytes,
-    /// The accepted client key's name.
-    pub client: Option<String>,
-}
+pub use super::request::Incoming;
 
 /// Serves one request: its phases, in order.
 pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response {

@@ -17,34 +17,20 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 
-use super::attempt::Rest;
 use super::decisions::Ending;
 use super::finish::Finish;
-use super::generation::Generation;
-use crate::policy::types as wit;
+use super::upstream::Rest;
 
 /// The SSE event sent when the upstream stream breaks after the first byte.
 pub const STREAM_ERROR_EVENT: &[u8] =
     b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"upstream stream interrupted (poolgate)\"}}\n\n";
 
-/// The SSE event that ends a stream still open when the shutdown grace
-/// period ends.
-pub const STREAM_SHUTDOWN_EVENT: &[u8] = b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"poolgate is shutting down: the stream was cut at the end of its shutdown grace period\"}}\n\n";
-
-/// Tells the chain how a request ended: at once when the calls finish in
-/// one go, else on the plugin call threads (see [`crate::policy::calls`]).
-/// One waiting for an instance queues for it (the pool grows meanwhile; see
-/// `policy::pool`) instead of being dropped: only past the queue's bound is an
-/// `observe` dropped, and then counted.
-pub fn observe(generation: Arc<Generation>, request: wit::Request, account: u32, ended: wit::Outcome) {
-    generation.chain.observe_detached(request, account, ended);
-}
+pub use super::errors::STREAM_SHUTDOWN_EVENT;
 
 /// Passes SSE chunks on at event boundaries: a chunk that ends inside an event
 /// is held until the event completes. Chunks that end on a boundary (the normal

@@ -6,10 +6,29 @@
 //! `user_<hex>_account_<uuid>_session_<uuid>`; it equals the
 //! `x-claude-code-session-id` header (see `shared/references/claude-code-wire.md`).
 //! Both body forms are parsed; the headers are the fallback.
+//!
+//! [`Incoming`] is the client request as the phases hold it, body whole.
 
-use http::HeaderMap;
+use bytes::Bytes;
+use http::{HeaderMap, Method, Uri};
 use poolgate_wire::request::{Expect, json_error};
 use serde::Deserialize;
+
+/// A client request, read.
+pub struct Incoming {
+    /// The request's number (already on any early refusal).
+    pub id: u64,
+    /// Method.
+    pub method: Method,
+    /// Path and query, as the client sent them.
+    pub uri: Uri,
+    /// Client headers.
+    pub headers: HeaderMap,
+    /// The whole body (kept so it can be replayed on another account).
+    pub body: Bytes,
+    /// The accepted client key's name.
+    pub client: Option<String>,
+}
 
 /// What the gateway reads from a request body.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

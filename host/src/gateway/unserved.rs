@@ -20,43 +20,12 @@
 
 use axum::response::Response;
 use http::{HeaderValue, StatusCode, header};
-use serde::Serialize;
 
 use super::decisions::{Attempt, Ending};
+pub use super::decisions::{Blocked, Cause};
 use super::errors::{ErrorType, error, rate_limited};
 use super::generation::Generation;
 use crate::account::{AccountSnapshot, CooldownReason};
-
-/// What kept one account from serving.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Cause {
-    /// A quota window, model gate or rate limit: it recovers at a known time.
-    Quota,
-    /// Its credential was refused: someone has to re-authenticate it.
-    Auth,
-    /// The upstream failed (5xx, 529, no connection).
-    Upstream,
-}
-
-/// One account that could not serve, and why (kept in the request record).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Blocked {
-    /// The account id.
-    pub account: String,
-    /// The cause.
-    pub cause: Cause,
-    /// What showed it: `cooling: auth`, `HTTP 401`, `no answer`.
-    pub detail: String,
-    /// When it is expected to serve again (ms since the epoch), if known.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub until_ms: Option<u64>,
-    /// When what blocks it is a plan limit — a spent window, not a burst
-    /// limit or an outage — the window, as Claude Code names it
-    /// (`five_hour`, `seven_day`, `seven_day_opus`; empty when unknown).
-    #[serde(skip)]
-    pub plan_limit: Option<&'static str>,
-}
 
 /// The plan-limit window a cooldown or gate stands for, as the
 /// `anthropic-ratelimit-unified-representative-claim` values Claude Code

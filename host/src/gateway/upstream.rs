@@ -72,6 +72,9 @@ pub trait Transport: Send + Sync + 'static {
     ) -> Result<UpstreamResponse, String>;
 }
 
+/// The rest of an upstream body, after its first chunk.
+pub type Rest = std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, BoxError>> + Send>>;
+
 /// The HTTP client every account's requests go through.
 #[derive(Clone)]
 pub struct Upstream {

@@ -11,15 +11,16 @@
 //! static tokens dies the same day and a refresh that is lost, or two that
 //! race, loses a seat for good. The references (dario, neurolink, CortexKit)
 //! all refresh ahead of expiry, on a 401, and at start, one refresh per seat at
-//! a time; so does this module. Settings: `[oauth]` (`crate::config::OAuthConfig`).
+//! a time; so does this module. Settings: `[oauth]` ([`settings`]).
 
 pub mod seat;
+pub mod settings;
 pub mod share;
 pub mod store;
 pub mod token;
 
-pub use crate::config::OAuthConfig;
 pub use seat::{Refreshed, Seat, SeatError, SeatStatus, Why};
+pub use settings::OAuthConfig;
 pub use share::{CredentialShare, SharedLock};
 pub use store::{Identity, StoredCredential};
 pub use token::{TokenClient, TokenError};

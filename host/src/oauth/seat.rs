@@ -404,7 +404,7 @@ impl Seat {
             TokenError::InvalidGrant(m) => {
                 let mut h = self.health.lock();
                 h.needs_login = true;
-                h.refused = Some(crate::config::digest(refresh_token));
+                h.refused = Some(digest(refresh_token));
                 h.last_error = Some(format!("refresh token refused (invalid_grant): {m}"));
                 tracing::error!(account = %self.id, "OAuth refresh token refused: the account needs `poolgate login {}`", self.id);
                 Err(SeatError::Refused)
@@ -495,7 +495,7 @@ impl Seat {
 
     /// Whether `refresh_token` is the one the endpoint refused.
     fn was_refused(&self, refresh_token: &str) -> bool {
-        self.health.lock().refused == Some(crate::config::digest(refresh_token))
+        self.health.lock().refused == Some(digest(refresh_token))
     }
 
     fn adopt(&self, c: &StoredCredential) {
@@ -530,4 +530,11 @@ fn is_newer(c: &StoredCredential, ours: &StoredCredential) -> bool {
         && c.expires_at_ms > ours.expires_at_ms
         && agree(&c.identity.organization, &ours.identity.organization)
         && agree(&c.identity.account, &ours.identity.account)
+}
+
+/// SHA-256 of a refresh token: what a refused one is remembered by (the
+/// token itself is never kept once it is spent).
+fn digest(token: &str) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(token.as_bytes()).into()
 }

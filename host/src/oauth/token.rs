@@ -196,7 +196,7 @@ pub fn encode(s: &str) -> String {
 /// Checks the endpoints parse as URLs, naming the one that does not.
 pub fn check_urls(config: &OAuthConfig) -> Result<()> {
     for (key, url) in [("oauth.token_url", &config.token_url), ("oauth.authorize_url", &config.authorize_url)] {
-        crate::config::base_prefix(url).with_context(|| key.to_string())?;
+        crate::https::base_prefix(url).with_context(|| key.to_string())?;
     }
     Ok(())
 }

@@ -209,7 +209,7 @@ impl Fault {
 /// is; any other message as it is. wasmtime words these two errors itself, so a
 /// test through a real guest (`serve_faults`) checks the wording still matches.
 fn explain_host_limit(message: &str) -> String {
-    use super::sandbox::{MAX_HOSTCALL_BYTES, MAX_RANDOM_BYTES};
+    use super::limiter::{MAX_HOSTCALL_BYTES, MAX_RANDOM_BYTES};
     if message.contains("fuel allocated for hostcalls has been exhausted") {
         return format!(
             "the plugin passed the host more than {} in one call (a string or list: a log line, a state \

@@ -18,8 +18,9 @@ use super::bounded::{Bounded, Cut, Limit, Spent, Tally};
 use super::breaker::Phase;
 use super::engine::{CallGuard, FUEL_PER_MS, YIELD_FUEL, fuel};
 use super::fault::{Cause, Fault};
+use super::limiter::MAX_HOSTCALL_BYTES;
 use super::lowering::{FastAccount, FastWindow, fast_accounts, fast_windows};
-use super::sandbox::{MAX_HOSTCALL_BYTES, Sandbox, SandboxSpec};
+use super::sandbox::{Sandbox, SandboxSpec};
 
 /// The parameters `rank` is called with (see `lowering`).
 type RankParams<'a> = (&'a Request, &'a [FastAccount], &'a [FastWindow]);

@@ -4,8 +4,23 @@
 //! memories and tables; a cap checked per memory lets a component with 64
 //! memories hold 64 times the cap. Here every memory and table of one instance
 //! (one store) draws from one budget, and their number is capped too.
+//!
+//! The limits on what one host call may carry live here too: the sandbox
+//! enforces them and a fault's message names them.
 
 use wasmtime::ResourceLimiter;
+
+/// The most bytes one call may pass from the guest to the host: every string
+/// and list of its arguments (or of the answer of a `rank`, `observe` or
+/// `configure`) together. Fifteen times the largest legitimate payload — a
+/// state value (64 KiB) with its key, a 64 KiB stdout write (what `check-write`
+/// allows) — and small enough that copying it costs under 0.1 ms.
+pub const MAX_HOSTCALL_BYTES: usize = 1 << 20;
+/// The most bytes one `get-random-bytes` or `get-insecure-random-bytes` call may
+/// ask for. WebCrypto's `getRandomValues` has the same quota, so JavaScript
+/// runtimes already ask for no more; CPython asks for 256 bytes at a time.
+/// Generating them costs about 0.2 ms.
+pub const MAX_RANDOM_BYTES: u64 = 64 << 10;
 
 /// Linear memories one plugin instance may have. componentize-py and
 /// componentize-js components use a handful; 16 leaves room without letting a

@@ -10,7 +10,7 @@
 //!
 //! Epoch interruption and the call's bounds act *between* host calls, so what
 //! one host call may cost is bounded here, by its size: a call may pass the
-//! host at most [`MAX_HOSTCALL_BYTES`] (wasmtime's hostcall fuel, counted
+//! host at most [`super::limiter::MAX_HOSTCALL_BYTES`] (wasmtime's hostcall fuel, counted
 //! before anything is copied: a log line, a state key or value, a stdout or
 //! stderr write, the answer of `rank`), and may ask `wasi:random` for at most
 //! [`MAX_RANDOM_BYTES`]. Past either, the call traps with a message naming the
@@ -26,7 +26,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{Level, poolgate};
 use super::fault::{LastWords, escape_controls};
-use super::limiter::Limiter;
+use super::limiter::{Limiter, MAX_RANDOM_BYTES};
 use super::names;
 use super::state::{MAX_KEY_BYTES, StateStore};
 use super::stdio::{LogBudget, MAX_LINE_BYTES, StdioBuffer, tail, truncate};
@@ -37,18 +37,6 @@ const MAX_LOGS_PER_CALL: u32 = 32;
 /// that creates them in a loop must not grow host memory without bound. A
 /// pollable takes two entries, so about 2,040 pollables fit.
 const MAX_RESOURCES: usize = 4096;
-/// The most bytes one call may pass from the guest to the host: every string
-/// and list of its arguments (or of the answer of a `rank`, `observe` or
-/// `configure`) together. Fifteen times the largest legitimate payload — a
-/// state value (64 KiB) with its key, a 64 KiB stdout write (what `check-write`
-/// allows) — and small enough that copying it costs under 0.1 ms.
-pub const MAX_HOSTCALL_BYTES: usize = 1 << 20;
-/// The most bytes one `get-random-bytes` or `get-insecure-random-bytes` call may
-/// ask for. WebCrypto's `getRandomValues` has the same quota, so JavaScript
-/// runtimes already ask for no more; CPython asks for 256 bytes at a time.
-/// Generating them costs about 0.2 ms.
-pub const MAX_RANDOM_BYTES: u64 = 64 << 10;
-
 /// What a sandbox is built from: shared by every instance of one plugin.
 #[derive(Clone)]
 pub struct SandboxSpec {

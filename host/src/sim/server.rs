@@ -67,7 +67,7 @@ pub(crate) struct Shared {
     next_id: AtomicU64,
     seed: u64,
     /// OAuth seats' tokens (see [`super::oauth`]).
-    pub tokens: super::oauth::Tokens,
+    pub tokens: super::oauth::Tokens<Account>,
     /// Where windows and tokens read the time.
     pub clock: Clock,
 }
@@ -112,7 +112,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
-        .route("/v1/oauth/token", post(super::oauth::token))
+        .route("/v1/oauth/token", post(token))
         .fallback(not_found)
         .with_state(shared)
 }
@@ -135,6 +135,11 @@ impl Drop for InFlight {
 }
 
 /// The simulator's ids: `req_sim…`, `msg_sim…`, `toolu_sim…`.
+/// `POST /v1/oauth/token`: the simulator's OAuth authority ([`super::oauth`]).
+async fn token(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    super::oauth::refresh_grant(&s.tokens, &body, s.clock.now_ms(), |a: &Account| a.organization.clone())
+}
+
 fn sim_id(prefix: &str, n: u64) -> String {
     ids::numbered(prefix, "sim", n)
 }

@@ -25,6 +25,7 @@ mod gateway_e2e;
 mod gateway_routes;
 mod hot_swap;
 mod languages;
+mod layers;
 mod load_limits;
 mod logs;
 mod lowering;

@@ -29,11 +29,6 @@
 //! a counting allocator against these charges for mixes of tiny and large
 //! entries across up to 64 scopes.
 
-use std::mem::size_of;
-use std::sync::Arc;
-
-use super::scope::{Entry, Scope};
-
 /// Elements one node of a std B-tree holds (`alloc::collections::btree`'s
 /// `CAPACITY`).
 pub const BTREE_CAPACITY: usize = 11;
@@ -67,60 +62,21 @@ const fn inner_node(k: usize, v: usize) -> usize {
 /// `N − 1 ≥ 2 + 6·(I − 1)` child edges, so the nodes take at most
 /// `N·leaf + I·(inner − leaf) ≤ (n/5 + 1)·(leaf + (inner − leaf)/6) +
 /// (inner − leaf)/2`: this per element, [`btree_fixed`] for the rest.
-const fn btree_per_element(k: usize, v: usize) -> usize {
+pub const fn btree_per_element(k: usize, v: usize) -> usize {
     let (leaf, inner) = (heap(leaf_node(k, v)), heap(inner_node(k, v)));
     (6 * leaf + (inner - leaf)).div_ceil(6 * BTREE_MIN_LEN)
 }
 
 /// The bytes of a B-tree's nodes not covered per element (see
 /// [`btree_per_element`]): its root, however few elements it holds.
-const fn btree_fixed(k: usize, v: usize) -> usize {
+pub const fn btree_fixed(k: usize, v: usize) -> usize {
     let (leaf, inner) = (heap(leaf_node(k, v)), heap(inner_node(k, v)));
     leaf + (inner - leaf).div_ceil(6) + (inner - leaf).div_ceil(2)
-}
-
-/// The key index (`Arc<str>` → [`Entry`]).
-const INDEX: (usize, usize) = (size_of::<Arc<str>>(), size_of::<Entry>());
-/// The write order (sequence number → `Arc<str>`).
-const ORDER: (usize, usize) = (size_of::<u64>(), size_of::<Arc<str>>());
-
-/// What every entry costs in nodes of the key index and the write order,
-/// whatever its key and value.
-pub const ENTRY_NODES: usize = btree_per_element(INDEX.0, INDEX.1) + btree_per_element(ORDER.0, ORDER.1);
-
-/// What one scope costs before its name and entries: its slots in the scopes'
-/// hash table (at most four per scope, each the `(name, Scope)` pair and a
-/// control byte; and, charged to every scope though the table has them once,
-/// its group of 16 trailing control bytes and its chunk's rounding) and the
-/// roots of its two B-trees.
-pub const SCOPE_FIXED: usize =
-    4 * (size_of::<(Box<str>, Scope)>() + 1) + 16 + 32 + btree_fixed(INDEX.0, INDEX.1) + btree_fixed(ORDER.0, ORDER.1);
-
-/// Bytes an entry is charged: its key (held once, with an `Arc`'s two
-/// counts), its value and its share of the nodes.
-pub const fn entry(key: &str, value: &str) -> usize {
-    heap(2 * size_of::<usize>() + key.len()) + heap(value.len()) + ENTRY_NODES
-}
-
-/// Bytes a scope named `name` is charged while it exists, entries aside.
-pub const fn scope(name: &str) -> usize {
-    heap(name.len()) + SCOPE_FIXED
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_tiny_entry_is_charged_what_its_allocations_and_nodes_take() {
-        // The figures the docs give (docs/configuration.md, `[policy.state]`).
-        assert_eq!(size_of::<Entry>(), 40);
-        assert_eq!(ENTRY_NODES, 193);
-        assert_eq!(entry("k", "v"), 32 + 32 + 193);
-        assert_eq!(entry("k", ""), 32 + 193);
-        assert_eq!(entry(&"k".repeat(1024), &"v".repeat(65536)), heap(1040) + heap(65536) + 193);
-        assert_eq!(SCOPE_FIXED, 1460, "about 1.5 KiB, as the docs say");
-    }
 
     #[test]
     fn the_allocator_model_is_glibc_on_64_bits() {

@@ -13,7 +13,6 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use super::cost;
 use super::*;
 
 struct Counting;
@@ -142,7 +141,7 @@ struct Mix {
 /// refused; the writer that filled the store evicts to make room for it with
 /// its next write), and 4 KiB for the scopes' hash table's rounding.
 fn slack(m: &Mix) -> isize {
-    (m.scopes * cost::scope("scope-63") + 4096) as isize
+    (m.scopes * scope::scope_cost("scope-63") + 4096) as isize
 }
 
 /// Writes the mix's entries (three times the total's worth of charges) with
@@ -201,8 +200,8 @@ fn run(m: Mix) -> (isize, usize) {
                 st.merge_write(scope, key, value, None, now.saturating_sub(rng.range(0, 5)), now);
             }
         });
-        written += cost::entry(key, value);
-        if written > limits.total_bytes && written - cost::entry(key, value) <= limits.total_bytes {
+        written += scope::entry_cost(key, value);
+        if written > limits.total_bytes && written - scope::entry_cost(key, value) <= limits.total_bytes {
             // A reload that keeps half of the scopes.
             let keep: Vec<&str> = names.iter().step_by(2).map(String::as_str).collect();
             st.retain_scopes(&keep);

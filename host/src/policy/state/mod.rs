@@ -55,7 +55,7 @@ pub const MAX_KEY_BYTES: usize = 1024;
 pub const MAX_VALUE_BYTES: usize = 64 * 1024;
 /// What one entry is charged beyond its key and value as allocated: its share
 /// of the store's B-tree nodes, at worst (see [`cost`]).
-pub const ENTRY_OVERHEAD: usize = cost::ENTRY_NODES;
+pub const ENTRY_OVERHEAD: usize = scope::ENTRY_NODES;
 /// Default bytes one scope may hold, MiB.
 pub const DEFAULT_SCOPE_MB: usize = 16;
 /// Default bytes all scopes together may hold, MiB.
@@ -314,7 +314,7 @@ impl MemoryState {
             return false;
         }
         inner.total -= s.remove(key);
-        let need = cost::entry(key, value);
+        let need = scope::entry_cost(key, value);
         // Make room in this scope: its entry limit (an excess left by a lowered
         // limit drains a batch per call), then its byte bound and the total
         // (each eviction frees more than `ENTRY_OVERHEAD`, so a write of at most

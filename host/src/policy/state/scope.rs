@@ -10,9 +10,44 @@
 //! most 0.2 ms in the same measurement, for the same mean cost per call).
 
 use std::collections::BTreeMap;
+use std::mem::size_of;
 use std::sync::Arc;
 
 use super::{DEFAULT_LIMIT, EVICT_PER_CALL, cost};
+
+// What a scope and an entry are charged: the allocator and B-tree model of
+// `cost`, applied to this module's own types.
+
+/// The key index (`Arc<str>` → [`Entry`]).
+const INDEX: (usize, usize) = (size_of::<Arc<str>>(), size_of::<Entry>());
+/// The write order (sequence number → `Arc<str>`).
+const ORDER: (usize, usize) = (size_of::<u64>(), size_of::<Arc<str>>());
+
+/// What every entry costs in nodes of the key index and the write order,
+/// whatever its key and value.
+pub const ENTRY_NODES: usize = cost::btree_per_element(INDEX.0, INDEX.1) + cost::btree_per_element(ORDER.0, ORDER.1);
+
+/// What one scope costs before its name and entries: its slots in the scopes'
+/// hash table (at most four per scope, each the `(name, Scope)` pair and a
+/// control byte; and, charged to every scope though the table has them once,
+/// its group of 16 trailing control bytes and its chunk's rounding) and the
+/// roots of its two B-trees.
+pub const SCOPE_FIXED: usize = 4 * (size_of::<(Box<str>, Scope)>() + 1)
+    + 16
+    + 32
+    + cost::btree_fixed(INDEX.0, INDEX.1)
+    + cost::btree_fixed(ORDER.0, ORDER.1);
+
+/// Bytes an entry is charged: its key (held once, with an `Arc`'s two
+/// counts), its value and its share of the nodes.
+pub const fn entry_cost(key: &str, value: &str) -> usize {
+    cost::heap(2 * size_of::<usize>() + key.len()) + cost::heap(value.len()) + ENTRY_NODES
+}
+
+/// Bytes a scope named `name` is charged while it exists, entries aside.
+pub const fn scope_cost(name: &str) -> usize {
+    cost::heap(name.len()) + SCOPE_FIXED
+}
 
 /// An expiry that never comes: what `expires_at` holds for an entry without
 /// a TTL (a `u64`, not an `Option<u64>`: eight bytes less in each of the
@@ -50,7 +85,7 @@ pub(super) struct Scope {
     order: BTreeMap<u64, Arc<str>>,
     pub(super) limit: u32,
     next_seq: u64,
-    /// Bytes charged: the scope's own ([`cost::scope`]) and its entries'.
+    /// Bytes charged: the scope's own ([`scope_cost`]) and its entries'.
     pub(super) bytes: usize,
 }
 
@@ -62,13 +97,13 @@ impl Scope {
             order: BTreeMap::new(),
             limit: DEFAULT_LIMIT,
             next_seq: 0,
-            bytes: cost::scope(name),
+            bytes: scope_cost(name),
         }
     }
 
     /// Adds `key` (not held: remove it first); the bytes it is charged.
     pub(super) fn add(&mut self, key: &str, value: &str, expires_at: Option<u64>, written: u64) -> usize {
-        let charge = cost::entry(key, value);
+        let charge = entry_cost(key, value);
         let key: Arc<str> = Arc::from(key);
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -107,8 +142,24 @@ impl Scope {
     }
 
     fn freed(&mut self, key: &str, e: &Entry) -> usize {
-        let charge = cost::entry(key, &e.value);
+        let charge = entry_cost(key, &e.value);
         self.bytes -= charge;
         charge
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tiny_entry_is_charged_what_its_allocations_and_nodes_take() {
+        // The figures the docs give (docs/configuration.md, `[policy.state]`).
+        assert_eq!(size_of::<Entry>(), 40);
+        assert_eq!(ENTRY_NODES, 193);
+        assert_eq!(entry_cost("k", "v"), 32 + 32 + 193);
+        assert_eq!(entry_cost("k", ""), 32 + 193);
+        assert_eq!(entry_cost(&"k".repeat(1024), &"v".repeat(65536)), cost::heap(1040) + cost::heap(65536) + 193);
+        assert_eq!(SCOPE_FIXED, 1460, "about 1.5 KiB, as the docs say");
     }
 }

@@ -30,7 +30,7 @@ fn scopes_are_separate() {
     assert_eq!(st.get("q", "k", 0), None);
     st.delete("p", "k");
     assert_eq!(st.get("p", "k", 0), None);
-    assert_eq!(st.total_bytes(), cost::scope("p"), "an empty scope counts its own structures");
+    assert_eq!(st.total_bytes(), scope::scope_cost("p"), "an empty scope counts its own structures");
 }
 
 #[test]
@@ -58,7 +58,7 @@ fn a_scope_is_bounded_in_bytes_and_the_flooder_pays() {
 
 #[test]
 fn many_tiny_entries_count_their_overhead() {
-    let scope_bytes = cost::scope("p") + 100 * ENTRY_OVERHEAD;
+    let scope_bytes = scope::scope_cost("p") + 100 * ENTRY_OVERHEAD;
     let st = MemoryState::with_limits(StateLimits { scope_bytes, total_bytes: usize::MAX });
     st.limit("p", MAX_LIMIT);
     for i in 0..10_000 {
@@ -87,8 +87,8 @@ fn lowering_the_limit_of_a_full_scope_costs_a_bounded_batch_per_call() {
     }
     assert_eq!(st.len("p"), 1);
     assert_eq!(st.get("p", "new9", 0).as_deref(), Some(""));
-    assert_eq!(st.bytes("p"), cost::scope("p") + cost::entry("new9", ""));
-    assert_eq!(st.total_bytes(), cost::scope("p") + cost::entry("new9", ""));
+    assert_eq!(st.bytes("p"), scope::scope_cost("p") + scope::entry_cost("new9", ""));
+    assert_eq!(st.total_bytes(), scope::scope_cost("p") + scope::entry_cost("new9", ""));
 }
 
 #[test]
@@ -119,5 +119,5 @@ fn unused_scopes_are_dropped() {
     st.retain_scopes(&["kept"]);
     assert_eq!(st.get("old", "k", 0), None);
     assert_eq!(st.get("kept", "k", 0).as_deref(), Some("v"));
-    assert_eq!(st.total_bytes(), cost::scope("kept") + cost::entry("k", "v"));
+    assert_eq!(st.total_bytes(), scope::scope_cost("kept") + scope::entry_cost("k", "v"));
 }
