@@ -19,6 +19,8 @@
 //! - [`sim`] — a simulated Anthropic upstream whose quota moves (`poolgate demo`).
 //! - [`random`] — random keys and ids, and the cheap pseudo-random step the demo varies with.
 
+#![deny(missing_docs)]
+
 pub mod account;
 pub mod case;
 pub mod cli;
