@@ -292,7 +292,9 @@ mod tests {
         assert_eq!(a.in_flight(), 0);
     }
 
-    #[tokio::test]
+    // On paused time: a sleep lets every spawned waiter queue before the
+    // next step (time moves only when all are idle), never a race.
+    #[tokio::test(start_paused = true)]
     async fn waits_in_fifo_order_and_times_out() {
         let q = Admission::new();
         let a = Arc::new(AccountState::new("a"));
@@ -321,7 +323,9 @@ mod tests {
         assert_eq!(q.depth(), 0);
     }
 
-    #[tokio::test]
+    // On paused time: a sleep lets every spawned waiter queue before the
+    // next step (time moves only when all are idle), never a race.
+    #[tokio::test(start_paused = true)]
     async fn a_full_queue_refuses_at_once() {
         let q = Admission::new();
         let a = Arc::new(AccountState::new("a"));
@@ -335,7 +339,9 @@ mod tests {
         waiting.abort();
     }
 
-    #[tokio::test]
+    // On paused time: a sleep lets every spawned waiter queue before the
+    // next step (time moves only when all are idle), never a race.
+    #[tokio::test(start_paused = true)]
     async fn a_wake_up_for_an_account_a_waiter_cannot_use_is_passed_on() {
         let q = Admission::new();
         let (a, b) = (Arc::new(AccountState::new("a")), Arc::new(AccountState::new("b")));
