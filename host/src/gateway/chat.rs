@@ -9,7 +9,7 @@
 //! every error, the gateway's own included, in OpenAI's shape.
 
 use std::future::Future as _;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::Response;
@@ -92,7 +92,7 @@ pub fn translate_request(
 }
 
 fn now_s() -> u64 {
-    crate::clock::system_time().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    crate::clock::now_ms() / 1000
 }
 
 /// Whether a `GET /v1/models` comes from an OpenAI-shaped client: one that

@@ -233,5 +233,5 @@ impl StageEvents {
 
 /// Milliseconds since the Unix epoch (background failures have no request clock).
 pub fn wall_ms() -> u64 {
-    crate::clock::system_time().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    crate::clock::now_ms()
 }
