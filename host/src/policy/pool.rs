@@ -472,13 +472,19 @@ impl InstancePool {
     }
 
     /// Size and queue, for `/status`.
+    ///
+    /// The counters move separately (a reservation raises `live` before
+    /// `building`, a failed build lowers them the other way round), so a
+    /// snapshot can catch more being built than alive: it is clamped, never
+    /// a count that subtracts below zero.
     pub fn status(&self) -> PoolStatus {
+        let live = self.live.load(Ordering::Acquire);
         PoolStatus {
             keep: self.keep,
             max: self.max,
-            live: self.live.load(Ordering::Acquire),
+            live,
             idle: self.idle(),
-            building: self.building.load(Ordering::Acquire),
+            building: self.building.load(Ordering::Acquire).min(live),
             peak: self.peak.load(Ordering::Relaxed),
             waiting: self.waiting.load(Ordering::Acquire),
             observe_queued: self.observe_waiting.load(Ordering::Acquire),
@@ -556,4 +562,35 @@ impl Drop for Count<'_> {
 /// The next wait after a failed build.
 pub fn backoff(previous: Option<Duration>) -> Duration {
     previous.map_or(BACKOFF_MIN, |d| (d * 2).min(BACKOFF_MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A snapshot taken while builds are reserved and fail never counts more
+    /// being built than alive: the "no instance free" message subtracts one
+    /// from the other (a debug build panicked on it under a burst of traps).
+    #[test]
+    fn a_snapshot_never_counts_more_building_than_alive() {
+        let pool = Arc::new(InstancePool::new(1, 4, None));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let (pool, stop) = (pool.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if pool.reserve() {
+                        pool.build_failed(&Fault::busy("test"));
+                    }
+                }
+            })
+        };
+        for _ in 0..200_000 {
+            let s = pool.status();
+            assert!(s.building <= s.live, "{} building of {} alive", s.building, s.live);
+            let _ = pool.none_free(Duration::from_millis(1), None);
+        }
+        stop.store(true, Ordering::Relaxed);
+        churn.join().unwrap();
+    }
 }

@@ -100,7 +100,7 @@ impl Run {
     }
 
     fn assert_all_served(&self, what: &str) {
-        let failed: Vec<_> = self.statuses.iter().filter(|s| **s != 200).collect();
+        let failed: Vec<_> = self.statuses.iter().zip(&self.headers).filter(|(s, _)| **s != 200).collect();
         assert!(failed.is_empty(), "{what}: {} of {} requests failed: {failed:?}", failed.len(), self.statuses.len());
         assert!(self.statuses.len() >= 100, "{what}: only {} requests", self.statuses.len());
         assert!(
@@ -157,7 +157,9 @@ async fn drive(gw: &Gateway, n: usize) -> Run {
                         let _ = r.bytes().await;
                         (status, headers)
                     }
-                    Err(_) => (0, Default::default()),
+                    // The client's error stands in for the headers: a
+                    // failure then says what the connection saw.
+                    Err(e) => (0, (format!("{e:#?}"), String::new())),
                 };
                 seen.push((status, headers, t.elapsed()));
             }

@@ -18,6 +18,8 @@ pub struct Gateway {
     pub url: String,
     /// Everything the process wrote to stderr so far.
     pub log: Arc<Mutex<String>>,
+    /// The thread that copies stderr into `log`; it ends with the process.
+    reader: Option<std::thread::JoinHandle<()>>,
     config: std::path::PathBuf,
     _dir: tempdir::Dir,
 }
@@ -138,7 +140,7 @@ impl Gateway {
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = std::sync::mpsc::channel();
-        {
+        let reader = {
             let log = log.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -149,8 +151,8 @@ impl Gateway {
                     l.push_str(&line);
                     l.push('\n');
                 }
-            });
-        }
+            })
+        };
         let url = match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(u) => u,
             Err(_) => {
@@ -158,7 +160,7 @@ impl Gateway {
                 panic!("poolgate did not start:\n{}", log.lock());
             }
         };
-        Gateway { child, url, log, config: path.to_path_buf(), _dir: dir }
+        Gateway { child, url, log, reader: Some(reader), config: path.to_path_buf(), _dir: dir }
     }
 
     /// The process id.
@@ -224,9 +226,32 @@ impl Gateway {
 }
 
 impl Drop for Gateway {
+    /// Stops the process, and fails the test if the gateway panicked while it
+    /// ran: a panic is a bug whatever the test was about (the connection it
+    /// happened on just closes, which a test may not otherwise notice).
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let until = poolgate::clock::machine_instant() + Duration::from_secs(2);
+        while !self.reader.as_ref().is_none_or(|r| r.is_finished()) && poolgate::clock::machine_instant() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let panics: Vec<String> = self
+            .log
+            .lock()
+            .lines()
+            .filter(|l| l.contains("poolgate::panic"))
+            .map(|l| l.chars().take(600).collect())
+            .collect();
+        if panics.is_empty() {
+            return;
+        }
+        let panics = format!("the gateway panicked:\n{}", panics.join("\n"));
+        if std::thread::panicking() {
+            eprintln!("{panics}");
+        } else {
+            panic!("{panics}");
+        }
     }
 }
 
