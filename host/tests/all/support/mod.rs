@@ -18,8 +18,9 @@ pub struct Gateway {
     pub url: String,
     /// Everything the process wrote to stderr so far.
     pub log: Arc<Mutex<String>>,
-    /// The thread that copies stderr into `log`; it ends with the process.
-    reader: Option<std::thread::JoinHandle<()>>,
+    /// Disconnects when the thread copying stderr into `log` has ended,
+    /// which it does when the process has.
+    reader: std::sync::mpsc::Receiver<String>,
     config: std::path::PathBuf,
     _dir: tempdir::Dir,
 }
@@ -140,7 +141,7 @@ impl Gateway {
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = std::sync::mpsc::channel();
-        let reader = {
+        {
             let log = log.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -151,8 +152,8 @@ impl Gateway {
                     l.push_str(&line);
                     l.push('\n');
                 }
-            })
-        };
+            });
+        }
         let url = match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(u) => u,
             Err(_) => {
@@ -160,7 +161,7 @@ impl Gateway {
                 panic!("poolgate did not start:\n{}", log.lock());
             }
         };
-        Gateway { child, url, log, reader: Some(reader), config: path.to_path_buf(), _dir: dir }
+        Gateway { child, url, log, reader: rx, config: path.to_path_buf(), _dir: dir }
     }
 
     /// The process id.
@@ -232,9 +233,14 @@ impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Wait (briefly) for the last lines to be copied: a panic is often
+        // the last thing the process wrote.
         let until = poolgate::clock::machine_instant() + Duration::from_secs(2);
-        while !self.reader.as_ref().is_none_or(|r| r.is_finished()) && poolgate::clock::machine_instant() < until {
-            std::thread::sleep(Duration::from_millis(5));
+        while let Some(left) = until.checked_duration_since(poolgate::clock::machine_instant()) {
+            match self.reader.recv_timeout(left) {
+                Ok(_) => continue,
+                Err(_) => break,
+            }
         }
         let panics: Vec<String> = self
             .log
