@@ -43,5 +43,23 @@ pub use reverse::{chat_to_messages_answer, messages_to_chat_request, openai_erro
 pub use reverse_stream::MessagesStream;
 pub use stream::{ChatStream, DONE};
 
+/// A stream translated event by event: [`ChatStream`] one way,
+/// [`MessagesStream`] the other. Output is appended to a buffer the caller
+/// keeps, so a gateway relaying many streams allocates nothing per event.
+pub trait Translation: Send {
+    /// Reads raw bytes of the source stream (cut anywhere) and appends the
+    /// translated events that are complete.
+    fn feed_into(&mut self, bytes: &[u8], out: &mut Vec<u8>);
+    /// The source ended: appends the closing events (an error event if it
+    /// ended before the answer did). Nothing twice.
+    fn finish_into(&mut self, out: &mut Vec<u8>);
+}
+
+/// Framed events (each ending `\n\n`) as one string each.
+fn frames(bytes: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(bytes);
+    text.split_inclusive("\n\n").map(str::to_owned).collect()
+}
+
 #[cfg(test)]
 mod roundtrip_tests;

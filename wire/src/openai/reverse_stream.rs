@@ -49,81 +49,97 @@ impl MessagesStream {
     /// ending with `data: [DONE]`).
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<String> {
         let mut out = Vec::new();
+        self.feed_into(bytes, &mut out);
+        super::frames(&out)
+    }
+
+    /// [`MessagesStream::feed`], appending the events to `out` (no
+    /// allocation per event).
+    pub fn feed_into(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
         for event in self.parser.feed(bytes) {
             if event.data == "[DONE]" {
-                out.extend(self.finish());
+                self.finish_into(out);
                 continue;
             }
             match serde_json::from_str::<Value>(&event.data) {
-                Ok(chunk) => out.extend(self.push(&chunk)),
-                Err(_) => out.extend(self.fail(ErrorType::Api, "the backend sent a chunk that is not JSON (poolgate)")),
+                Ok(chunk) => self.push_into(&chunk, out),
+                Err(_) => self.fail(ErrorType::Api, "the backend sent a chunk that is not JSON (poolgate)", out),
             }
         }
-        out
     }
 
     /// The events for one chunk.
     pub fn push(&mut self, chunk: &Value) -> Vec<String> {
+        let mut out = Vec::new();
+        self.push_into(chunk, &mut out);
+        super::frames(&out)
+    }
+
+    /// [`MessagesStream::push`], appending the events to `out`.
+    pub fn push_into(&mut self, chunk: &Value, out: &mut Vec<u8>) {
         if self.done {
-            return Vec::new();
+            return;
         }
         if let Some(message) = chunk["error"]["message"].as_str() {
-            return self.fail(ErrorType::Api, message);
+            return self.fail(ErrorType::Api, message, out);
         }
-        let mut out = Vec::new();
         if !self.started {
             self.started = true;
             let message = json!({"id": message_id(chunk["id"].as_str().unwrap_or("")), "type": "message",
                 "role": "assistant", "model": self.model, "content": [], "stop_reason": null,
                 "stop_sequence": null, "usage": {"input_tokens": 0, "output_tokens": 0}});
-            out.push(event("message_start", json!({"type": "message_start", "message": message})));
+            event(out, "message_start", &json!({"type": "message_start", "message": message}));
         }
         if !chunk["usage"].is_null() {
             self.usage = chunk["usage"].clone();
         }
-        let Some(choice) = chunk["choices"].get(0) else { return out };
+        let Some(choice) = chunk["choices"].get(0) else { return };
         let delta = &choice["delta"];
         if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
             if self.open.is_none() || self.tools.iter().any(|&(_, b)| Some(b) == self.open) {
-                self.open_block(json!({"type": "text", "text": ""}), &mut out);
+                self.open_block(json!({"type": "text", "text": ""}), out);
             }
             let data = json!({"type": "content_block_delta", "index": self.open,
                 "delta": {"type": "text_delta", "text": text}});
-            out.push(event("content_block_delta", data));
+            event(out, "content_block_delta", &data);
         }
         for call in delta["tool_calls"].as_array().into_iter().flatten() {
-            self.tool_delta(call, &mut out);
+            self.tool_delta(call, out);
         }
         if let Some(reason) = choice["finish_reason"].as_str() {
             self.finish = Some(stop_reason(Some(reason)));
         }
-        out
     }
 
     /// The closing events: the open block's stop, `message_delta` with the
     /// stop reason and usage, `message_stop`; an `error` event instead if the
     /// backend never said why it finished (a cut stream). Nothing twice.
     pub fn finish(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        self.finish_into(&mut out);
+        super::frames(&out)
+    }
+
+    /// [`MessagesStream::finish`], appending the events to `out`.
+    pub fn finish_into(&mut self, out: &mut Vec<u8>) {
         if self.done {
-            return Vec::new();
+            return;
         }
         let Some(stop) = self.finish else {
-            return self.fail(ErrorType::Api, "the backend stream ended before the answer did (poolgate)");
+            return self.fail(ErrorType::Api, "the backend stream ended before the answer did (poolgate)", out);
         };
         self.done = true;
-        let mut out = Vec::new();
-        self.close(&mut out);
+        self.close(out);
         let usage = anthropic_usage(&self.usage);
         let data =
             json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": usage});
-        out.push(event("message_delta", data));
-        out.push(sse::frame("message_stop", r#"{"type":"message_stop"}"#));
-        out
+        event(out, "message_delta", &data);
+        out.extend_from_slice(sse::frame("message_stop", r#"{"type":"message_stop"}"#).as_bytes());
     }
 
     /// A tool call's delta: the first (with its id and name) opens a
     /// `tool_use` block, arguments become `input_json_delta`s.
-    fn tool_delta(&mut self, call: &Value, out: &mut Vec<String>) {
+    fn tool_delta(&mut self, call: &Value, out: &mut Vec<u8>) {
         let i = call["index"].as_u64().unwrap_or(0);
         let block = match self.tools.iter().find(|&&(t, _)| t == i) {
             Some(&(_, b)) => b,
@@ -139,36 +155,52 @@ impl MessagesStream {
         if let Some(args) = call["function"]["arguments"].as_str().filter(|a| !a.is_empty()) {
             let data = json!({"type": "content_block_delta", "index": block,
                 "delta": {"type": "input_json_delta", "partial_json": args}});
-            out.push(event("content_block_delta", data));
+            event(out, "content_block_delta", &data);
         }
     }
 
-    fn open_block(&mut self, block: Value, out: &mut Vec<String>) -> usize {
+    fn open_block(&mut self, block: Value, out: &mut Vec<u8>) -> usize {
         self.close(out);
         let index = self.next;
         self.next += 1;
         self.open = Some(index);
-        out.push(event(
+        event(
+            out,
             "content_block_start",
-            json!({"type": "content_block_start", "index": index, "content_block": block}),
-        ));
+            &json!({"type": "content_block_start", "index": index, "content_block": block}),
+        );
         index
     }
 
-    fn close(&mut self, out: &mut Vec<String>) {
+    fn close(&mut self, out: &mut Vec<u8>) {
         if let Some(index) = self.open.take() {
-            out.push(event("content_block_stop", json!({"type": "content_block_stop", "index": index})));
+            event(out, "content_block_stop", &json!({"type": "content_block_stop", "index": index}));
         }
     }
 
-    fn fail(&mut self, kind: ErrorType, message: &str) -> Vec<String> {
+    fn fail(&mut self, kind: ErrorType, message: &str, out: &mut Vec<u8>) {
         self.done = true;
-        vec![sse::error_event(kind, message)]
+        out.extend_from_slice(sse::error_event(kind, message).as_bytes());
     }
 }
 
-fn event(name: &str, data: Value) -> String {
-    sse::frame(name, &data.to_string())
+/// Appends one framed event: `event: <name>`, its data as one JSON line.
+fn event(out: &mut Vec<u8>, name: &str, data: &Value) {
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    serde_json::to_writer(&mut *out, data).expect("an event serializes");
+    out.extend_from_slice(b"\n\n");
+}
+
+impl super::Translation for MessagesStream {
+    fn feed_into(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
+        MessagesStream::feed_into(self, bytes, out);
+    }
+
+    fn finish_into(&mut self, out: &mut Vec<u8>) {
+        MessagesStream::finish_into(self, out);
+    }
 }
 
 #[cfg(test)]

@@ -86,49 +86,60 @@ impl ChatStream {
     /// whose data is not JSON ends the stream with an error.
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<String> {
         let mut out = Vec::new();
+        self.feed_into(bytes, &mut out);
+        super::frames(&out)
+    }
+
+    /// [`ChatStream::feed`], appending the lines to `out` (no allocation per
+    /// line: what a gateway streaming many answers calls).
+    pub fn feed_into(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
         for event in self.parser.feed(bytes) {
             match serde_json::from_str::<Value>(&event.data) {
-                Ok(data) => out.extend(self.push(&event.name, &data)),
-                Err(_) => out.extend(self.fail("the upstream sent an event that is not JSON (poolgate)")),
+                Ok(data) => self.push_into(&event.name, &data, out),
+                Err(_) => self.fail("the upstream sent an event that is not JSON (poolgate)", out),
             }
         }
-        out
     }
 
     /// The lines for one Anthropic event, `event` its name and `data` its JSON.
     /// Events with nothing to say to an OpenAI client (`ping`,
     /// `content_block_stop`, thinking deltas) give none.
     pub fn push(&mut self, event: &str, data: &Value) -> Vec<String> {
-        if self.done {
-            return Vec::new();
-        }
         let mut out = Vec::new();
+        self.push_into(event, data, &mut out);
+        super::frames(&out)
+    }
+
+    /// [`ChatStream::push`], appending the lines to `out`.
+    pub fn push_into(&mut self, event: &str, data: &Value, out: &mut Vec<u8>) {
+        if self.done {
+            return;
+        }
         let kind = if event.is_empty() || event == "message" { data["type"].as_str().unwrap_or("") } else { event };
         match kind {
             "message_start" => {
                 let message = &data["message"];
                 self.id = chat_id(message["id"].as_str().unwrap_or(""));
                 self.add_usage(&message["usage"]);
-                self.start(&mut out);
+                self.start(out);
             }
-            "content_block_start" => self.block_start(data, &mut out),
-            "content_block_delta" => self.block_delta(data, &mut out),
+            "content_block_start" => self.block_start(data, out),
+            "content_block_delta" => self.block_delta(data, out),
             "message_delta" => {
                 self.add_usage(&data["usage"]);
                 let reason = finish_reason(data["delta"]["stop_reason"].as_str());
-                self.finish_chunks(reason, &mut out);
+                self.finish_chunks(reason, out);
             }
             "message_stop" => {
-                self.finish_chunks("stop", &mut out);
+                self.finish_chunks("stop", out);
                 self.stopped = true;
             }
             "error" => {
                 let err = from_anthropic(200, data);
-                out.extend(self.error_lines(&err));
+                self.error_lines(&err, out);
             }
             _ => {}
         }
-        out
     }
 
     /// The lines that end the stream, once the upstream body has ended:
@@ -136,24 +147,31 @@ impl ChatStream {
     /// `message_stop` (a client must not take a cut answer for a whole one).
     /// Nothing after the stream already ended.
     pub fn finish(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        self.finish_into(&mut out);
+        super::frames(&out)
+    }
+
+    /// [`ChatStream::finish`], appending the lines to `out`.
+    pub fn finish_into(&mut self, out: &mut Vec<u8>) {
         if self.done {
-            return Vec::new();
+            return;
         }
         if !self.stopped {
-            return self.fail("the upstream stream ended before the answer did (poolgate)");
+            return self.fail("the upstream stream ended before the answer did (poolgate)", out);
         }
         self.done = true;
-        vec![DONE.to_owned()]
+        out.extend_from_slice(DONE.as_bytes());
     }
 
-    fn start(&mut self, out: &mut Vec<String>) {
+    fn start(&mut self, out: &mut Vec<u8>) {
         if !self.started {
             self.started = true;
-            out.push(self.chunk(json!({"role": "assistant", "content": ""}), None));
+            self.chunk(out, json!({"role": "assistant", "content": ""}), None);
         }
     }
 
-    fn block_start(&mut self, data: &Value, out: &mut Vec<String>) {
+    fn block_start(&mut self, data: &Value, out: &mut Vec<u8>) {
         self.start(out);
         let block = &data["content_block"];
         match block["type"].as_str() {
@@ -163,13 +181,13 @@ impl ChatStream {
                 self.tools.push(data["index"].as_u64().unwrap_or(u64::MAX));
                 let call = json!({"index": index, "id": block["id"], "type": "function",
                     "function": {"name": block["name"], "arguments": ""}});
-                out.push(self.chunk(json!({"tool_calls": [call]}), None));
+                self.chunk(out, json!({"tool_calls": [call]}), None);
             }
             _ => {}
         }
     }
 
-    fn block_delta(&mut self, data: &Value, out: &mut Vec<String>) {
+    fn block_delta(&mut self, data: &Value, out: &mut Vec<u8>) {
         self.start(out);
         let delta = &data["delta"];
         match delta["type"].as_str() {
@@ -180,26 +198,26 @@ impl ChatStream {
                 let Some(index) = self.tools.iter().position(|&b| Some(b) == block) else { return };
                 if !part.is_empty() {
                     let call = json!({"index": index, "function": {"arguments": part}});
-                    out.push(self.chunk(json!({"tool_calls": [call]}), None));
+                    self.chunk(out, json!({"tool_calls": [call]}), None);
                 }
             }
             _ => {}
         }
     }
 
-    fn text(&self, text: &str, out: &mut Vec<String>) {
+    fn text(&self, text: &str, out: &mut Vec<u8>) {
         if !text.is_empty() {
-            out.push(self.chunk(json!({"content": text}), None));
+            self.chunk(out, json!({"content": text}), None);
         }
     }
 
     /// The `finish_reason` chunk and the usage chunk, once.
-    fn finish_chunks(&mut self, reason: &'static str, out: &mut Vec<String>) {
+    fn finish_chunks(&mut self, reason: &'static str, out: &mut Vec<u8>) {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
         self.start(out);
-        out.push(self.chunk(json!({}), Some(reason)));
+        self.chunk(out, json!({}), Some(reason));
         if self.include_usage {
             let chunk = Chunk {
                 id: &self.id,
@@ -209,7 +227,7 @@ impl ChatStream {
                 choices: Vec::new(),
                 usage: Some(usage(&Value::Object(self.usage.clone()))),
             };
-            out.push(frame(&chunk));
+            frame(out, &chunk);
         }
     }
 
@@ -223,32 +241,50 @@ impl ChatStream {
         }
     }
 
-    fn fail(&mut self, message: &str) -> Vec<String> {
+    fn fail(&mut self, message: &str, out: &mut Vec<u8>) {
         let err =
             OpenAiError { status: 502, message: message.to_owned(), kind: "server_error", param: None, code: None };
-        self.error_lines(&err)
+        self.error_lines(&err, out);
     }
 
     /// An error chunk (OpenAI's error body as the data) and `[DONE]`.
-    fn error_lines(&mut self, err: &OpenAiError) -> Vec<String> {
+    fn error_lines(&mut self, err: &OpenAiError, out: &mut Vec<u8>) {
         self.done = true;
-        vec![format!("data: {}\n\n", err.to_body()), DONE.to_owned()]
+        out.extend_from_slice(b"data: ");
+        serde_json::to_writer(&mut *out, &err.to_body()).expect("an error serializes");
+        out.extend_from_slice(b"\n\n");
+        out.extend_from_slice(DONE.as_bytes());
     }
 
-    fn chunk(&self, delta: Value, finish: Option<&'static str>) -> String {
-        frame(&Chunk {
-            id: &self.id,
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: &self.model,
-            choices: vec![Choice { index: 0, delta, logprobs: None, finish_reason: finish }],
-            usage: self.include_usage.then_some(Value::Null),
-        })
+    fn chunk(&self, out: &mut Vec<u8>, delta: Value, finish: Option<&'static str>) {
+        frame(
+            out,
+            &Chunk {
+                id: &self.id,
+                object: "chat.completion.chunk",
+                created: self.created,
+                model: &self.model,
+                choices: vec![Choice { index: 0, delta, logprobs: None, finish_reason: finish }],
+                usage: self.include_usage.then_some(Value::Null),
+            },
+        )
     }
 }
 
-fn frame(chunk: &Chunk<'_>) -> String {
-    format!("data: {}\n\n", serde_json::to_string(chunk).expect("a chunk serializes"))
+fn frame(out: &mut Vec<u8>, chunk: &Chunk<'_>) {
+    out.extend_from_slice(b"data: ");
+    serde_json::to_writer(&mut *out, chunk).expect("a chunk serializes");
+    out.extend_from_slice(b"\n\n");
+}
+
+impl super::Translation for ChatStream {
+    fn feed_into(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
+        ChatStream::feed_into(self, bytes, out);
+    }
+
+    fn finish_into(&mut self, out: &mut Vec<u8>) {
+        ChatStream::finish_into(self, out);
+    }
 }
 
 #[cfg(test)]
