@@ -23,7 +23,7 @@ pub use crate::oauth::settings::{CLAUDE_CODE_CLIENT_ID, OAuthConfig, Overage};
 pub use accounts::{ANTHROPIC_API, AccountConfig, AccountKind};
 pub use cooldowns::CooldownConfig;
 pub use fallback::FallbackConfig;
-pub use secrets::{Credential, Resolved, ResolvedAccount, Secret, base_prefix, digest};
+pub use secrets::{Credential, Resolved, ResolvedAccount, ResolvedFallback, Secret, base_prefix, digest};
 pub use server::{ClientKey, GatewayConfig, LogFormat, ServerConfig};
 pub use state::{Backend as StateBackendKind, StateConfig, prefix_problem, redact as redact_url};
 

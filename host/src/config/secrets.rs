@@ -105,6 +105,18 @@ pub struct Resolved {
     pub client_keys: Vec<(String, [u8; 32])>,
     /// The admin token's SHA-256, if admin routes are open.
     pub admin: Option<[u8; 32]>,
+    /// The `[[fallback]]` backends, in configuration order.
+    pub fallbacks: Vec<ResolvedFallback>,
+}
+
+/// One fallback backend, resolved.
+#[derive(Debug, Clone)]
+pub struct ResolvedFallback {
+    /// The base URL every request path is appended to (see [`base_prefix`]).
+    pub base: String,
+    /// Its API key (`api_key_env`), sent as a bearer token; `None` for a
+    /// backend that takes none.
+    pub key: Option<Secret>,
 }
 
 /// A resolution problem: the key path it concerns and what is wrong.
@@ -155,7 +167,23 @@ impl Config {
                 accounts.push(ResolvedAccount { config: a.clone(), base, credential });
             }
         }
-        if problems.is_empty() { Ok(Resolved { accounts, client_keys, admin }) } else { Err(problems) }
+        let mut fallbacks = Vec::new();
+        for (i, f) in self.fallback.iter().enumerate() {
+            let base =
+                base_prefix(&f.base_url).map_err(|e| problems.push((format!("fallback[{i}].base_url"), e.to_string())));
+            let key = match &f.api_key_env {
+                None => Ok(None),
+                Some(var) => std::env::var(var)
+                    .with_context(|| format!("environment variable {var} is not set"))
+                    .and_then(Secret::new)
+                    .map(Some)
+                    .map_err(|e| problems.push((format!("fallback[{i}].api_key_env"), format!("{e:#}")))),
+            };
+            if let (Ok(base), Ok(key)) = (base, key) {
+                fallbacks.push(ResolvedFallback { base, key });
+            }
+        }
+        if problems.is_empty() { Ok(Resolved { accounts, client_keys, admin, fallbacks }) } else { Err(problems) }
     }
 
     /// The resolution made when the file was loaded, or a fresh one (a config

@@ -38,10 +38,11 @@ pub enum AttemptOutcome {
 }
 
 /// How a request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Ending {
     /// Not yet: the answer is still streaming.
+    #[default]
     Pending,
     /// The upstream's answer reached the client whole.
     Complete,
@@ -114,7 +115,7 @@ pub struct Attempt {
 }
 
 /// Everything about one client request.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct RequestRecord {
     /// Request number.
     pub id: u64,

@@ -3,10 +3,14 @@
 //! credentials, an upstream outage, a full queue), or a client gone mid-way.
 //!
 //! [`Finish::respond`] writes the explanation headers on the response when it
-//! starts; [`Finish::complete`] — when the response is over, for a stream at its
-//! end — releases the in-flight slot, tells the chain how the request ended
-//! (`observe`), completes the decision record, counts it in the metrics and
-//! keeps it. The headers are the same on every path:
+//! starts (the response as the client gets it: already in the client's
+//! dialect, so the status kept is the client's); [`Finish::complete`] — when
+//! the response is over, for a stream at its end — releases the in-flight
+//! slot, tells the chain how the request ended (`observe`), completes the
+//! decision record, counts it in the metrics and keeps it. A `Finish`
+//! dropped before that (the client went away while its answer streamed or
+//! was read) completes as `client_gone`. The headers are the same on every
+//! path:
 //!
 //! - `x-poolgate-request-id` always;
 //! - `x-poolgate-account`: the id of the account whose answer the response is
@@ -46,6 +50,9 @@ pub enum Observe {
         account: u32,
         /// The request as the chain saw it for that attempt.
         request: wit::Request,
+        /// The status the account answered with (the client's may be its
+        /// translation).
+        status: u16,
     },
     /// Known already: how the last failed attempt went.
     Known(Observed),
@@ -66,11 +73,19 @@ pub struct Finish {
     pub(super) account_answers: bool,
     /// What the chain hears.
     pub(super) observe: Observe,
+    /// How the client's answers are written: [`Finish::now`] translates.
+    pub(super) dialect: super::dialect::Dialect,
+    /// The status the client got, once [`Finish::respond`] saw it.
+    pub(super) status: u16,
+    /// Whether the request was completed (and kept).
+    pub(super) done: bool,
 }
 
 impl Finish {
-    /// Writes the explanation headers on `r`.
-    pub fn respond(&self, mut r: Response) -> Response {
+    /// Writes the explanation headers on `r`, the response as the client
+    /// gets it, and notes its status.
+    pub fn respond(&mut self, mut r: Response) -> Response {
+        self.status = r.status().as_u16();
         let record = &self.record;
         let h = r.headers_mut();
         h.insert("x-poolgate-request-id", HeaderValue::from(record.id));
@@ -111,32 +126,45 @@ impl Finish {
         r
     }
 
-    /// Ends the request with HTTP `status`: a local answer at once, a relayed
-    /// one when its body ends.
-    pub fn complete(self, ending: Ending, status: u16) {
-        let Finish { gateway, generation, started, mut record, lease, observe, account_answers } = self;
-        drop(lease);
-        let observed = match observe {
+    /// Ends the request (with the status [`Finish::respond`] saw): a local
+    /// answer at once, a relayed one when its body ends.
+    pub fn complete(mut self, ending: Ending) {
+        self.end(ending);
+    }
+
+    fn end(&mut self, ending: Ending) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        let gateway = &self.gateway;
+        drop(self.lease.take());
+        let mut record = std::mem::take(&mut self.record);
+        // A substitute's answer that reached the client whole.
+        let ending = match ending {
+            Ending::Complete if record.fallback.is_some() => Ending::Fallback,
+            e => e,
+        };
+        let observed = match std::mem::replace(&mut self.observe, Observe::Nothing) {
             Observe::Nothing => None,
-            Observe::Answer { account, request } => {
-                stream_ended(&gateway, &generation, account, ending);
+            Observe::Answer { account, request, status } => {
+                stream_ended(gateway, &self.generation, account, ending);
                 Some((request, account, relayed_outcome(ending, status)))
             }
             Observe::Known(o) => Some(o),
         };
         if let Some((request, account, outcome)) = observed {
-            self::observe(generation, request, account, outcome);
+            self::observe(self.generation.clone(), request, account, outcome);
         }
-        record.status = status;
+        record.status = self.status;
         record.outcome = ending;
-        record.duration_ms = gateway.clock.since(started).as_millis() as u64;
+        record.duration_ms = gateway.clock.since(self.started).as_millis() as u64;
         gateway.metrics.request(record.account.as_deref().unwrap_or("-"), record.status);
         log_line(&RequestLine {
             id: record.id,
             method: &record.method,
             path: &record.path,
-            status,
-            account: record.account.as_deref().filter(|_| account_answers),
+            status: record.status,
+            account: record.account.as_deref().filter(|_| self.account_answers),
             client: record.client.as_deref(),
             model: Some(record.model.as_str()).filter(|m| !m.is_empty()),
             ms: record.duration_ms,
@@ -144,12 +172,21 @@ impl Finish {
         gateway.decisions.push(record);
     }
 
-    /// Answers with `r` at once (nothing streams) and ends the request.
-    pub fn now(self, r: Response, ending: Ending) -> Response {
+    /// Answers with `r`, whose body is in memory, at once — in the client's
+    /// dialect — and ends the request.
+    pub fn now(mut self, r: Response, ending: Ending) -> Response {
+        let r = self.dialect.whole(r);
         let r = self.respond(r);
-        let status = r.status().as_u16();
-        self.complete(ending, status);
+        self.complete(ending);
         r
+    }
+}
+
+impl Drop for Finish {
+    /// Dropped before it completed: the client went away while its answer
+    /// was on its way.
+    fn drop(&mut self) {
+        self.end(Ending::ClientGone);
     }
 }
 

@@ -301,8 +301,7 @@ impl Generation {
         let seats = accounts.iter().any(|a| a.config.kind == crate::config::AccountKind::Oauth);
         let accounts =
             accounts.into_iter().map(|a| PoolAccount { overflow: a.config.is_overflow(seats), ..a }).collect();
-        let keepalive = Some(std::time::Duration::from_millis(config.gateway.stream_keepalive_ms));
-        let fallbacks = super::fallback::Fallbacks::new(&config.fallback, keepalive)?;
+        let fallbacks = super::fallback::Fallbacks::new(&config.fallback, &resolved.fallbacks)?;
         let generation = Generation {
             number,
             config,

@@ -15,8 +15,11 @@
 //!   [`relay`] is the response body that finishes it when the stream ends;
 //!   [`unserved`] answers when no account can serve; [`errors`] words the
 //!   pool's own answers.
-//! - [`chat`] and [`fallback`]: the OpenAI Chat Completions dialect and the
-//!   backends an exhausted pool falls back to.
+//! - [`dialect`]: the OpenAI dialect, translated at the two ends of the
+//!   phases (the request when read, every answer before it finishes);
+//!   [`body`]: the stream adapters a translated or kept-alive body goes
+//!   through; [`fallback`]: the backends an exhausted pool falls back to,
+//!   whose answers finish through the same relay.
 //! - [`admission`]: the in-flight limits and their queue; [`auth`]: client
 //!   keys and the admin token; [`decisions`]: the last decision records.
 //! - [`routes`], [`server`]: the HTTP surface and the listener; [`conn`]
@@ -34,10 +37,11 @@ pub mod admin;
 pub mod admission;
 pub mod attempt;
 pub mod auth;
+pub mod body;
 pub mod change;
-pub mod chat;
 pub mod conn;
 pub mod decisions;
+pub mod dialect;
 pub mod errors;
 pub mod fallback;
 pub mod finish;

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::response::Response;
+use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode, header};
 
 use super::admission::{Lease, Refused, Slot};
@@ -35,9 +36,10 @@ use super::decisions::{
     Attempt, AttemptOutcome, Ending, PassCause, PassedOver, RequestRecord, pass_over, unusable_cause,
 };
 use super::errors::{ErrorType, error, final_error, rate_limited};
+use super::fallback::Substitute;
 use super::finish::{Early, Finish, Observe};
 use super::generation::Generation;
-use super::relay::Relay;
+use super::relay;
 use super::request::{BodyFacts, body_facts, session_id};
 use super::unserved;
 use super::{Gateway, upstream};
@@ -54,7 +56,7 @@ pub enum Api {
     CountTokens,
     /// `GET /v1/models…`.
     Models,
-    /// `POST /v1/chat/completions`, translated to Messages (see `chat`).
+    /// `POST /v1/chat/completions`, translated to Messages (see `dialect`).
     ChatCompletions,
 }
 
@@ -101,7 +103,7 @@ pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response
         };
         let request = x.learn(ranked, &full, &attempted);
         match next(attempted) {
-            Next::Commit(answered) => return x.commit(request, answered),
+            Next::Commit(answered) => return x.commit(request, answered).await,
             Next::FailOver(failure) => x.last = Some((failure, request)),
         }
     }
@@ -151,7 +153,7 @@ impl Exchange {
         let early = Early { id, method: &incoming.method, path: incoming.uri.path(), started };
         let facts = if incoming.method == Method::POST {
             body_facts(&incoming.body).map_err(|e| {
-                let r = error(StatusCode::BAD_REQUEST, ErrorType::InvalidRequest, &e.0);
+                let r = incoming.dialect.whole(error(StatusCode::BAD_REQUEST, ErrorType::InvalidRequest, &e.0));
                 Box::new(early.refuse_from(&gw, "invalid_body", incoming.client.as_deref(), r))
             })?
         } else {
@@ -159,7 +161,7 @@ impl Exchange {
         };
         if generation.accounts.is_empty() {
             let msg = "poolgate has no usable accounts configured: add an [[accounts]] entry (with api_key_env or token_file) to the config, or enable one";
-            let r = final_error(StatusCode::SERVICE_UNAVAILABLE, ErrorType::Api, msg);
+            let r = incoming.dialect.whole(final_error(StatusCode::SERVICE_UNAVAILABLE, ErrorType::Api, msg));
             return Err(Box::new(early.refuse_from(&gw, "no_accounts", incoming.client.as_deref(), r)));
         }
         let model = facts.model.clone().unwrap_or_default();
@@ -321,18 +323,23 @@ impl Exchange {
     }
 
     /// Phase *commit*: the account's answer streams back through the relay,
-    /// which finishes the request when the body ends.
-    fn commit(self, request: wit::Request, answered: Answered) -> Response {
+    /// which finishes the request when the body ends. For a client that
+    /// reads another dialect, a stream is translated as it goes; any other
+    /// answer is read whole first, since its status may change with its shape.
+    async fn commit(self, request: wit::Request, answered: Answered) -> Response {
         let Answered { account, status, mut headers, first, rest, sse, lease } = answered;
         upstream::retain_forwardable(&mut headers);
         upstream::integer_retry_after(&mut headers, self.gw.clock.now_ms());
         let length = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
-        let finish = self.into_finish(Some(lease), true, Observe::Answer { account, request });
+        let observe = Observe::Answer { account, request, status: status.as_u16() };
+        let finish = self.into_finish(Some(lease), true, observe);
         let mut head = Response::new(Body::empty());
         *head.status_mut() = status;
         *head.headers_mut() = headers;
-        let head = finish.respond(head);
-        head.map(|_| Body::from_stream(Relay::new(first, rest, sse, length, finish, status.as_u16())))
+        if finish.dialect.is_openai() && !(status.is_success() && sse) {
+            return read_whole(finish, head, first, rest).await;
+        }
+        relay::respond(finish, head, first, rest, sse, length, false)
     }
 
     /// The admission queue refused the request: a local 429.
@@ -388,15 +395,27 @@ impl Exchange {
         let substitutable = matches!(self.api, Api::Messages | Api::ChatCompletions);
         if substitutable && !self.generation.accounts.is_empty() && !self.generation.fallbacks.is_empty() {
             let timeout = Duration::from_millis(self.generation.config.gateway.response_timeout_ms);
-            let cut = || self.gw.lifecycle.on_cut();
-            if let Some((answer, marker)) =
-                self.generation.fallbacks.serve(&self.incoming.body, timeout, cut, &self.gw.clock).await
-            {
+            let served = self.generation.fallbacks.serve(&*self.gw.http, &self.incoming.body, timeout, &self.gw.clock);
+            if let Some((answer, marker)) = served.await {
                 self.gw.metrics.fallback(&marker);
                 self.record.blocked = blocked;
-                self.record.fallback = Some(marker);
+                self.record.fallback = Some(marker.clone());
                 let observe = self.observe_last();
-                return self.into_finish(None, false, observe).now(answer, Ending::Fallback);
+                let finish = self.into_finish(None, false, observe);
+                let marked = |mut r: Response| {
+                    if let Ok(v) = HeaderValue::from_str(&marker) {
+                        r.headers_mut().insert("x-poolgate-fallback", v);
+                    }
+                    r
+                };
+                return match answer {
+                    Substitute::Whole(r) => finish.now(marked(r), Ending::Fallback),
+                    Substitute::Stream(events) => {
+                        let mut head = marked(Response::new(Body::empty()));
+                        head.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+                        relay::respond(finish, head, Bytes::new(), events, true, None, true)
+                    }
+                };
             }
         }
         self.gw.metrics.unserved(ending.as_str());
@@ -431,6 +450,35 @@ impl Exchange {
             lease,
             account_answers,
             observe,
+            dialect: self.incoming.dialect,
+            status: 0,
+            done: false,
+        }
+    }
+}
+
+/// The most of an answer that is read whole to be translated.
+const WHOLE_LIMIT: usize = 64 << 20;
+
+/// Reads the account's answer whole (`first`, then `rest`) and answers with
+/// it in the client's dialect; an answer that breaks first is a 502, and one
+/// still open at the end of the shutdown grace period a 503.
+async fn read_whole(finish: Finish, head: Response, first: Bytes, rest: upstream::Rest) -> Response {
+    let cut = finish.gateway.lifecycle.on_cut();
+    tokio::select! {
+        biased;
+        read = upstream::collect(first, rest, WHOLE_LIMIT) => match read {
+            Ok(bytes) => finish.now(head.map(|_| Body::from(bytes)), Ending::Complete),
+            Err(why) => {
+                tracing::warn!(request = finish.record.id, error = %why, "upstream answer broke before it was whole");
+                let msg = "poolgate: the upstream answer broke before it was whole";
+                finish.now(error(StatusCode::BAD_GATEWAY, ErrorType::Api, msg), Ending::StreamError)
+            }
+        },
+        () = cut => {
+            finish.gateway.metrics.shutdown_cut();
+            let msg = "poolgate is shutting down: its shutdown grace period ended before the upstream answer was whole";
+            finish.now(error(StatusCode::SERVICE_UNAVAILABLE, ErrorType::Api, msg), Ending::Shutdown)
         }
     }
 }

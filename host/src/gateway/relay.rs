@@ -2,7 +2,7 @@
 //! arrive, plus what must happen when the response ends — however it ends.
 //!
 //! When the stream completes, breaks, or the client goes away (the body is
-//! dropped), the in-flight lease is released, the chain's `observe` is told how
+//! dropped, and with it the [`Finish`]), the in-flight lease is released, the chain's `observe` is told how
 //! the request ended, and the request record is kept. For SSE, a stream the
 //! upstream cuts mid-way ends cleanly with an `error` event instead of a torn
 //! connection; to make that possible the relay holds back the tail of a chunk
@@ -22,6 +22,13 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use http::header;
+
+use super::body::{ANTHROPIC_PING, OPENAI_KEEPALIVE, Translate, with_keepalive};
 use super::decisions::Ending;
 use super::finish::Finish;
 use super::upstream::Rest;
@@ -63,6 +70,35 @@ impl SseFramer {
     }
 }
 
+/// The response whose body is `first` then `rest`, relayed as it arrives in
+/// the client's dialect; `finish` ends the request when the body ends.
+/// `head` carries the status and headers. `written_here`: the stream is one
+/// poolgate writes itself (a fallback's translation), so an Anthropic client
+/// gets its `ping`s in the silences (an account's stream has its own).
+pub fn respond(
+    mut finish: Finish,
+    mut head: Response,
+    first: Bytes,
+    rest: Rest,
+    sse: bool,
+    length: Option<u64>,
+    written_here: bool,
+) -> Response {
+    let keepalive = Some(Duration::from_millis(finish.generation.config.gateway.stream_keepalive_ms));
+    let translation = if sse { finish.dialect.stream_translation() } else { None };
+    if translation.is_some() {
+        head.headers_mut().remove(header::CONTENT_LENGTH);
+    }
+    let head = finish.respond(head);
+    let relay = Relay::new(first, rest, sse, length, finish);
+    let body = match translation {
+        Some(t) => with_keepalive(Translate::new(relay, t), keepalive, OPENAI_KEEPALIVE),
+        None if sse && written_here => with_keepalive(relay, keepalive, ANTHROPIC_PING),
+        None => Body::from_stream(relay),
+    };
+    head.map(|_| body)
+}
+
 /// The relayed body.
 pub struct Relay {
     first: Option<Bytes>,
@@ -70,8 +106,6 @@ pub struct Relay {
     sse: bool,
     framer: SseFramer,
     finish: Option<Finish>,
-    /// The upstream's status, for the record.
-    status: u16,
     ended: bool,
     /// The upstream's `content-length`: hyper stops reading the body once that
     /// many bytes went out, so reaching it is the end.
@@ -84,22 +118,15 @@ pub struct Relay {
 impl Relay {
     /// A body that starts with `first` (already read, to be sure the upstream
     /// answered before committing to it) and continues with `upstream`.
-    /// `finish` ends the request (with `status`) however the body ends.
-    pub fn new(
-        first: Bytes,
-        upstream: Rest,
-        sse: bool,
-        content_length: Option<u64>,
-        finish: Finish,
-        status: u16,
-    ) -> Self {
+    /// `finish` ends the request however the body ends (dropped before its
+    /// end, it ends it as `client_gone`).
+    pub fn new(first: Bytes, upstream: Rest, sse: bool, content_length: Option<u64>, finish: Finish) -> Self {
         Relay {
             first: Some(first),
             upstream,
             sse,
             framer: SseFramer::default(),
             finish: Some(finish),
-            status,
             ended: false,
             expected: content_length,
             sent: 0,
@@ -119,7 +146,7 @@ impl Relay {
 
     fn finish(&mut self, ending: Ending) {
         if let Some(f) = self.finish.take() {
-            f.complete(ending, self.status);
+            f.complete(ending);
         }
     }
 
@@ -206,13 +233,6 @@ impl Stream for Relay {
                 }
             }
         }
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        // Dropped before the end: the client went away.
-        self.finish(Ending::ClientGone);
     }
 }
 

@@ -28,6 +28,9 @@ pub struct Incoming {
     pub body: Bytes,
     /// The accepted client key's name.
     pub client: Option<String>,
+    /// How the client's answers are written (the request itself is already
+    /// Anthropic's here: see `dialect`).
+    pub dialect: super::dialect::Dialect,
 }
 
 /// What the gateway reads from a request body.

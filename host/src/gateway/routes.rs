@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 
+use super::dialect::Dialect;
 use super::errors::{ErrorType, error, final_error};
 use super::finish::Early;
 use super::proxy::{Api, Incoming, forward};
@@ -77,9 +78,19 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Serves an API route: the client key, the body read, the request in the
+/// client's dialect translated to Anthropic's, then the phases ([`forward`]).
+/// A refusal here is written in the client's dialect too.
 async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
     let gw = state.gateway;
     let early = Early { id: gw.next_request_id(), method: &method, path: uri.path(), started: gw.clock.instant() };
+    let mut headers = headers;
+    let dialect = match api {
+        Api::ChatCompletions => Dialect::Chat(Default::default()),
+        Api::Models if super::dialect::openai_models(&mut headers) => Dialect::Models,
+        _ => Dialect::Anthropic,
+    };
+    let refuse = |reason, r, client: Option<&str>| early.refuse_from(&gw, reason, client, dialect.whole(r));
     let generation = gw.generation();
     let client = if generation.client_keys.is_empty() {
         None
@@ -92,38 +103,34 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
                     ErrorType::Authentication,
                     "poolgate: invalid or missing client key (send it as x-api-key or Authorization: Bearer)",
                 );
-                return early.refuse(&gw, "client_key", r);
+                return refuse("client_key", r, None);
             }
         }
     };
     if method == Method::POST
         && let Some(refused) = not_json(&headers)
     {
-        return early.refuse(&gw, "unsupported_media_type", refused);
+        return refuse("unsupported_media_type", refused, None);
     }
     let server = &generation.config.server;
     let timeout = std::time::Duration::from_millis(server.body_timeout_ms);
     let body = match read_body(&headers, body, server.max_body_mb << 20, (early.started, timeout), &gw.clock).await {
         Ok(b) => b,
-        Err((reason, refused)) => return early.refuse(&gw, reason, refused),
+        Err((reason, refused)) => return refuse(reason, refused, None),
+    };
+    let id = early.id;
+    let (body, uri, dialect) = if api == Api::ChatCompletions {
+        let aliases = &generation.config.models.aliases;
+        match super::dialect::translate_request(&body, &mut headers, aliases, gw.clock.now_ms()) {
+            Ok((body, uri, facts)) => (body, uri, Dialect::Chat(facts)),
+            // Already in OpenAI's shape.
+            Err(refused) => return early.refuse_from(&gw, "invalid_chat_request", client.as_deref(), *refused),
+        }
+    } else {
+        (body, uri, dialect)
     };
     drop(generation);
-    let id = early.id;
-    if api != Api::ChatCompletions {
-        return forward(gw, api, Incoming { id, method, uri, headers, body, client }).await;
-    }
-    let mut headers = headers;
-    // Borrowed from the generation in force: no per-request copy of the table.
-    let generation = gw.generation();
-    let keepalive = Some(std::time::Duration::from_millis(generation.config.gateway.stream_keepalive_ms));
-    let (body, uri, facts) =
-        match super::chat::translate_request(&body, &mut headers, &generation.config.models.aliases, keepalive) {
-            Ok(t) => t,
-            Err(refused) => return early.refuse(&gw, "invalid_chat_request", *refused),
-        };
-    drop(generation);
-    let answer = forward(gw, api, Incoming { id, method, uri, headers, body, client }).await;
-    super::chat::translate_response(answer, facts).await
+    forward(gw, api, Incoming { id, method, uri, headers, body, client, dialect }).await
 }
 
 /// The 415 for a POST whose body is not declared `application/json` (any
@@ -213,31 +220,17 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let answer = api(s, Api::ChatCompletions, method, uri, headers, body).await;
-    // Refusals before the translation (client key, content type, size) are
-    // written in Anthropic's shape like every route's; this route answers
-    // every error in OpenAI's. (A translated answer already is.)
-    if answer.status().is_success() || answer.extensions().get::<super::chat::Translated>().is_some() {
-        return answer;
-    }
-    super::chat::translate_response(answer, super::chat::ChatFacts::default()).await
+    api(s, Api::ChatCompletions, method, uri, headers, body).await
 }
 
 async fn count_tokens(State(s): State<AppState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
     api(s, Api::CountTokens, method, uri, headers, body).await
 }
 
+/// `GET /v1/models`: Anthropic's list, or OpenAI's for a client that sends no
+/// `anthropic-version` (see `dialect`).
 async fn models(State(s): State<AppState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
-    if !super::chat::wants_openai_models(&headers) {
-        return api(s, Api::Models, method, uri, headers, body).await;
-    }
-    // An OpenAI client's model list: asked of the pool as Anthropic's, answered
-    // in OpenAI's shape.
-    let mut headers = headers;
-    headers.insert("anthropic-version", http::HeaderValue::from_static("2023-06-01"));
-    headers.remove(http::header::ACCEPT_ENCODING);
-    let answer = api(s, Api::Models, method, uri, headers, body).await;
-    super::chat::models_response(answer).await
+    api(s, Api::Models, method, uri, headers, body).await
 }
 
 /// Claude Code's reachability probes: answered at once, never with an auth error

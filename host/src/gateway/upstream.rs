@@ -132,6 +132,8 @@ enum Auth {
     Fixed(HeaderName, HeaderValue),
     /// An OAuth seat's bearer token, which refreshes.
     Seat(std::sync::Arc<crate::oauth::Seat>),
+    /// None: a fallback backend that takes no key.
+    Nothing,
 }
 
 impl Target {
@@ -161,11 +163,28 @@ impl Target {
         Target { prefix: prefix.to_string(), kind: AccountKind::Oauth, credential: Auth::Seat(seat), forward }
     }
 
+    /// The target of a fallback backend (an OpenAI-compatible API) at
+    /// `prefix`: `key`, if any, as a bearer token; of the request's headers
+    /// only those every target forwards (the gateway writes them itself).
+    pub fn backend(prefix: &str, key: Option<&Secret>) -> Result<Target> {
+        let credential = match key {
+            Some(k) => {
+                let mut v = HeaderValue::from_str(&format!("Bearer {}", k.expose()))
+                    .map_err(|_| anyhow::anyhow!("the key holds characters a header cannot carry"))?;
+                v.set_sensitive(true);
+                Auth::Fixed(header::AUTHORIZATION, v)
+            }
+            None => Auth::Nothing,
+        };
+        let forward = Arc::new(ForwardPolicy::default());
+        Ok(Target { prefix: prefix.to_string(), kind: AccountKind::ApiKey, credential, forward })
+    }
+
     /// The seat, for an OAuth seat's target.
     pub fn oauth_seat(&self) -> Option<&std::sync::Arc<crate::oauth::Seat>> {
         match &self.credential {
             Auth::Seat(s) => Some(s),
-            Auth::Fixed(..) => None,
+            Auth::Fixed(..) | Auth::Nothing => None,
         }
     }
 
@@ -202,9 +221,14 @@ impl Target {
             add_oauth_flag(&mut headers);
         }
         match &self.credential {
-            Auth::Fixed(name, value) => headers.insert(name.clone(), value.clone()),
-            Auth::Seat(seat) => headers.insert(header::AUTHORIZATION, seat.header()),
-        };
+            Auth::Fixed(name, value) => {
+                headers.insert(name.clone(), value.clone());
+            }
+            Auth::Seat(seat) => {
+                headers.insert(header::AUTHORIZATION, seat.header());
+            }
+            Auth::Nothing => {}
+        }
         headers
     }
 }
@@ -288,6 +312,30 @@ pub fn is_plain_sse(headers: &HeaderMap) -> bool {
         .iter()
         .any(|v| v.to_str().map_or(true, |v| v.split(',').any(|c| !c.trim().eq_ignore_ascii_case("identity"))));
     sse && !coded
+}
+
+/// A body read whole: `first`, then the rest of `rest`; an error if it breaks
+/// or grows past `limit` bytes.
+pub async fn collect(
+    first: Bytes,
+    rest: impl Stream<Item = Result<Bytes, BoxError>> + Send,
+    limit: usize,
+) -> Result<Bytes, String> {
+    let mut rest = std::pin::pin!(rest);
+    let mut out = bytes::BytesMut::from(&first[..]);
+    while let Some(chunk) = rest.next().await {
+        let chunk = chunk.map_err(|e| format!("the body broke: {e}"))?;
+        if out.len() + chunk.len() > limit {
+            return Err(format!("the body is larger than {} MiB", limit >> 20));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out.freeze())
+}
+
+/// [`collect`] of a whole response's body.
+pub async fn read_whole(response: UpstreamResponse, limit: usize) -> Result<Bytes, String> {
+    collect(Bytes::new(), body_stream(response), limit).await
 }
 
 /// Reads an error body, at most 64 KiB, waiting at most a few seconds.

@@ -189,3 +189,59 @@ async fn aliases_map_model_names_and_openai_clients_get_openais_model_list() {
         .unwrap();
     assert!(anthropic.get("has_more").is_some(), "Anthropic clients keep Anthropic's page: {anthropic}");
 }
+
+/// The decision record and the metrics keep the status the chat client got,
+/// not the account's: the answer is translated before the request finishes.
+/// An account's error whose OpenAI status differs (Anthropic's
+/// `overloaded_error` is a 503 to OpenAI clients), an answer that breaks
+/// before it is whole (a 502, not a 200 with an empty completion), and the
+/// pool's own answer when every account is overloaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_and_the_metrics_keep_the_status_the_chat_client_got() {
+    let mock = MockUpstream::start().await;
+    let gw = gateway(&mock);
+    let ask = json!({ "model": "claude-sonnet-4-5", "messages": [{ "role": "user", "content": "hi" }] });
+    let overloaded = json!({"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}});
+    let last = async || gw.admin_json("/admin/decisions?limit=1", "chat-admin").await[0].clone();
+    let mut seen = Vec::new();
+
+    // A 4xx does not fail over: the account's own answer, translated.
+    mock.account("key-a").push(Step::Status { status: 400, body: overloaded.clone(), headers: vec![] });
+    let r = chat(&gw, &ask).await;
+    assert_eq!(r.status(), 503, "overloaded_error is OpenAI's 503");
+    assert_eq!(r.headers()["x-poolgate-account"], "a", "the account's answer");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "overloaded", "{v}");
+    let record = last().await;
+    assert_eq!(record["status"], 503, "{record}");
+    assert_eq!(record["attempts"][0]["status"], 400, "the attempt keeps what the account said: {record}");
+    seen.push(("a".to_owned(), 503));
+
+    // Headers and half the body, then a reset.
+    mock.account("key-a").push(Step::ResetMidStream { after_events: 0 });
+    let r = chat(&gw, &ask).await;
+    assert_eq!(r.status(), 502);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "server_error", "{v}");
+    let record = last().await;
+    assert_eq!((record["status"].as_u64(), record["outcome"].as_str()), (Some(502), Some("stream_error")), "{record}");
+    seen.push(("a".to_owned(), 502));
+
+    // Every account overloaded: the pool's own answer.
+    mock.account("key-a").set_default(Step::Overloaded);
+    mock.account("key-b").set_default(Step::Overloaded);
+    let r = chat(&gw, &ask).await;
+    let status = r.status().as_u16();
+    assert!(status >= 500, "{status}");
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["message"].is_string() && v.get("type").is_none(), "OpenAI's envelope: {v}");
+    let record = last().await;
+    assert_eq!(record["status"], status, "{record}");
+    seen.push((record["account"].as_str().unwrap_or("-").to_owned(), status));
+
+    let metrics = Gateway::client().get(format!("{}/metrics", gw.url)).send().await.unwrap().text().await.unwrap();
+    for (account, status) in seen {
+        let line = format!("poolgate_requests_total{{account=\"{account}\",status=\"{status}\"}}");
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
+    }
+}

@@ -129,6 +129,7 @@ async fn send(gw: &Arc<Gateway>) -> (Response, RequestRecord) {
         headers: HeaderMap::new(),
         body: Bytes::from_static(body.as_bytes()),
         client: None,
+        dialect: Default::default(),
     };
     let r = forward(gw.clone(), Api::Messages, incoming).await;
     let (parts, body) = r.into_parts();

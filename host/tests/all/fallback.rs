@@ -248,3 +248,74 @@ async fn a_fallback_stream_open_at_the_end_of_the_grace_ends_with_an_error_event
     let exit = tokio::task::spawn_blocking(move || gw.wait(std::time::Duration::from_secs(15))).await.unwrap();
     assert!(exit.is_some_and(|s| s.success()));
 }
+
+/// A backend whose stream sends its first chunk, then breaks (the
+/// connection ends without the chunked terminator).
+async fn breaking_backend() -> String {
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(|| async {
+            let first = format!(
+                "data: {}\n\n",
+                json!({"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"from the "},"finish_reason":null}]})
+            );
+            // The break comes after the head and the first chunk went out.
+            let stream = futures_util::stream::unfold(0, move |i| {
+                let first = first.clone();
+                async move {
+                    match i {
+                        0 => Some((Ok(first), 1)),
+                        1 => {
+                            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                            Some((Err(std::io::Error::other("backend died")), 2))
+                        }
+                        _ => None,
+                    }
+                }
+            });
+            ([(http::header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(stream)).into_response()
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// A substituted stream finishes when it ends, like an account's: whole, it
+/// is recorded as `fallback`; broken half-way, the client reads an `error`
+/// event (an OpenAI error chunk for a chat client) and the record says
+/// `stream_error` — it is not taken for whole when its headers go out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_stream_is_recorded_when_it_ends_whole_or_broken() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a").set_default(Step::RateLimited { unified: true, retry_after: None });
+    let (url, _, _) = backend().await;
+    let gw = Gateway::start(&config(&mock, &url, true), &env());
+    let last = async |gw: &Gateway| gw.admin_json("/admin/decisions?limit=1", "fb-admin").await[0].clone();
+    let text = post_messages(&gw, &message("claude-sonnet-4-5", true)).await.text().await.unwrap();
+    assert!(text.contains("event: message_stop"), "{text}");
+    let record = last(&gw).await;
+    assert_eq!((record["outcome"].as_str(), record["status"].as_u64()), (Some("fallback"), Some(200)), "{record}");
+
+    let broken = breaking_backend().await;
+    let gw = Gateway::start(&config(&mock, &broken, true), &env());
+    let r = post_messages(&gw, &message("claude-sonnet-4-5", true)).await;
+    assert_eq!(r.headers()["x-poolgate-fallback"], "backup/gpt-backup");
+    let text = r.text().await.unwrap();
+    assert!(text.contains("from the "), "{text}");
+    assert!(text.trim_end().ends_with("upstream stream interrupted (poolgate)\"}}"), "{text}");
+    let record = last(&gw).await;
+    assert_eq!(record["outcome"], "stream_error", "{record}");
+    assert_eq!(record["fallback"], "backup/gpt-backup", "{record}");
+    // The same backend to a chat client: an OpenAI error chunk, then [DONE].
+    let r = Gateway::client()
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&json!({"model":"claude-sonnet-4-5","stream":true,"messages":[{"role":"user","content":"hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    let text = r.text().await.unwrap();
+    assert!(text.contains("\"error\"") && text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert_eq!(last(&gw).await["outcome"], "stream_error");
+}
