@@ -13,7 +13,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use poolgate::gateway::request::body_facts;
+use poolgate::gateway::request::read::body_facts;
 
 /// A Messages body of about `bytes`, shaped like Claude Code's: a system
 /// array, tools, and a conversation of text turns with some non-ASCII text.

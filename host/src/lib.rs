@@ -5,7 +5,9 @@
 //! - [`policy`] — the plugin runtime: engine, sandbox, instance pools, and the chain
 //!   (`policy::chain` is where a request's order is decided).
 //! - [`account`] — the account model: quota windows, statuses, cooldowns, as plain data.
-//! - [`gateway`] — the HTTP proxy around the chain (`gateway::proxy` serves one request).
+//! - [`gateway`] — the HTTP proxy around the chain: `gateway::http` (listener,
+//!   connections, routes) above `gateway::request` (one request as phases;
+//!   the chain is called in `request::Exchange::rank`).
 //! - [`learned`] — what the gateway knows about each account (state, quota
 //!   readings, the cooldown plan, the facts replicas share), below everything
 //!   that routes.
@@ -18,6 +20,8 @@
 //! - [`case`] — the JSON case format of `poolgate rank` and `poolgate plugin test`.
 //! - [`sim`] — a simulated Anthropic upstream whose quota moves (`poolgate demo`).
 //! - [`random`] — random keys and ids, and the cheap pseudo-random step the demo varies with.
+//! - [`fixtures`] — a plugin's fixture files, run through the real WASM path (`poolgate plugin test`).
+//! - [`cli`] — the command line: `serve`, `check`, `demo`, `plugin`, `rank`, `login`, ….
 
 #![deny(missing_docs)]
 

@@ -23,7 +23,7 @@ use anyhow::{Context, Result};
 
 use crate::clock::now_ms;
 use crate::config::{AccountConfig, ClientKey, Config, StageConfig};
-use crate::gateway::server;
+use crate::gateway::http::server;
 use crate::policy::PolicyEngine;
 use crate::random::random_hex;
 use crate::sim::{Scenario, SimUpstream};

@@ -9,8 +9,9 @@ use anyhow::Result;
 use crate::config::{Config, Overrides, validate};
 use sha2::{Digest, Sha256};
 
-use crate::gateway::routes::{ReloadRequest, Reloader};
-use crate::gateway::{Gateway, ReloadError, server, watch};
+use crate::gateway::http::server;
+use crate::gateway::reload::{ReloadRequest, Reloader};
+use crate::gateway::{Gateway, ReloadError, watch};
 use crate::policy::PolicyEngine;
 
 /// Arguments of `poolgate serve`.
@@ -92,7 +93,7 @@ pub async fn serve(config: Config, source: Option<(PathBuf, Overrides)>) -> Resu
     drop(g);
     // Listening, and every signal handler in place (SIGHUP's default action
     // would kill the process): ready.
-    crate::gateway::sd_notify::ready(&format!("poolgate listening on {}", running.addr));
+    crate::gateway::http::sd_notify::ready(&format!("poolgate listening on {}", running.addr));
     let gateway = running.gateway.clone();
     let first = signals.next().await;
     tracing::info!(signal = first.name(), "shutting down");

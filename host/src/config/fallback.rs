@@ -1,5 +1,5 @@
 //! `[[fallback]]`: OpenAI-compatible backends for a pool that is populated but
-//! cannot serve. Off unless configured; the routing is `gateway::fallback`'s.
+//! cannot serve. Off unless configured; the routing is `gateway::request::fallback`'s.
 
 use serde::{Deserialize, Serialize};
 

@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail};
 
-use super::auth::{AdminToken, ClientKeys};
-use super::upstream::Target;
 use crate::clock::Clock;
 use crate::config::headers::ForwardPolicy;
 use crate::config::{AccountConfig, Config, Credential, OAuthConfig};
+use crate::gateway::auth::{AdminToken, ClientKeys};
+use crate::gateway::request::upstream::Target;
 use crate::learned::AccountBook;
 use crate::learned::accounts::AccountState;
 use crate::metrics::Metrics;
@@ -64,7 +64,7 @@ pub struct Generation {
     /// When it was loaded.
     pub loaded_ms: u64,
     /// `[[fallback]]` backends, for a populated pool that cannot serve.
-    pub fallbacks: super::fallback::Fallbacks,
+    pub fallbacks: crate::gateway::request::fallback::Fallbacks,
 }
 
 /// Where an account's requests go: with its static credential, or through
@@ -301,7 +301,7 @@ impl Generation {
         let seats = accounts.iter().any(|a| a.config.kind == crate::config::AccountKind::Oauth);
         let accounts =
             accounts.into_iter().map(|a| PoolAccount { overflow: a.config.is_overflow(seats), ..a }).collect();
-        let fallbacks = super::fallback::Fallbacks::new(&config.fallback, &resolved.fallbacks)?;
+        let fallbacks = crate::gateway::request::fallback::Fallbacks::new(&config.fallback, &resolved.fallbacks)?;
         let generation = Generation {
             number,
             config,

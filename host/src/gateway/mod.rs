@@ -3,61 +3,40 @@
 //! down by cause, fails over before the first byte, and explains every decision.
 //!
 //! What the gateway learns about accounts lives below it, in
-//! `crate::learned`; this module routes and serves.
+//! `crate::learned`; this module routes and serves. Three layers, top down:
 //!
-//! - [`generation`]: one loaded configuration (accounts, credentials, chain),
-//!   swapped atomically on reload; [`upstream`]: each account's target and
-//!   the [`upstream::Transport`] requests go out through.
-//! - [`proxy`]: one client request end to end, as named phases — read, rank,
-//!   admit, attempt, learn, commit or fail over, answer ([`request`] is what
-//!   is read from the client). [`attempt`] is one try on one account and the
-//!   pure failover decision; [`finish`] is the one place a request ends;
-//!   [`relay`] is the response body that finishes it when the stream ends;
-//!   [`unserved`] answers when no account can serve; [`errors`] words the
-//!   pool's own answers.
-//! - [`dialect`]: the OpenAI dialect, translated at the two ends of the
-//!   phases (the request when read, every answer before it finishes);
-//!   [`body`]: the stream adapters a translated or kept-alive body goes
-//!   through; [`fallback`]: the backends an exhausted pool falls back to,
-//!   whose answers finish through the same relay.
-//! - [`admission`]: the in-flight limits and their queue; [`auth`]: client
-//!   keys and the admin token; [`decisions`]: the last decision records.
-//! - [`routes`], [`server`]: the HTTP surface and the listener; [`conn`]
-//!   bounds what one client connection can hold; [`lifecycle`] is the
-//!   shutdown as requests see it (draining, streams cut); [`sd_notify`]
-//!   tells systemd.
-//! - [`reload`]: a new generation built beside the running one and swapped
-//!   in; a newer reload supersedes one still loading; [`watch`] is what
-//!   triggers one; [`change`] says what it changed, in words.
-//! - [`admin`]: operators acting on accounts at run time; [`persist`]: what
-//!   was learned, kept across a restart in the state file; [`seat_keeper`]:
-//!   the task that keeps subscription seats' tokens fresh.
+//! - [`http`]: the HTTP surface — the listener and its staged shutdown
+//!   ([`http::server`]), what one connection may hold ([`http::conn`]), the
+//!   routes ([`http::routes`]), systemd's readiness ([`http::sd_notify`]).
+//!   Nothing below imports it.
+//! - [`request`]: one client request end to end, as named phases in the
+//!   order they run — read ([`request::read`]), rank, admit
+//!   ([`request::admission`]), attempt and learn ([`request::attempt`],
+//!   through [`request::upstream`]'s `Transport`), commit and relay
+//!   ([`request::relay`], [`request::body`]), or answer when no account can
+//!   ([`request::unserved`], [`request::fallback`], [`request::errors`]), and
+//!   finish ([`request::finish`]), which keeps the record
+//!   ([`request::record`]). **The chain is called in `request::Exchange::rank`.**
+//! - Beside them, what a running gateway holds across requests:
+//!   [`generation`] (one loaded configuration, swapped atomically; its
+//!   client keys and admin token are [`auth`]'s), [`reload`]
+//!   (a new generation built beside the running one; a newer reload
+//!   supersedes one still loading), [`watch`] (what triggers one), [`change`]
+//!   (what it changed, in words), [`lifecycle`] (the shutdown as requests see
+//!   it), [`admin`] (operators acting on accounts at run time), [`persist`]
+//!   (learned state kept across a restart), [`seat_keeper`] (the task that
+//!   keeps subscription seats' tokens fresh).
 
 pub mod admin;
-pub mod admission;
-pub mod attempt;
 pub mod auth;
-pub mod body;
 pub mod change;
-pub mod conn;
-pub mod decisions;
-pub mod dialect;
-pub mod errors;
-pub mod fallback;
-pub mod finish;
 pub mod generation;
+pub mod http;
 pub mod lifecycle;
 pub mod persist;
-pub mod proxy;
-pub mod relay;
 pub mod reload;
 pub mod request;
-pub mod routes;
-pub mod sd_notify;
 pub mod seat_keeper;
-pub mod server;
-pub mod unserved;
-pub mod upstream;
 pub mod watch;
 
 use std::sync::Arc;
@@ -91,14 +70,14 @@ pub fn first_request_id(since_epoch: Duration) -> u64 {
 }
 
 /// The pooled HTTP client requests go upstream through.
-fn pooled_client(config: &Config) -> Result<Arc<upstream::Upstream>> {
-    Ok(Arc::new(upstream::Upstream::new(Duration::from_millis(config.gateway.connect_timeout_ms))?))
+fn pooled_client(config: &Config) -> Result<Arc<request::upstream::Upstream>> {
+    Ok(Arc::new(request::upstream::Upstream::new(Duration::from_millis(config.gateway.connect_timeout_ms))?))
 }
 
 /// What a gateway is assembled from besides its configuration.
 struct Parts {
     plugin_state: Arc<dyn StateStore>,
-    http: Arc<dyn upstream::Transport>,
+    http: Arc<dyn request::upstream::Transport>,
     metrics: Arc<Metrics>,
     shared: Arc<dyn crate::shared::StateBackend>,
     clock: Clock,
@@ -114,14 +93,14 @@ pub struct Gateway {
     /// The plugin engine.
     pub engine: Arc<PolicyEngine>,
     /// The admission queue.
-    pub admission: Arc<admission::Admission>,
+    pub admission: Arc<request::admission::Admission>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// The last decision records.
-    pub decisions: decisions::DecisionLog,
+    pub decisions: request::record::DecisionLog,
     /// What sends requests to accounts: the pooled HTTP client
-    /// ([`upstream::Upstream`]), or a scripted one in tests.
-    pub http: Arc<dyn upstream::Transport>,
+    /// ([`request::upstream::Upstream`]), or a scripted one in tests.
+    pub http: Arc<dyn request::upstream::Transport>,
     /// The next request id: seeded from the start time ([`first_request_id`]).
     next_request: AtomicU64,
     /// The last reload's outcome.
@@ -180,7 +159,7 @@ impl Gateway {
         config: Config,
         engine: Arc<PolicyEngine>,
         plugin_state: Arc<dyn StateStore>,
-        http: Arc<dyn upstream::Transport>,
+        http: Arc<dyn request::upstream::Transport>,
     ) -> Result<Arc<Gateway>> {
         Self::with_transport_and_clock(config, engine, plugin_state, http, Clock::system()).await
     }
@@ -191,7 +170,7 @@ impl Gateway {
         config: Config,
         engine: Arc<PolicyEngine>,
         plugin_state: Arc<dyn StateStore>,
-        http: Arc<dyn upstream::Transport>,
+        http: Arc<dyn request::upstream::Transport>,
         clock: Clock,
     ) -> Result<Arc<Gateway>> {
         let metrics = Arc::new(Metrics::default());
@@ -212,7 +191,7 @@ impl Gateway {
         };
         let first = Generation::build_bounded(1, config, &around, None).await?;
         plugin_state.retain_scopes(&first.chain.scopes());
-        let decisions = decisions::DecisionLog::new(first.config.server.decisions_kept);
+        let decisions = request::record::DecisionLog::new(first.config.server.decisions_kept);
         let state = &first.config.state;
         let persist = state
             .file_path
@@ -223,7 +202,7 @@ impl Gateway {
             book,
             plugin_state,
             engine,
-            admission: admission::Admission::with_backend(shared.clone()),
+            admission: request::admission::Admission::with_backend(shared.clone()),
             metrics,
             decisions,
             http,

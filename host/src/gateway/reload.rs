@@ -23,6 +23,30 @@ use tokio::sync::{OwnedMutexGuard, watch};
 use super::{Gateway, Generation, admin, change};
 use crate::config::Config;
 
+/// A hook the server installs to reload the configuration from its source:
+/// called with what triggered it, it resolves to the new generation's number,
+/// to why the reload was refused, or to its being superseded by a newer one.
+pub type Reloader =
+    Arc<dyn Fn(ReloadRequest) -> futures_util::future::BoxFuture<'static, Result<u64, ReloadError>> + Send + Sync>;
+
+/// What asked for a reload.
+#[derive(Debug, Clone, Copy)]
+pub struct ReloadRequest {
+    /// `file-watch`, `sighup` or `admin`.
+    pub trigger: &'static str,
+    /// The SHA-256 of the config file the watcher saw settle: a reload that
+    /// reads anything else (the file is being rewritten again) leaves the
+    /// running configuration alone and lets the watcher come back.
+    pub expect_sha256: Option<[u8; 32]>,
+}
+
+impl ReloadRequest {
+    /// A reload of whatever the file holds now.
+    pub fn now(trigger: &'static str) -> Self {
+        ReloadRequest { trigger, expect_sha256: None }
+    }
+}
+
 /// The outcome of the last reload, for `/status`.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ReloadStatus {

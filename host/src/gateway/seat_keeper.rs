@@ -87,7 +87,7 @@ pub async fn poll_usage(gw: &Gateway) {
         let uri = http::Uri::from_static("/api/oauth/usage");
         let sent = gw.http.send(&a.target, &http::Method::GET, &uri, &headers, &bytes::Bytes::new(), timeout).await;
         let body = match sent {
-            Ok(r) if r.status().is_success() => crate::gateway::upstream::read_small(r).await,
+            Ok(r) if r.status().is_success() => crate::gateway::request::upstream::read_small(r).await,
             Ok(r) => return tracing::debug!(account = %a.config.id, status = r.status().as_u16(), "usage poll refused"),
             Err(e) => return tracing::debug!(account = %a.config.id, error = %e, "usage poll failed"),
         };

@@ -16,7 +16,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use super::Gateway;
-use super::routes::{ReloadRequest, Reloader};
+use crate::gateway::reload::{ReloadRequest, Reloader};
 
 /// How often the files are looked at.
 pub const POLL: Duration = Duration::from_millis(100);

@@ -21,10 +21,10 @@ use parking_lot::Mutex;
 use poolgate::clock::Clock;
 use poolgate::config::Config;
 use poolgate::gateway::Gateway;
-use poolgate::gateway::decisions::{AttemptOutcome, Ending, RequestRecord};
-use poolgate::gateway::proxy::{Api, Incoming, forward};
-use poolgate::gateway::unserved::Cause;
-use poolgate::gateway::upstream::{BoxError, Target, Transport, UpstreamResponse};
+use poolgate::gateway::request::record::{AttemptOutcome, Ending, RequestRecord};
+use poolgate::gateway::request::unserved::Cause;
+use poolgate::gateway::request::upstream::{BoxError, Target, Transport, UpstreamResponse};
+use poolgate::gateway::request::{Api, Incoming, forward};
 use poolgate::policy::MemoryState;
 
 /// What an account answers to one request.

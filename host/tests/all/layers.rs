@@ -38,7 +38,7 @@ fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
-/// Every source file by module path (`gateway::proxy`; `lib` for lib.rs).
+/// Every source file by module path (`gateway::request`; `lib` for lib.rs).
 fn modules() -> BTreeMap<Vec<String>, String> {
     fn walk(dir: &Path, root: &Path, out: &mut BTreeMap<Vec<String>, String>) {
         for entry in std::fs::read_dir(dir).unwrap().flatten() {
@@ -245,6 +245,25 @@ fn no_source_files_import_each_other_in_a_circle() {
         }
     }
     assert!(circles.is_empty(), "files in import circles: {circles:?}");
+}
+
+/// Inside the gateway, the HTTP surface (`gateway::http`: the listener, the
+/// connection guard, the routes) is the top: the request's phases, the
+/// generations and reloads below it never reach up into it.
+#[test]
+fn nothing_in_the_gateway_reaches_up_into_its_http_surface() {
+    let files = modules();
+    let http = ["gateway".to_string(), "http".to_string()];
+    let mut upward = Vec::new();
+    for (module, code) in files.iter().filter(|(m, _)| m.first().is_some_and(|t| t == "gateway")) {
+        if module.starts_with(&http) {
+            continue;
+        }
+        for target in imports(module, code, &files).into_iter().filter(|t| t.starts_with(&http)) {
+            upward.push(format!("{} -> {}", module.join("::"), target.join("::")));
+        }
+    }
+    assert!(upward.is_empty(), "imports that reach up into gateway::http:\n{}", upward.join("\n"));
 }
 
 #[test]

@@ -49,11 +49,13 @@ fn a_trapping_plugin_is_a_trap() {
     assert_fault_then_recovery("trap", Cause::Trap);
 }
 
+/// The loop never ends by itself, so the test ending at all shows the cut,
+/// and the message says a bound of the call's cut it — never a wall-clock
+/// bound of the test's, which a busy machine breaks.
 #[test]
 fn an_endless_loop_is_a_timeout() {
-    let started = poolgate::clock::machine_instant();
-    assert_fault_then_recovery("loop", Cause::Timeout);
-    assert!(started.elapsed() < std::time::Duration::from_secs(2), "the deadline cut the loop short");
+    let msg = assert_fault_then_recovery("loop", Cause::Timeout);
+    assert!(msg.contains("rank cut after"), "{msg}");
 }
 
 #[test]

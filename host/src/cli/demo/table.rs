@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::traffic::Counts;
 use crate::clock::now_ms;
 use crate::gateway::Gateway;
-use crate::gateway::decisions::{Ending, RequestRecord};
+use crate::gateway::request::record::{Ending, RequestRecord};
 use crate::learned::accounts::AccountStatus;
 
 /// Decisions the live table lists.

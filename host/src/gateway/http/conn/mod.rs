@@ -37,13 +37,13 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-use self::head::{HeadLimits, HeadScan, Scan, Sniff, Sniffer};
-use self::refuse::Refusal;
-use self::track::Shared;
-use super::Gateway;
-use super::errors::ErrorType;
 use super::routes::MAX_HEADERS;
 use crate::config::ServerConfig;
+use crate::gateway::Gateway;
+use crate::gateway::request::errors::ErrorType;
+use head::{HeadLimits, HeadScan, Scan, Sniff, Sniffer};
+use refuse::Refusal;
+use track::Shared;
 
 /// What a request line may add to `server.max_header_bytes` before the guard
 /// refuses the head: the gateway's own check of the headers (with its exact

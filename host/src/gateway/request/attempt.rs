@@ -13,13 +13,13 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, StatusCode};
 
-use super::Gateway;
 use super::admission::Lease;
-use super::decisions::AttemptOutcome;
 use super::finish::{note, outcome_of};
-use super::generation::{Generation, PoolAccount};
-use super::request::Incoming;
+use super::read::Incoming;
+use super::record::AttemptOutcome;
 use super::upstream;
+use crate::gateway::Gateway;
+use crate::gateway::generation::{Generation, PoolAccount};
 use crate::learned::cooldown::{Answer, fails_over};
 use crate::learned::quota::{self, QuotaReading};
 use crate::policy::types as wit;

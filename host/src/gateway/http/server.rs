@@ -34,13 +34,14 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::Gateway;
 use super::conn::track::{AtEnd, Shared, Ticket};
 use super::conn::{self, Guard, Limits};
-use super::lifecycle::{self, OpenFiles};
-use super::routes::{self, AppState, Reloader, router};
+use super::routes::{self, AppState, router};
 use super::sd_notify;
 use crate::config::Config;
+use crate::gateway::Gateway;
+use crate::gateway::lifecycle::{self, OpenFiles};
+use crate::gateway::reload::Reloader;
 use crate::policy::PolicyEngine;
 
 /// Builds the reload hook once the gateway exists.
@@ -193,9 +194,11 @@ fn announce_reloads(inner: Reloader) -> Reloader {
             let done = inner(request).await;
             let status = match &done {
                 Ok(generation) => format!("serving configuration generation {generation}"),
-                Err(super::ReloadError::Refused(_)) => "reload refused; the running configuration stays".to_string(),
+                Err(crate::gateway::ReloadError::Refused(_)) => {
+                    "reload refused; the running configuration stays".to_string()
+                }
                 // The newer reload that took over says READY=1 when it ends.
-                Err(super::ReloadError::Superseded { .. }) => return done,
+                Err(crate::gateway::ReloadError::Superseded { .. }) => return done,
             };
             sd_notify::ready(&status);
             done

@@ -21,11 +21,11 @@
 use axum::response::Response;
 use http::{HeaderValue, StatusCode, header};
 
-use super::decisions::{Attempt, Ending};
-pub use super::decisions::{Blocked, Cause};
 use super::errors::{ErrorType, error, rate_limited};
-use super::generation::Generation;
+use super::record::{Attempt, Ending};
+pub use super::record::{Blocked, Cause};
 use crate::account::{AccountSnapshot, CooldownReason};
+use crate::gateway::generation::Generation;
 
 /// The plan-limit window a cooldown or gate stands for, as the
 /// `anthropic-ratelimit-unified-representative-claim` values Claude Code

@@ -29,8 +29,8 @@ use axum::response::Response;
 use http::header;
 
 use super::body::{ANTHROPIC_PING, OPENAI_KEEPALIVE, Translate, with_keepalive};
-use super::decisions::Ending;
 use super::finish::Finish;
+use super::record::Ending;
 use super::upstream::Rest;
 
 /// The SSE event sent when the upstream stream breaks after the first byte.

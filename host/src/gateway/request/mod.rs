@@ -17,10 +17,33 @@
 //! usable account remains, the answer is local; a cooling account is never
 //! probed. Every way a request ends goes through [`Finish`].
 //!
+//! The phases' modules, in the order they run: [`read`] (what is read from
+//! the client) and [`dialect`] (how the client speaks: its answers are
+//! translated before they finish), [`admission`] (in-flight limits and their queue),
+//! [`attempt`] (one try on one account through [`upstream`]'s `Transport`,
+//! what it teaches, and the pure failover decision), [`relay`] and [`body`]
+//! (the response body as it streams: framing, translation, keep-alive),
+//! [`unserved`], [`fallback`] and [`errors`] (the answer when no account
+//! can serve), [`finish`] (the one end of every request) and [`record`]
+//! (the decision records it keeps).
+//!
 //! Each attempt records the accounts ranked ahead of the one it tried and why
 //! they were passed over ([`ahead_of`]): not usable (cooling, gated), at their
 //! in-flight limit (admission says which), an overflow account, or tried and
 //! failed over. An account an operator disabled is no candidate at all.
+
+pub mod admission;
+pub mod attempt;
+pub mod body;
+pub mod dialect;
+pub mod errors;
+pub mod fallback;
+pub mod finish;
+pub mod read;
+pub mod record;
+pub mod relay;
+pub mod unserved;
+pub mod upstream;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,22 +53,18 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode, header};
 
-use super::admission::{Lease, Refused, Slot};
-use super::attempt::{self, Answered, Attempted, Failure, How, Next, next};
-use super::decisions::{
-    Attempt, AttemptOutcome, Ending, PassCause, PassedOver, RequestRecord, pass_over, unusable_cause,
-};
-use super::errors::{ErrorType, error, final_error, rate_limited};
-use super::fallback::Substitute;
-use super::finish::{Early, Finish, Observe};
+use super::Gateway;
 use super::generation::Generation;
-use super::relay;
-use super::request::{BodyFacts, body_facts, session_id};
-use super::unserved;
-use super::{Gateway, upstream};
 use crate::account::model_family;
 use crate::policy::Decision;
 use crate::policy::types as wit;
+use admission::{Lease, Refused, Slot};
+use attempt::{Answered, Attempted, Failure, How, Next, next};
+use errors::{ErrorType, error, final_error, rate_limited};
+use fallback::Substitute;
+use finish::{Early, Finish, Observe};
+use read::{BodyFacts, body_facts, session_id};
+use record::{Attempt, AttemptOutcome, Ending, PassCause, PassedOver, RequestRecord, pass_over, unusable_cause};
 
 /// The API a route serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,7 +99,7 @@ impl Api {
     }
 }
 
-pub use super::request::Incoming;
+pub use read::Incoming;
 
 /// Serves one request: its phases, in order.
 pub async fn forward(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Response {

@@ -20,8 +20,8 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
 use super::head::{H2_PREFACE, HeadLimits, HeadScan, Scan, Sniff, Sniffer};
 use crate::gateway::Gateway;
-use crate::gateway::errors::{ErrorType, error, final_error};
-use crate::gateway::finish::Early;
+use crate::gateway::request::errors::{ErrorType, error, final_error};
+use crate::gateway::request::finish::Early;
 
 /// How long a refused connection is read from (and what it sends dropped)
 /// after the answer, so the client can read the answer instead of a reset.

@@ -16,36 +16,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 
-use super::dialect::Dialect;
-use super::errors::{ErrorType, error, final_error};
-use super::finish::Early;
-use super::proxy::{Api, Incoming, forward};
-use super::{Gateway, ReloadError};
+use crate::gateway::Gateway;
+use crate::gateway::reload::{ReloadError, ReloadRequest, Reloader};
+use crate::gateway::request::dialect::{self, Dialect};
+use crate::gateway::request::errors::{ErrorType, error, final_error};
+use crate::gateway::request::finish::Early;
+use crate::gateway::request::{Api, Incoming, forward};
 use crate::metrics::labels;
-
-/// A hook the server installs to reload the configuration from its source:
-/// called with what triggered it, it resolves to the new generation's number,
-/// to why the reload was refused, or to its being superseded by a newer one.
-pub type Reloader =
-    Arc<dyn Fn(ReloadRequest) -> futures_util::future::BoxFuture<'static, Result<u64, ReloadError>> + Send + Sync>;
-
-/// What asked for a reload.
-#[derive(Debug, Clone, Copy)]
-pub struct ReloadRequest {
-    /// `file-watch`, `sighup` or `admin`.
-    pub trigger: &'static str,
-    /// The SHA-256 of the config file the watcher saw settle: a reload that
-    /// reads anything else (the file is being rewritten again) leaves the
-    /// running configuration alone and lets the watcher come back.
-    pub expect_sha256: Option<[u8; 32]>,
-}
-
-impl ReloadRequest {
-    /// A reload of whatever the file holds now.
-    pub fn now(trigger: &'static str) -> Self {
-        ReloadRequest { trigger, expect_sha256: None }
-    }
-}
 
 /// Shared route state.
 #[derive(Clone)]
@@ -87,7 +64,7 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
     let mut headers = headers;
     let dialect = match api {
         Api::ChatCompletions => Dialect::Chat(Default::default()),
-        Api::Models if super::dialect::openai_models(&mut headers) => Dialect::Models,
+        Api::Models if dialect::openai_models(&mut headers) => Dialect::Models,
         _ => Dialect::Anthropic,
     };
     let refuse = |reason, r, client: Option<&str>| early.refuse_from(&gw, reason, client, dialect.whole(r));
@@ -121,7 +98,7 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
     let id = early.id;
     let (body, uri, dialect) = if api == Api::ChatCompletions {
         let aliases = &generation.config.models.aliases;
-        match super::dialect::translate_request(&body, &mut headers, aliases, gw.clock.now_ms()) {
+        match dialect::translate_request(&body, &mut headers, aliases, gw.clock.now_ms()) {
             Ok((body, uri, facts)) => (body, uri, Dialect::Chat(facts)),
             // Already in OpenAI's shape.
             Err(refused) => return early.refuse_from(&gw, "invalid_chat_request", client.as_deref(), *refused),
@@ -375,7 +352,7 @@ async fn status(State(s): State<AppState>, headers: HeaderMap) -> Response {
 /// The most an admin action's body may hold (a few fields of text).
 const ADMIN_BODY_BYTES: usize = 64 * 1024;
 
-/// `POST /admin/accounts/{id}/clear|disable|enable` (`super::admin`).
+/// `POST /admin/accounts/{id}/clear|disable|enable` (`crate::gateway::admin`).
 async fn account_action(
     State(s): State<AppState>,
     Path((id, action)): Path<(String, String)>,
@@ -385,7 +362,7 @@ async fn account_action(
     if let Some(r) = admin_refused(&s, &headers) {
         return r;
     }
-    let Some(act) = super::admin::Act::parse(&action) else {
+    let Some(act) = crate::gateway::admin::Act::parse(&action) else {
         let msg = format!("poolgate: no admin action `{action}`: use clear, disable or enable");
         return error(StatusCode::NOT_FOUND, ErrorType::NotFound, &msg);
     };
@@ -393,13 +370,13 @@ async fn account_action(
         let msg = format!("poolgate: the body exceeds {} KiB", ADMIN_BODY_BYTES >> 10);
         return error(StatusCode::PAYLOAD_TOO_LARGE, ErrorType::RequestTooLarge, &msg);
     };
-    let parsed = match super::admin::parse_body(act, &bytes) {
+    let parsed = match crate::gateway::admin::parse_body(act, &bytes) {
         Ok(b) => b,
         Err(msg) => return error(StatusCode::BAD_REQUEST, ErrorType::InvalidRequest, &msg),
     };
-    match super::admin::act(&s.gateway, act, &id, parsed, s.gateway.clock.now_ms()) {
+    match crate::gateway::admin::act(&s.gateway, act, &id, parsed, s.gateway.clock.now_ms()) {
         Ok(answer) => json(&answer),
-        Err(super::admin::Refusal::UnknownAccount(id)) => {
+        Err(crate::gateway::admin::Refusal::UnknownAccount(id)) => {
             let msg = format!("poolgate: no configured account `{}` (GET /status lists them)", id.escape_debug());
             error(StatusCode::NOT_FOUND, ErrorType::NotFound, &msg)
         }
@@ -457,7 +434,7 @@ fn refused(errors: &str, superseded_by: Option<&str>) -> Response {
 /// the trigger that won in `superseded_by`). 409 if none finished in time.
 async fn superseded(gw: &Gateway, ticket: u64) -> Response {
     let g = gw.generation();
-    let wait = super::generation::LoadBounds::of(&g.config)
+    let wait = crate::gateway::generation::LoadBounds::of(&g.config)
         .map(|b| b.total(g.chain.len().max(1)))
         .unwrap_or(std::time::Duration::from_secs(60));
     drop(g);

@@ -28,10 +28,10 @@ use std::time::Instant;
 use axum::response::Response;
 use http::{HeaderValue, Method};
 
-use super::Gateway;
 use super::admission::Lease;
-use super::decisions::{Ending, RequestRecord};
-use super::generation::{Generation, PoolAccount};
+use super::record::{Ending, RequestRecord};
+use crate::gateway::Gateway;
+use crate::gateway::generation::{Generation, PoolAccount};
 use crate::learned::accounts::Change;
 use crate::policy::types as wit;
 
@@ -74,7 +74,7 @@ pub struct Finish {
     /// What the chain hears.
     pub(super) observe: Observe,
     /// How the client's answers are written: [`Finish::now`] translates.
-    pub(super) dialect: super::dialect::Dialect,
+    pub(super) dialect: crate::gateway::request::dialect::Dialect,
     /// The status the client got, once [`Finish::respond`] saw it.
     pub(super) status: u16,
     /// Whether the request was completed (and kept).
@@ -97,7 +97,7 @@ impl Finish {
         // On an account's answer, also the accounts passed over on the way
         // to it and why (`decisions::reason_header`).
         let mut reason = match self.account_answers && !record.passed_over.is_empty() {
-            true => std::borrow::Cow::Owned(super::decisions::reason_header(&record.reason, &record.passed_over)),
+            true => std::borrow::Cow::Owned(super::record::reason_header(&record.reason, &record.passed_over)),
             false => std::borrow::Cow::Borrowed(&record.reason),
         };
         // A stage skipped as busy for most requests is off in effect: the

@@ -1,0 +1,20 @@
+//! The HTTP surface: what a client connection meets before and after the
+//! request's phases (`super::request`).
+//!
+//! - [`server`]: the listener, the connection limit, hyper per connection and
+//!   the staged shutdown (drain, then cut).
+//! - [`conn`]: what one connection may hold — head and idle timers, head
+//!   limits checked as the bytes arrive, refusals written without hyper.
+//! - [`routes`]: the API routes (client key, body read once, then
+//!   `request::forward`), health, status, metrics and admin.
+//!
+//! The OpenAI dialect the routes translate a request from lives with the
+//! phases (`request::dialect`): its answers are translated before the
+//! request finishes.
+//! - [`sd_notify`]: tells systemd the gateway is ready, reloading or
+//!   stopping.
+
+pub mod conn;
+pub mod routes;
+pub mod sd_notify;
+pub mod server;
