@@ -138,7 +138,7 @@ fn write_verdict(out: &mut String, problems: &[String]) -> Result<bool> {
         writeln!(out, "\nverdict    compatible: poolgate can load it")?;
     } else {
         writeln!(out, "\nverdict    INCOMPATIBLE")?;
-        for p in &problems {
+        for p in problems {
             writeln!(out, "  - {p}")?;
         }
     }
