@@ -51,7 +51,7 @@ pip_pinned anthropic 2.14.0
 pip_pinned openai 2.14.0
 
 step "Claude Code CLI (npm)"
-# host/tests/all/claude_code.rs drives the real CLI through the gateway and compares
+# host/tests/all/claude_code/ drives the real CLI through the gateway and compares
 # bytes; installed once into the cache, at the version the contract was
 # checked against (docs/claude-code.md).
 cc_version=2.1.332

@@ -202,97 +202,121 @@ impl Default for Metrics {
             state_ignored: Family::default(),
             state_lag: latency_histogram(),
         };
-        // Counters are registered without their `_total`, which the
-        // OpenMetrics encoding appends; help texts without their final period,
-        // which it appends too.
-        let r = &mut m.registry;
-        r.register("poolgate_requests", "Client requests by serving account and final status", m.requests.clone());
+        m.register_requests();
+        m.register_serving();
+        m.register_state();
+        m
+    }
+}
+
+// Registration, in the order `/metrics` lists the families. Counters are
+// registered without their `_total`, which the OpenMetrics encoding appends;
+// help texts without their final period, which it appends too.
+impl Metrics {
+    /// Requests and what happened to them: attempts, failovers, cooldowns, the
+    /// chain's failures, refreshes, unserved and refused requests.
+    fn register_requests(&mut self) {
+        let r = &mut self.registry;
+        r.register("poolgate_requests", "Client requests by serving account and final status", self.requests.clone());
         r.register(
             "poolgate_upstream_attempts",
             "Upstream attempts by account and status (\"connect_error\" when no response)",
-            m.attempts.clone(),
+            self.attempts.clone(),
         );
         r.register(
             "poolgate_failovers",
             "Requests moved to the next account, by the account left and why",
-            m.failovers.clone(),
+            self.failovers.clone(),
         );
-        r.register("poolgate_cooldowns", "Cooldowns started, by account and cause", m.cooldowns.clone());
+        r.register("poolgate_cooldowns", "Cooldowns started, by account and cause", self.cooldowns.clone());
         r.register(
             "poolgate_policy_errors",
             "Chain stages that failed while ranking (routing_policy_error), by stage and cause",
-            m.policy_errors.clone(),
+            self.policy_errors.clone(),
         );
         r.register(
             "poolgate_policy_background_errors",
             "Chain stages that failed outside a ranking: in observe, or building a new instance (configure)",
-            m.background_errors.clone(),
+            self.background_errors.clone(),
         );
         r.register(
             "poolgate_parked",
             "Requests answered locally with 429 because accounts were waiting out a quota and none could serve",
-            m.parked.clone(),
+            self.parked.clone(),
         );
         r.register(
             "poolgate_stream_cuts",
             "Answers cut after their first byte reached the client, by account",
-            m.stream_cuts.clone(),
+            self.stream_cuts.clone(),
         );
         r.register(
             "poolgate_oauth_refreshes",
             "OAuth seat refreshes by account and result (renewed, adopted, failed, needs_login)",
-            m.oauth_refreshes.clone(),
+            self.oauth_refreshes.clone(),
         );
         r.register(
             "poolgate_overage_answers",
             "Subscription answers billed as extra usage, by account and the guard's action (allow, warn, avoid)",
-            m.overage.clone(),
+            self.overage.clone(),
         );
         r.register(
             "poolgate_unserved",
             "Requests no account could serve, by the cause answered (parked, auth_refused, upstream_failed, upstream_cooling, no_account)",
-            m.unserved.clone(),
+            self.unserved.clone(),
         );
-        r.register("poolgate_refused", "Requests refused before any account was asked, by reason", m.refused.clone());
+        r.register(
+            "poolgate_refused",
+            "Requests refused before any account was asked, by reason",
+            self.refused.clone(),
+        );
+    }
+
+    /// Connections, shutdown, fallback, reloads and latencies.
+    fn register_serving(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "poolgate_idle_connections_closed",
             "Client connections closed for sending nothing: idle past server.idle_timeout_ms between requests, or \
              silent past server.header_timeout_ms after connecting",
-            m.idle_closed.clone(),
+            self.idle_closed.clone(),
         );
         r.register(
             "poolgate_shutdown_cuts",
             "Answers still open when the shutdown grace period ended, cut (a stream with an SSE error event)",
-            m.shutdown_cuts.clone(),
+            self.shutdown_cuts.clone(),
         );
         r.register(
             "poolgate_fallback",
             "Requests the pool could not serve that a fallback backend answered, by backend/model",
-            m.fallback.clone(),
+            self.fallback.clone(),
         );
-        r.register("poolgate_reloads", "Configuration reloads by result", m.reloads.clone());
-        r.register("poolgate_chain_duration_seconds", "Time to run the policy chain once", m.chain_duration.clone());
+        r.register("poolgate_reloads", "Configuration reloads by result", self.reloads.clone());
+        r.register("poolgate_chain_duration_seconds", "Time to run the policy chain once", self.chain_duration.clone());
         r.register(
             "poolgate_upstream_latency_seconds",
             "Time from sending upstream to its response headers, by account",
-            m.upstream_latency.clone(),
+            self.upstream_latency.clone(),
         );
+    }
+
+    /// The shared state backend.
+    fn register_state(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "poolgate_state_backend_errors",
             "Shared state backend operations that failed, timed out or answered garbage, by operation",
-            m.state_errors.clone(),
+            self.state_errors.clone(),
         );
         r.register(
             "poolgate_state_records_ignored",
             "Shared records not merged, by reason (other_identity, garbage)",
-            m.state_ignored.clone(),
+            self.state_ignored.clone(),
         );
         r.register(
             "poolgate_state_sync_lag_seconds",
             "How far behind its writer a shared record was when this replica applied it",
-            m.state_lag.clone(),
+            self.state_lag.clone(),
         );
-        m
     }
 }
 

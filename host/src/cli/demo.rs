@@ -13,9 +13,11 @@
 mod table;
 mod traffic;
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -28,7 +30,7 @@ use crate::policy::PolicyEngine;
 use crate::random::random_hex;
 use crate::sim::{Scenario, SimUpstream};
 use table::{Screen, View};
-use traffic::Traffic;
+use traffic::{Counts, Traffic};
 
 /// Arguments of `poolgate demo`.
 #[derive(clap::Args)]
@@ -71,17 +73,7 @@ async fn demo(args: Args) -> Result<()> {
     let admin_token = format!("pg-admin-{}", random_hex(16)?);
     let keys = KeyDir::create()?;
     let config = config(&args, &sim, &keys, &client_key, &admin_token)?;
-    let engine = PolicyEngine::new(config.cache_dir())?;
-    let running = server::Running::start(config, engine, None).await.map_err(|e| {
-        let in_use = e
-            .chain()
-            .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse));
-        if in_use {
-            e.context(format!("{} is taken (another demo?); `--listen 127.0.0.1:0` picks a free port", args.listen))
-        } else {
-            e
-        }
-    })?;
+    let running = start_gateway(config, &args.listen).await?;
     // The gateway read the API keys while loading; the OAuth seat's
     // credentials file stays, since the gateway rewrites it at each refresh
     // (the directory goes when the demo ends).
@@ -93,66 +85,22 @@ async fn demo(args: Args) -> Result<()> {
     let tty = std::io::stdout().is_terminal();
     let mut stdout = std::io::stdout();
 
-    let stop = async {
-        match args.duration {
-            Some(secs) => {
-                tokio::select! {
-                    () = server::termination() => {}
-                    () = tokio::time::sleep(Duration::from_secs(secs)) => {}
-                }
-            }
-            None => server::termination().await,
-        }
-    };
+    let stop = until_stopped(args.duration);
     tokio::pin!(stop);
-    let families = sim
-        .scenario()
-        .accounts
-        .iter()
-        .flat_map(|a| &a.buckets)
-        .map(|b| (format!("7d_{}", b.name), b.family.clone()))
-        .collect();
     let title = format!("poolgate demo · gateway {base}");
-    let mut view = View::new(running.gateway.clone(), start_ms, title, families);
+    let mut view = View::new(running.gateway.clone(), start_ms, title, families(&sim));
     let mut ticks = tokio::time::interval(TICK);
     write!(stdout, "{intro}")?;
     let counts = if args.traffic {
         let traffic = Traffic::start(&base, &client_key, args.sessions)?;
         writeln!(stdout, "Driving {} sessions through the gateway.\n", args.sessions)?;
-        let mut screen = tty.then(Screen::default);
-        loop {
-            let text = match &mut screen {
-                Some(screen) => screen.draw(&view.frame(Some(&traffic.counts()))),
-                None => view.lines(),
-            };
-            write!(stdout, "{text}")?;
-            stdout.flush()?;
-            tokio::select! {
-                () = &mut stop => break,
-                _ = ticks.tick() => {}
-            }
-        }
-        let counts = traffic.stop().await;
-        let text = match &mut screen {
-            Some(screen) => screen.draw(&view.frame(Some(&counts))),
-            None => view.lines(),
-        };
-        write!(stdout, "{text}")?;
-        drop(screen);
-        Some(counts)
+        Some(drive(traffic, &mut view, &mut ticks, stop.as_mut(), tty, &mut stdout).await?)
     } else {
         writeln!(
             stdout,
             "Waiting for requests (Ctrl-C stops); each decision is printed as it is made. `--traffic` sends some."
         )?;
-        loop {
-            write!(stdout, "{}", view.lines())?;
-            stdout.flush()?;
-            tokio::select! {
-                () = &mut stop => break,
-                _ = ticks.tick() => {}
-            }
-        }
+        watch(&mut view, &mut ticks, stop.as_mut(), &mut stdout).await?;
         None
     };
     // Ctrl-C again while open streams finish: stop at once.
@@ -168,6 +116,97 @@ async fn demo(args: Args) -> Result<()> {
     )?;
     stdout.flush()?;
     drop(keys);
+    Ok(())
+}
+
+/// The gateway over the simulated upstream; a taken address says how to pick
+/// another, since a second demo is the usual cause.
+async fn start_gateway(config: Config, listen: &str) -> Result<server::Running> {
+    let engine = PolicyEngine::new(config.cache_dir())?;
+    server::Running::start(config, engine, None).await.map_err(|e| {
+        let in_use = e
+            .chain()
+            .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse));
+        if in_use {
+            e.context(format!("{listen} is taken (another demo?); `--listen 127.0.0.1:0` picks a free port"))
+        } else {
+            e
+        }
+    })
+}
+
+/// Ends at Ctrl-C (or SIGTERM), or after `duration` seconds when given.
+async fn until_stopped(duration: Option<u64>) {
+    match duration {
+        Some(secs) => {
+            tokio::select! {
+                () = server::termination() => {}
+                () = tokio::time::sleep(Duration::from_secs(secs)) => {}
+            }
+        }
+        None => server::termination().await,
+    }
+}
+
+/// The quota family of each simulated weekly window, keyed as the view names
+/// the window (`7d_<bucket>`).
+fn families(sim: &SimUpstream) -> BTreeMap<String, String> {
+    sim.scenario()
+        .accounts
+        .iter()
+        .flat_map(|a| &a.buckets)
+        .map(|b| (format!("7d_{}", b.name), b.family.clone()))
+        .collect()
+}
+
+/// Runs `traffic` until `stop`, redrawing the view each tick (in place on a
+/// terminal); the final counts, drawn once more after the sessions ended.
+async fn drive(
+    traffic: Traffic,
+    view: &mut View,
+    ticks: &mut tokio::time::Interval,
+    mut stop: Pin<&mut impl Future<Output = ()>>,
+    tty: bool,
+    stdout: &mut std::io::Stdout,
+) -> Result<Counts> {
+    let mut screen = tty.then(Screen::default);
+    loop {
+        let text = match &mut screen {
+            Some(screen) => screen.draw(&view.frame(Some(&traffic.counts()))),
+            None => view.lines(),
+        };
+        write!(stdout, "{text}")?;
+        stdout.flush()?;
+        tokio::select! {
+            () = &mut stop => break,
+            _ = ticks.tick() => {}
+        }
+    }
+    let counts = traffic.stop().await;
+    let text = match &mut screen {
+        Some(screen) => screen.draw(&view.frame(Some(&counts))),
+        None => view.lines(),
+    };
+    write!(stdout, "{text}")?;
+    drop(screen);
+    Ok(counts)
+}
+
+/// Prints each new decision as it is made, until `stop`.
+async fn watch(
+    view: &mut View,
+    ticks: &mut tokio::time::Interval,
+    mut stop: Pin<&mut impl Future<Output = ()>>,
+    stdout: &mut std::io::Stdout,
+) -> Result<()> {
+    loop {
+        write!(stdout, "{}", view.lines())?;
+        stdout.flush()?;
+        tokio::select! {
+            () = &mut stop => break,
+            _ = ticks.tick() => {}
+        }
+    }
     Ok(())
 }
 

@@ -18,7 +18,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use super::bindings::{Account, AccountInfo, Outcome, QuotaWindow, Ranking, Request};
-use super::breaker::{Admit, BreakerConfig, BreakerStatus, Phase};
+use super::breaker::{Admit, BreakerConfig, BreakerStatus, Phase, Ticket};
 use super::calls::{CallThreads, Run};
 use super::decision::{Decision, Order, POOL_ORDER, PolicyError, ROUTING_POLICY_ERROR, StageRecord};
 use super::engine::PolicyEngine;
@@ -99,6 +99,59 @@ pub struct StageStatus {
     pub observe: PhaseHealth,
     /// Failures to build (instantiate and configure) a new instance.
     pub configure: PhaseHealth,
+}
+
+impl Stage {
+    /// Calls the stage's `rank` when its breaker admits the call; a bypass is
+    /// a fault, marked in `record`. `ticket` lives in the caller's frame, so
+    /// that dropping the request mid-call still hands a probe back.
+    async fn call_rank<'s>(
+        &'s self,
+        req: &mut Request,
+        current: &[Account],
+        windows: &[QuotaWindow],
+        reason: &str,
+        record: &mut StageRecord,
+        ticket: &mut Option<Ticket<'s>>,
+    ) -> Result<Ranking, Fault> {
+        match self.events.breaker.admit(req.now_ms) {
+            Admit::Bypass(until) => {
+                record.bypassed = Some(self.events.breaker.status(req.now_ms));
+                Err(Fault::new(
+                    Cause::Bypassed,
+                    format!("its breaker is open after repeated failures; next probe at {until} ms"),
+                ))
+            }
+            Admit::Call(t) => {
+                *ticket = Some(t);
+                req.decided_by = Some(reason.to_string());
+                let outcome = self
+                    .plugin
+                    .rank(req, current, windows)
+                    .await
+                    .and_then(|r| validate_answer(&r, current.len()).map(|()| r));
+                if outcome.is_ok() {
+                    self.events.succeeded(Phase::Rank, req.now_ms, ticket.take());
+                }
+                outcome
+            }
+        }
+    }
+
+    /// Counts a failed `rank` against the stage (breaker, metrics), says why a
+    /// busy stage is busy, and logs the skip unless the breaker bypassed it.
+    fn rank_failed(&self, mut fault: Fault, now_ms: u64, ticket: Option<Ticket<'_>>) -> Fault {
+        self.events.failed(Phase::Rank, &fault, now_ms, ticket);
+        if fault.cause == Cause::Busy
+            && let Some(w) = mostly_busy(&self.name, self.events.busy_share())
+        {
+            fault.message = format!("{w}; {}", fault.message);
+        }
+        if fault.cause != Cause::Bypassed {
+            tracing::warn!(stage = %self.name, cause = fault.cause.as_str(), message = %fault.message, "routing_policy_error: stage skipped");
+        }
+        fault
+    }
 }
 
 impl Chain {
@@ -262,28 +315,7 @@ impl Chain {
             // dropped mid-call (the request went away), dropping it hands a
             // probe back to the breaker.
             let mut ticket = None;
-            let outcome = match stage.events.breaker.admit(req.now_ms) {
-                Admit::Bypass(until) => {
-                    record.bypassed = Some(stage.events.breaker.status(req.now_ms));
-                    Err(Fault::new(
-                        Cause::Bypassed,
-                        format!("its breaker is open after repeated failures; next probe at {until} ms"),
-                    ))
-                }
-                Admit::Call(t) => {
-                    ticket = Some(t);
-                    req.decided_by = Some(reason.clone());
-                    let outcome = stage
-                        .plugin
-                        .rank(&req, &current, &windows)
-                        .await
-                        .and_then(|r| validate_answer(&r, current.len()).map(|()| r));
-                    if outcome.is_ok() {
-                        stage.events.succeeded(Phase::Rank, req.now_ms, ticket.take());
-                    }
-                    outcome
-                }
-            };
+            let outcome = stage.call_rank(&mut req, &current, &windows, &reason, &mut record, &mut ticket).await;
             match outcome {
                 Ok(mut ranking) => {
                     let (next, valve) = apply(current, &ranking.order);
@@ -303,16 +335,8 @@ impl Chain {
                     record.reason = ranking.reason;
                     record.detail = ranking.detail;
                 }
-                Err(mut fault) => {
-                    stage.events.failed(Phase::Rank, &fault, req.now_ms, ticket.take());
-                    if fault.cause == Cause::Busy
-                        && let Some(w) = mostly_busy(&stage.name, stage.events.busy_share())
-                    {
-                        fault.message = format!("{w}; {}", fault.message);
-                    }
-                    if fault.cause != Cause::Bypassed {
-                        tracing::warn!(stage = %stage.name, cause = fault.cause.as_str(), message = %fault.message, "routing_policy_error: stage skipped");
-                    }
+                Err(fault) => {
+                    let fault = stage.rank_failed(fault, req.now_ms, ticket.take());
                     reason = ROUTING_POLICY_ERROR.to_string();
                     detail =
                         Some(format!("stage `{}` failed ({}): {}", stage.name, fault.cause.as_str(), fault.message));

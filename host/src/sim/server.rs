@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -213,17 +214,7 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) 
     );
 
     let now = s.clock.now_ms();
-    let admitted = {
-        let mut ledger = account.ledger.lock();
-        match ledger.admit(Some(family), now) {
-            Ok(()) => {
-                ledger.charge(Some(family), reply.tokens(), now);
-                Ok(ledger.headers(Some(family), None))
-            }
-            Err(refusal) => Err(ledger.headers(Some(family), Some(&refusal))),
-        }
-    };
-    let quota = match admitted {
+    let quota = match admit(&account, family, &reply, now) {
         Ok(q) => q,
         Err(q) => {
             account.refused.fetch_add(1, Ordering::Relaxed);
@@ -236,9 +227,33 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) 
     let jitter = latency.jitter.mul_f64((random >> 11) as f64 / (1u64 << 53) as f64);
     tokio::time::sleep(latency.first_byte + jitter).await;
 
+    let response = respond(&reply, ask.stream, latency.per_event, guard).await;
+    with_headers(response, &account, &rid, quota)
+}
+
+/// Admits a request on `account`'s ledger and charges the reply's tokens; the
+/// quota headers either way, a refusal's naming what refused.
+fn admit(
+    account: &Account,
+    family: &str,
+    reply: &message::Reply,
+    now: u64,
+) -> Result<Vec<(String, String)>, Vec<(String, String)>> {
+    let mut ledger = account.ledger.lock();
+    match ledger.admit(Some(family), now) {
+        Ok(()) => {
+            ledger.charge(Some(family), reply.tokens(), now);
+            Ok(ledger.headers(Some(family), None))
+        }
+        Err(refusal) => Err(ledger.headers(Some(family), Some(&refusal))),
+    }
+}
+
+/// The reply as events `gap` apart, or as JSON once the whole message would
+/// have been generated; `guard` keeps the request in flight until then.
+async fn respond(reply: &message::Reply, stream: bool, gap: Duration, guard: InFlight) -> Response {
     let events: Vec<Bytes> = reply.events(&CHUNKING).into_iter().map(Bytes::from).collect();
-    let response = if ask.stream {
-        let gap = latency.per_event;
+    if stream {
         let stream = futures_util::stream::unfold(
             (events.into_iter(), true, guard),
             move |(mut events, first, guard)| async move {
@@ -256,13 +271,12 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) 
         r
     } else {
         // A JSON reply arrives once the whole message would have been generated.
-        tokio::time::sleep(latency.per_event * events.len().saturating_sub(1) as u32).await;
+        tokio::time::sleep(gap * events.len().saturating_sub(1) as u32).await;
         drop(guard);
         let mut r = Response::new(Body::from(reply.to_json()));
         r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(wire_header::JSON));
         r
-    };
-    with_headers(response, &account, &rid, quota)
+    }
 }
 
 async fn count_tokens(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {

@@ -142,44 +142,18 @@ async fn session_loop(n: u32, seed: u64, client: Client, counts: Arc<Mutex<Count
             if *stop.borrow() {
                 return;
             }
-            let user = match tool.take() {
-                Some((id, name)) => {
-                    json!({ "role": "user", "content": [{ "type": "tool_result", "tool_use_id": id, "content": format!("(simulated output of {name})") }] })
-                }
-                None => {
-                    json!({ "role": "user", "content": PROMPTS[(next() % PROMPTS.len() as u64) as usize] })
-                }
-            };
+            let user = next_user(tool.take(), &mut next);
             let mut messages = history.clone();
             messages.push(user.clone());
             // Every third turn that is not answering a tool asks for one, so
             // tool round trips show up in the traffic.
             let force_tool = !matches!(user["content"], Value::Array(_)) && turn % 3 == 1;
             let stream = (u64::from(n) + turn) % 4 != 3;
-            let mut body = json!({
-                "model": model,
-                "max_tokens": 1024,
-                "stream": stream,
-                "system": [{ "type": "text", "text": system }],
-                "messages": messages,
-                "tools": tools(),
-                "metadata": { "user_id": user_id },
-            });
-            if force_tool {
-                body["tool_choice"] = json!({ "type": "any" });
-            }
+            let body = request_body(model, stream, &system, messages, &user_id, force_tool);
             let wait = match send(&client, &session, &body).await {
                 Ok(a) => {
-                    let mut c = counts.lock();
-                    c.requests += 1;
-                    *c.by_status.entry(a.status).or_default() += 1;
+                    count(&counts, &a, &family, &session);
                     if a.status == 200 {
-                        let account = a.account.clone().unwrap_or_else(|| "?".into());
-                        *c.served.entry(account.clone()).or_default() += 1;
-                        *c.by_family.entry(family.clone()).or_default().entry(account.clone()).or_default() += 1;
-                        c.accounts_by_session.entry(session.clone()).or_default().insert(account);
-                        c.tool_calls += u64::from(a.tool.is_some());
-                        drop(c);
                         history.push(user);
                         history.push(json!({ "role": "assistant", "content": a.content }));
                         tool = a.tool;
@@ -201,6 +175,59 @@ async fn session_loop(n: u32, seed: u64, client: Client, counts: Arc<Mutex<Count
                 _ = stop.changed() => return,
             }
         }
+    }
+}
+
+/// The user's next message: the result of the tool the last answer called,
+/// else the next prompt.
+fn next_user(tool: Option<(String, String)>, next: &mut impl FnMut() -> u64) -> Value {
+    match tool {
+        Some((id, name)) => {
+            json!({ "role": "user", "content": [{ "type": "tool_result", "tool_use_id": id, "content": format!("(simulated output of {name})") }] })
+        }
+        None => {
+            json!({ "role": "user", "content": PROMPTS[(next() % PROMPTS.len() as u64) as usize] })
+        }
+    }
+}
+
+/// A request as Claude Code builds one: the whole system prompt and tool list
+/// on every turn, the session in `metadata.user_id`.
+fn request_body(
+    model: &str,
+    stream: bool,
+    system: &str,
+    messages: Vec<Value>,
+    user_id: &str,
+    force_tool: bool,
+) -> Value {
+    let mut body = json!({
+        "model": model,
+        "max_tokens": 1024,
+        "stream": stream,
+        "system": [{ "type": "text", "text": system }],
+        "messages": messages,
+        "tools": tools(),
+        "metadata": { "user_id": user_id },
+    });
+    if force_tool {
+        body["tool_choice"] = json!({ "type": "any" });
+    }
+    body
+}
+
+/// Counts one answer by status; a served one also by account, per model
+/// family and per session.
+fn count(counts: &Mutex<Counts>, a: &Answer, family: &str, session: &str) {
+    let mut c = counts.lock();
+    c.requests += 1;
+    *c.by_status.entry(a.status).or_default() += 1;
+    if a.status == 200 {
+        let account = a.account.clone().unwrap_or_else(|| "?".into());
+        *c.served.entry(account.clone()).or_default() += 1;
+        *c.by_family.entry(family.to_string()).or_default().entry(account.clone()).or_default() += 1;
+        c.accounts_by_session.entry(session.to_string()).or_default().insert(account);
+        c.tool_calls += u64::from(a.tool.is_some());
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::LazyLock;
 
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
-use wasmtime::component::types::{ComponentItem, Type};
+use wasmtime::component::types::{self, ComponentItem, Type};
 
 use crate::policy::PolicyEngine;
 use crate::policy::engine::{WIT_PACKAGE, WIT_TRACK, WIT_VERSION, import_granted, version_accepted};
@@ -49,6 +49,35 @@ pub fn inspect_bytes(engine: &PolicyEngine, path: &Path, bytes: &[u8], full: boo
     let wasm = engine.engine();
 
     let mut problems = Vec::new();
+    world(&mut out, &ty, wasm, &mut problems)?;
+
+    writeln!(out, "\nexports")?;
+    for (name, item) in ty.exports(wasm) {
+        // A language runtime may export its own plumbing (componentize-py's
+        // `exports.init`, a 900-character signature): named, not spelt out.
+        let ours = name.starts_with("poolgate:policy/");
+        let note = if ours || full { "" } else { "  # the language runtime's own; --full shows it" };
+        write_item(&mut out, engine, "export", name, &item.ty, ours || full, note)?;
+    }
+    write_imports(&mut out, engine, &ty, full, &mut problems)?;
+
+    // Names are not enough: a 0.1.x component may call a host function this
+    // host does not have, or expect another type. Link it against exactly what
+    // the host provides.
+    if problems.is_empty()
+        && let Err(e) = engine.linker().instantiate_pre(&component)
+    {
+        let why = format!("{:#}", anyhow::Error::from(e));
+        problems.push(format!("an import this host does not provide: {why}"));
+    }
+
+    let compatible = write_verdict(&mut out, &problems)?;
+    Ok(Report { text: out, compatible })
+}
+
+/// The world line: the `ranker` the component exports and whether this host
+/// accepts its version; a missing or unaccepted one is a problem.
+fn world(out: &mut String, ty: &types::Component, wasm: &wasmtime::Engine, problems: &mut Vec<String>) -> Result<()> {
     let ranker = ty.exports(wasm).map(|(n, _)| n.to_string()).find(|n| n.starts_with("poolgate:policy/ranker"));
     match ranker.as_deref().map(|r| r.split_once('@').map_or("", |(_, v)| v)) {
         None => problems.push(format!(
@@ -69,15 +98,19 @@ pub fn inspect_bytes(engine: &PolicyEngine, path: &Path, bytes: &[u8], full: boo
             WIT_TRACK.0, WIT_TRACK.1
         )?,
     }
+    Ok(())
+}
 
-    writeln!(out, "\nexports")?;
-    for (name, item) in ty.exports(wasm) {
-        // A language runtime may export its own plumbing (componentize-py's
-        // `exports.init`, a 900-character signature): named, not spelt out.
-        let ours = name.starts_with("poolgate:policy/");
-        let note = if ours || full { "" } else { "  # the language runtime's own; --full shows it" };
-        write_item(&mut out, engine, "export", name, &item.ty, ours || full, note)?;
-    }
+/// The imports, each with whether this host links it; a forbidden one is a
+/// problem.
+fn write_imports(
+    out: &mut String,
+    engine: &PolicyEngine,
+    ty: &types::Component,
+    full: bool,
+    problems: &mut Vec<String>,
+) -> Result<()> {
+    let wasm = engine.engine();
     writeln!(out, "\nimports")?;
     if ty.imports(wasm).len() == 0 {
         writeln!(out, "  (none: a pure component)")?;
@@ -92,29 +125,24 @@ pub fn inspect_bytes(engine: &PolicyEngine, path: &Path, bytes: &[u8], full: boo
             Ok(note) => format!("  # ok: {note}"),
             Err(why) => format!("  # FORBIDDEN: {why}"),
         };
-        write_item(&mut out, engine, "import", name, &item.ty, ours || full, &note)?;
+        write_item(out, engine, "import", name, &item.ty, ours || full, &note)?;
     }
+    Ok(())
+}
 
-    // Names are not enough: a 0.1.x component may call a host function this
-    // host does not have, or expect another type. Link it against exactly what
-    // the host provides.
-    if problems.is_empty()
-        && let Err(e) = engine.linker().instantiate_pre(&component)
-    {
-        let why = format!("{:#}", anyhow::Error::from(e));
-        problems.push(format!("an import this host does not provide: {why}"));
-    }
-
+/// The verdict and every problem behind it; whether the component is
+/// compatible.
+fn write_verdict(out: &mut String, problems: &[String]) -> Result<bool> {
     let compatible = problems.is_empty();
     if compatible {
         writeln!(out, "\nverdict    compatible: poolgate can load it")?;
     } else {
         writeln!(out, "\nverdict    INCOMPATIBLE")?;
-        for p in &problems {
+        for p in problems {
             writeln!(out, "  - {p}")?;
         }
     }
-    Ok(Report { text: out, compatible })
+    Ok(compatible)
 }
 
 /// Why `name` is (not) linked for plugins.

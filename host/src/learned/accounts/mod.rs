@@ -410,6 +410,20 @@ impl AccountState {
         // Under the lock: a flush that reads this version exports what follows.
         self.changed();
         let auth_cooling = l.cooldown.is_some_and(|c| c.reason == CooldownReason::Auth && c.until_ms > now);
+        self.count_streaks(&mut l, answer, auth_cooling, now);
+        let plan = cooldown::plan(answer, reading, family, l.effective_streaks(now), cfg, now);
+        let account_wide = reading.rejected_bucket.is_none() && !matches!(plan, Plan::GateModel { .. });
+        Self::merge(&mut l, reading, now, account_wide);
+        // A burst of 401s while already cooling does not escalate (dario: burst-safe).
+        if matches!(answer, Answer::Status(401 | 403)) && auth_cooling {
+            return Change::None;
+        }
+        Self::apply(&mut l, plan, family, now)
+    }
+
+    /// Updates the streaks and the last status for how an attempt ended; an
+    /// auth failure while already cooling for auth is not counted again.
+    fn count_streaks(&self, l: &mut Learned, answer: Answer, auth_cooling: bool, now: u64) {
         let streaks_before = l.streaks;
         match answer {
             Answer::Status(s) => {
@@ -435,13 +449,10 @@ impl AccountState {
         if l.streaks != streaks_before {
             l.streaks_ms = now;
         }
-        let plan = cooldown::plan(answer, reading, family, l.effective_streaks(now), cfg, now);
-        let account_wide = reading.rejected_bucket.is_none() && !matches!(plan, Plan::GateModel { .. });
-        Self::merge(&mut l, reading, now, account_wide);
-        // A burst of 401s while already cooling does not escalate (dario: burst-safe).
-        if matches!(answer, Answer::Status(401 | 403)) && auth_cooling {
-            return Change::None;
-        }
+    }
+
+    /// Applies a cooldown plan; what changed.
+    fn apply(l: &mut Learned, plan: Plan, family: Option<&str>, now: u64) -> Change {
         match plan {
             Plan::Keep => Change::None,
             Plan::Cool { until_ms, reason } => {
@@ -453,7 +464,7 @@ impl AccountState {
                 Change::Cooled(reason)
             }
             Plan::GateModel { family, until_ms } => {
-                Self::gate(&mut l, &family, until_ms, now);
+                Self::gate(l, &family, until_ms, now);
                 Change::Gated(family)
             }
             Plan::Clear { gates } => {
@@ -473,7 +484,7 @@ impl AccountState {
                 }
                 let gated = gates.first().map(|(f, _)| f.clone());
                 for (f, until_ms) in gates {
-                    Self::gate(&mut l, &f, until_ms, now);
+                    Self::gate(l, &f, until_ms, now);
                 }
                 match (had, gated) {
                     (_, Some(f)) => Change::Gated(f),

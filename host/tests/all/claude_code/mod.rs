@@ -9,100 +9,25 @@
 //! between the test and the gateway (a client library normalising headers)
 //! could hide a change; the last test drives the real Claude Code CLI through
 //! a recording tap and compares what it sent with what the account received.
+//!
+//! The tests are here; `wire` holds the raw HTTP they speak and read back,
+//! `upstreams` what stands around the gateway (scripted upstreams, the tap,
+//! the CLI).
+
+mod upstreams;
+mod wire;
 
 use crate::support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use poolgate_mock_upstream::{MockUpstream, Quota, Step};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use support::{Gateway, config, message};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use upstreams::{SCRIPTED_STREAM, claude_cli, scripted_upstream, slow_openai_backend, tap};
+use wire::{CC_BODY, all, anthropic_lines, cc_request, raw, requests_in, sha};
 
 const ADMIN: &str = "cc-admin";
-
-/// One raw HTTP/1.1 exchange on a new connection: the status, the response
-/// head's header lines (name lowercased, value as sent) and the body.
-async fn raw(gw: &Gateway, request: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
-    let addr = gw.url.trim_start_matches("http://");
-    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    tcp.write_all(request).await.unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), tcp.read_to_end(&mut out)).await.unwrap().unwrap();
-    let split = out.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head");
-    let head = String::from_utf8_lossy(&out[..split]).into_owned();
-    let mut lines = head.split("\r\n");
-    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.to_ascii_lowercase(), v.trim_start().to_string()))
-        .collect();
-    (status, headers, out[split + 4..].to_vec())
-}
-
-/// The values of header `name` in `headers`, in order.
-fn all<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a str> {
-    headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_str()).collect()
-}
-
-/// A request as Claude Code sends one, with what a conformance harness adds:
-/// `anthropic-beta` over two lines with uneven spacing and a flag no list
-/// knows, an unknown `anthropic-*` header, a future `anthropic-version`; a
-/// body with a field no schema knows, odd whitespace, escapes, a signed
-/// thinking block, `cache_control` with a TTL and the attribution block first.
-const CC_HEADERS: &[(&str, &str)] = &[
-    ("Accept", "application/json"),
-    ("Content-Type", "application/json"),
-    ("User-Agent", "claude-cli/2.1.332 (external, sdk-cli)"),
-    ("X-Claude-Code-Session-Id", "e7402e6e-96ed-42e8-af22-768ebd2b1947"),
-    ("X-Stainless-Lang", "js"),
-    ("X-Stainless-Retry-Count", "0"),
-    ("X-Stainless-Timeout", "600"),
-    ("anthropic-beta", "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27,"),
-    ("anthropic-beta", " extended-cache-ttl-2025-04-11 ,  zz-conformance-probe-2099-01-01"),
-    ("anthropic-dangerous-direct-browser-access", "true"),
-    ("anthropic-version", "2099-01-01"),
-    ("anthropic-zz-probe", "1"),
-    ("x-app", "cli"),
-    ("Accept-Encoding", "identity"),
-];
-
-const CC_BODY: &str = r#"{"model":"claude-sonnet-4-5","max_tokens":32000,   "stream":false,
- "system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1.332; cc_entrypoint=sdk-cli"},{"type":"text","text":"You are Claude Code, caf\u00e9 \ud83d\ude00 é","cache_control":{"type":"ephemeral","ttl":"1h"}}],
- "messages":[{"role":"user","content":[{"type":"text","text":"<system-reminder>hi</system-reminder>","cache_control":{"type":"ephemeral"}}]},
-  {"role":"assistant","content":[{"type":"thinking","thinking":"Let me think.","signature":"EqQBCkYIBxgCKkBsig=="},{"type":"text","text":"ok"}]},
-  {"role":"user","content":"say hi"}],
- "context_management":{"edits":[{"type":"clear_thinking_20251015","keep":"all"}]},
- "thinking":{"type":"adaptive"},
- "metadata":{"user_id":"{\"device_id\":\"d1\",\"account_uuid\":\"\",\"session_id\":\"e7402e6e-96ed-42e8-af22-768ebd2b1947\"}"},
- "zz_probe":{"a":1,"nested":[1.50,2e3,null]}}"#;
-
-fn cc_request(path: &str, client_key: &str, body: &str) -> Vec<u8> {
-    let mut r = format!("POST {path} HTTP/1.1\r\nHost: gateway\r\n");
-    for (k, v) in CC_HEADERS {
-        r.push_str(&format!("{k}: {v}\r\n"));
-    }
-    r.push_str(&format!("x-api-key: {client_key}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n", body.len()));
-    let mut bytes = r.into_bytes();
-    bytes.extend_from_slice(body.as_bytes());
-    bytes
-}
-
-fn sha(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The `anthropic-*` lines of a header list, in order (names lowercased).
-fn anthropic_lines(headers: &[(String, String)]) -> Vec<(String, String)> {
-    headers.iter().filter(|(n, _)| n.starts_with("anthropic-")).cloned().collect()
-}
 
 /// H-1, H-2, H-5, B-1 (E-1: the query stays): every `anthropic-*` request
 /// header reaches an API-key account byte for byte — repeated lines stay
@@ -361,51 +286,6 @@ async fn streams_poolgate_writes_itself_are_kept_alive() {
     assert!(text.contains("\"from the \"") && text.contains("\"fallback\""), "{text}");
 }
 
-/// A scripted Anthropic stream with silences: pings, an SSE comment, a
-/// thinking and a text block, a `message_delta` with the stop reason, then
-/// `message_stop` and a usage-only `message_delta` after it.
-const SCRIPTED_STREAM: &[&str] = &[
-    "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_s\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-sonnet-4-5\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n",
-    "event: ping\ndata: {\"type\": \"ping\"}\n\n",
-    ": a comment the upstream sends\n\n",
-    "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}\n\n",
-    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"hm\"}}\n\n",
-    "event: ping\ndata: {\"type\": \"ping\"}\n\n",
-    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"EqQB\"}}\n\n",
-    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
-    "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
-    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n",
-    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":1}\n\n",
-    "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":5}}\n\n",
-    "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
-    "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":null,\"stop_sequence\":null},\"usage\":{\"output_tokens\":6}}\n\n",
-];
-
-/// An upstream that answers every request with [`SCRIPTED_STREAM`], `gap`
-/// between events, and the unified family on the head.
-async fn scripted_upstream(gap: Duration) -> String {
-    use axum::response::IntoResponse;
-    let app = axum::Router::new().fallback(move || async move {
-        let stream = futures_util::stream::unfold(0usize, move |i| async move {
-            let event = SCRIPTED_STREAM.get(i)?;
-            if i > 0 {
-                tokio::time::sleep(gap).await;
-            }
-            Some((Ok::<_, std::io::Error>(bytes::Bytes::from_static(event.as_bytes())), i + 1))
-        });
-        let head = [
-            (http::header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
-            (http::HeaderName::from_static("request-id"), "req_stream"),
-            (http::HeaderName::from_static("anthropic-ratelimit-unified-status"), "allowed"),
-        ];
-        (head, axum::body::Body::from_stream(stream)).into_response()
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
-}
-
 /// ST-1 to ST-5, R-4: a stream is relayed as it arrives — each event reaches
 /// the client while later ones are still to come — and whole: the client's
 /// bytes are the upstream's, pings and comments included, through
@@ -438,124 +318,6 @@ async fn a_stream_is_relayed_as_it_arrives_byte_for_byte() {
     assert!(total >= whole, "{total:?}");
     // The first event came long before the stream ended: nothing buffered.
     assert!(first_at.unwrap() < whole / 2, "first byte after {:?} of {total:?}", first_at.unwrap());
-}
-
-/// An OpenAI-compatible backend whose stream waits `gap` between chunks.
-async fn slow_openai_backend(gap: Duration) -> String {
-    use axum::response::IntoResponse;
-    let app = axum::Router::new().route(
-        "/v1/chat/completions",
-        axum::routing::post(move || async move {
-            let chunk = |delta: Value, finish: Value| {
-                format!(
-                    "data: {}\n\n",
-                    json!({"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":delta,"finish_reason":finish}]})
-                )
-            };
-            let parts = vec![
-                chunk(json!({"role":"assistant","content":""}), Value::Null),
-                chunk(json!({"content":"from the "}), Value::Null),
-                chunk(json!({"content":"fallback"}), Value::Null),
-                chunk(json!({}), json!("stop")),
-                "data: [DONE]\n\n".to_string(),
-            ];
-            let stream = futures_util::stream::unfold(parts.into_iter(), move |mut rest| async move {
-                let next = rest.next()?;
-                tokio::time::sleep(gap).await;
-                Some((Ok::<_, std::io::Error>(next), rest))
-            });
-            ([(http::header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(stream)).into_response()
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
-}
-
-/// Bytes that crossed a recording tap, per connection, one direction each.
-#[derive(Default)]
-struct Taped {
-    to_gateway: Vec<Vec<u8>>,
-    to_client: Vec<Vec<u8>>,
-}
-
-/// A TCP tap on loopback in front of `target`: it records what each
-/// connection carries both ways, byte for byte, and passes it on.
-async fn tap(target: String) -> (String, Arc<Mutex<Taped>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let taped = Arc::new(Mutex::new(Taped::default()));
-    let t = taped.clone();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let upstream = tokio::net::TcpStream::connect(&target).await.unwrap();
-            let n = {
-                let mut t = t.lock();
-                t.to_gateway.push(Vec::new());
-                t.to_client.push(Vec::new());
-                t.to_gateway.len() - 1
-            };
-            let (mut cr, mut cw) = client.into_split();
-            let (mut ur, mut uw) = upstream.into_split();
-            let (t1, t2) = (t.clone(), t.clone());
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 65536];
-                while let Ok(k) = cr.read(&mut buf).await {
-                    if k == 0 || uw.write_all(&buf[..k]).await.is_err() {
-                        break;
-                    }
-                    t1.lock().to_gateway[n].extend_from_slice(&buf[..k]);
-                }
-                let _ = uw.shutdown().await;
-            });
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 65536];
-                while let Ok(k) = ur.read(&mut buf).await {
-                    if k == 0 || cw.write_all(&buf[..k]).await.is_err() {
-                        break;
-                    }
-                    t2.lock().to_client[n].extend_from_slice(&buf[..k]);
-                }
-                let _ = cw.shutdown().await;
-            });
-        }
-    });
-    (url, taped)
-}
-
-/// One raw HTTP request: its request line, header lines (names lowercased)
-/// and body.
-type RawRequest = (String, Vec<(String, String)>, Vec<u8>);
-
-/// The requests in `bytes` (HTTP/1.1, `content-length` bodies).
-fn requests_in(mut bytes: &[u8]) -> Vec<RawRequest> {
-    let mut out = Vec::new();
-    while let Some(split) = bytes.windows(4).position(|w| w == b"\r\n\r\n") {
-        let head = String::from_utf8_lossy(&bytes[..split]).into_owned();
-        let mut lines = head.split("\r\n");
-        let line = lines.next().unwrap().to_string();
-        let headers: Vec<(String, String)> = lines
-            .filter_map(|l| l.split_once(':'))
-            .map(|(n, v)| (n.to_ascii_lowercase(), v.trim_start().to_string()))
-            .collect();
-        let len: usize = all(&headers, "content-length").first().map_or(0, |v| v.parse().unwrap());
-        let body = bytes[split + 4..split + 4 + len].to_vec();
-        bytes = &bytes[split + 4 + len..];
-        out.push((line, headers, body));
-    }
-    out
-}
-
-/// Where the Claude Code CLI is: `POOLGATE_CLAUDE`, else `claude` on the
-/// PATH. test.sh installs it (npm) and sets `POOLGATE_REQUIRE_CLAUDE=1`, so in
-/// CI its absence fails the test rather than skipping it.
-fn claude_cli() -> Option<std::path::PathBuf> {
-    if let Some(p) = std::env::var_os("POOLGATE_CLAUDE") {
-        return Some(p.into());
-    }
-    let on_path = std::process::Command::new("claude").arg("--version").output().is_ok_and(|o| o.status.success());
-    on_path.then(|| "claude".into())
 }
 
 /// The real Claude Code CLI, through a recording tap, against the gateway
