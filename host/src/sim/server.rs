@@ -231,14 +231,12 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) 
     with_headers(response, &account, &rid, quota)
 }
 
+/// Quota headers, as (name, value) pairs.
+type QuotaHeaders = Vec<(String, String)>;
+
 /// Admits a request on `account`'s ledger and charges the reply's tokens; the
 /// quota headers either way, a refusal's naming what refused.
-fn admit(
-    account: &Account,
-    family: &str,
-    reply: &message::Reply,
-    now: u64,
-) -> Result<Vec<(String, String)>, Vec<(String, String)>> {
+fn admit(account: &Account, family: &str, reply: &message::Reply, now: u64) -> Result<QuotaHeaders, QuotaHeaders> {
     let mut ledger = account.ledger.lock();
     match ledger.admit(Some(family), now) {
         Ok(()) => {

@@ -25,7 +25,7 @@ use poolgate_mock_upstream::{MockUpstream, Quota, Step};
 use serde_json::{Value, json};
 use support::{Gateway, config, message};
 use upstreams::{SCRIPTED_STREAM, claude_cli, scripted_upstream, slow_openai_backend, tap};
-use wire::{CC_BODY, all, anthropic_lines, cc_request, raw, requests_in, sha};
+use wire::{CC_BODY, CC_HEADERS, all, anthropic_lines, cc_request, raw, requests_in, sha};
 
 const ADMIN: &str = "cc-admin";
 

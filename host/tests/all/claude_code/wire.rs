@@ -38,7 +38,7 @@ pub(super) fn all<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a st
 /// knows, an unknown `anthropic-*` header, a future `anthropic-version`; a
 /// body with a field no schema knows, odd whitespace, escapes, a signed
 /// thinking block, `cache_control` with a TTL and the attribution block first.
-const CC_HEADERS: &[(&str, &str)] = &[
+pub(super) const CC_HEADERS: &[(&str, &str)] = &[
     ("Accept", "application/json"),
     ("Content-Type", "application/json"),
     ("User-Agent", "claude-cli/2.1.332 (external, sdk-cli)"),
