@@ -2,13 +2,23 @@
 //! same run.
 //!
 //! It starts the mock upstream and `poolgate serve` (release binaries, separate
-//! processes) and drives the same load (a) straight at the mock and (b) through
-//! poolgate with the default chain over 8 accounts:
-//! - concurrency 1: latency p50/p99 of each path, and the difference poolgate adds;
+//! processes) and drives the same load (a) straight at the mock, (b) through
+//! poolgate with the default chain over 8 accounts and (c), when `haproxy` is on
+//! PATH, through a plain HAProxy hop, the reference for what any proxy hop costs
+//! on this machine today:
+//! - concurrency 1: latency p50/p99 of each path, and the difference each hop adds;
 //! - concurrency 32: throughput of each path, and the ratio;
-//! - the gateway's own CPU time per request (utime+stime of the process over the
-//!   run, divided by requests served) — the fairest figure on a shared 2-core box;
+//! - CPU time per request of each hop (utime+stime of the process over one phase,
+//!   divided by the requests of that phase), at concurrency 1 and at 32 apart,
+//!   and poolgate's against HAProxy's: the absolute figure moves 4x between VMs
+//!   and days (docs/benchmarks.md, "What the old loadgen figure left out"), the
+//!   ratio to a hop measured in the same run does not;
 //! - peak RSS of the gateway holding 1,000 concurrent open SSE streams.
+//!
+//! By default each request is what Claude Code sends: its ~20 headers
+//! (`anthropic-beta`, `x-stainless-*`, `x-claude-code-session-id`, …) and a
+//! `metadata.user_id` naming the session; `--bare-request` sends the three
+//! headers and bare body of the first version of this tool.
 //!
 //! Every connection sets TCP_NODELAY (the mock and poolgate do on their side).
 
@@ -40,10 +50,13 @@ struct Args {
     /// Request bodies stream (SSE) instead of JSON.
     #[arg(long)]
     sse: bool,
-    /// Also measure a plain HAProxy hop in front of the mock (needs `haproxy`
-    /// on PATH), as a reference for what any proxy hop costs on this machine.
+    /// Skip the HAProxy reference hop (measured by default when `haproxy` is on PATH).
     #[arg(long)]
-    haproxy: bool,
+    no_haproxy: bool,
+    /// Send the minimal request of the first version of this tool (three headers,
+    /// no session) instead of Claude Code's headers and metadata.
+    #[arg(long)]
+    bare_request: bool,
     /// The chain to run, as comma-separated built-ins (`skip-exhausted,headroom`);
     /// default: the gateway's default chain. Naming it lets two builds with
     /// different defaults be compared like for like.
@@ -147,7 +160,7 @@ fn haproxy(upstream: &str, dir: &std::path::Path) -> Result<Proc> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let backend = upstream.trim_start_matches("http://");
     let cfg = format!(
-        "global\n  nbthread 2\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n  option http-keep-alive\n\
+        "global\n  nbthread 2\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n  option http-keep-alive\n  http-reuse always\n\
          frontend f\n  bind 127.0.0.1:{port}\n  default_backend b\nbackend b\n  server s1 {backend}\n"
     );
     let path = dir.join("haproxy.cfg");
@@ -200,20 +213,87 @@ fn body(stream: bool) -> String {
     .to_string()
 }
 
+/// The session id of every Claude Code-shaped request (one session, as a user's).
+const SESSION: &str = "7f9c1a52-3b1e-4c1a-9d3e-5a8b2c7d9e01";
+
+/// A Messages request as a client sends it: body and headers.
+struct Request {
+    body: String,
+    headers: Vec<(&'static str, &'static str)>,
+}
+
+impl Request {
+    /// What the first version of this tool sent: three headers, no session.
+    fn bare(stream: bool) -> Request {
+        Request {
+            body: body(stream),
+            headers: vec![
+                ("x-api-key", "loadgen-key-0"),
+                ("anthropic-version", "2023-06-01"),
+                ("content-type", "application/json"),
+            ],
+        }
+    }
+
+    /// What Claude Code sends (shared/references/claude-code-wire.md): its
+    /// headers, and the session in `metadata.user_id` as a JSON-encoded string.
+    fn claude_code(stream: bool) -> Request {
+        let user_id = serde_json::json!({
+            "device_id": "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "account_uuid": "",
+            "session_id": SESSION,
+        })
+        .to_string();
+        let body = serde_json::json!({
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 64,
+            "stream": stream,
+            "metadata": { "user_id": user_id },
+            "messages": [{ "role": "user", "content": "hello" }],
+        })
+        .to_string();
+        Request {
+            body,
+            headers: vec![
+                ("x-api-key", "loadgen-key-0"),
+                ("anthropic-version", "2023-06-01"),
+                ("content-type", "application/json"),
+                ("accept", "application/json"),
+                (
+                    "anthropic-beta",
+                    "claude-code-20250219,interleaved-thinking-2025-05-14,fine-grained-tool-streaming-2025-05-14",
+                ),
+                ("anthropic-dangerous-direct-browser-access", "true"),
+                ("x-app", "cli"),
+                ("user-agent", "claude-cli/2.0.14 (external, sdk-cli)"),
+                ("x-claude-code-session-id", SESSION),
+                ("x-stainless-arch", "x64"),
+                ("x-stainless-lang", "js"),
+                ("x-stainless-os", "Linux"),
+                ("x-stainless-package-version", "0.60.0"),
+                ("x-stainless-retry-count", "0"),
+                ("x-stainless-runtime", "node"),
+                ("x-stainless-runtime-version", "v22.19.0"),
+                ("x-stainless-timeout", "600"),
+                ("accept-encoding", "gzip, deflate, br, zstd"),
+                ("accept-language", "*"),
+                ("sec-fetch-mode", "cors"),
+            ],
+        }
+    }
+}
+
 fn client() -> Result<reqwest::Client> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     Ok(reqwest::Client::builder().tcp_nodelay(true).pool_max_idle_per_host(4096).no_proxy().build()?)
 }
 
-async fn one(client: &reqwest::Client, url: &str, body: &str) -> Result<()> {
-    let r = client
-        .post(format!("{url}/v1/messages"))
-        .header("x-api-key", "loadgen-key-0")
-        .header("anthropic-version", "2023-06-01")
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await?;
+async fn one(client: &reqwest::Client, url: &str, req: &Request) -> Result<()> {
+    let mut b = client.post(format!("{url}/v1/messages"));
+    for (name, value) in &req.headers {
+        b = b.header(*name, *value);
+    }
+    let r = b.body(req.body.clone()).send().await?;
     if !r.status().is_success() {
         bail!("status {}", r.status());
     }
@@ -225,14 +305,14 @@ fn pct(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)]
 }
 
-async fn latency(client: &reqwest::Client, url: &str, n: usize, body: &str) -> Result<(f64, f64)> {
+async fn latency(client: &reqwest::Client, url: &str, n: usize, req: &Request) -> Result<(f64, f64)> {
     for _ in 0..n / 10 {
-        one(client, url, body).await?;
+        one(client, url, req).await?;
     }
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
-        one(client, url, body).await?;
+        one(client, url, req).await?;
         v.push(t.elapsed().as_secs_f64() * 1e6);
     }
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -244,18 +324,18 @@ async fn throughput(
     url: &str,
     concurrency: usize,
     seconds: u64,
-    body: &str,
+    req: &Arc<Request>,
 ) -> Result<(f64, u64)> {
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
-        let (client, url, body, done, errors) =
-            (client.clone(), url.to_string(), body.to_string(), done.clone(), errors.clone());
+        let (client, url, req, done, errors) =
+            (client.clone(), url.to_string(), req.clone(), done.clone(), errors.clone());
         tasks.push(tokio::spawn(async move {
             while Instant::now() < deadline {
-                match one(&client, &url, &body).await {
+                match one(&client, &url, &req).await {
                     Ok(()) => done.fetch_add(1, Ordering::Relaxed),
                     Err(_) => errors.fetch_add(1, Ordering::Relaxed),
                 };
@@ -300,6 +380,44 @@ async fn open_streams(url: &str, n: usize) -> Result<(Vec<reqwest::Response>, Du
     Ok((open, started.elapsed()))
 }
 
+/// Whether `haproxy` can be started.
+fn haproxy_available() -> bool {
+    Command::new("haproxy").arg("-v").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+/// CPU milliseconds per request of a process over one phase.
+struct Phase {
+    cpu0: f64,
+    pid: u32,
+}
+
+impl Phase {
+    fn start(pid: u32) -> Result<Phase> {
+        Ok(Phase { cpu0: cpu_seconds(pid)?, pid })
+    }
+    fn ms_per_request(&self, requests: u64) -> Result<f64> {
+        Ok((cpu_seconds(self.pid)? - self.cpu0) * 1000.0 / requests.max(1) as f64)
+    }
+}
+
+/// One hop's figures: latency at c=1 (median of blocks), throughput at c=32,
+/// CPU per request in each phase.
+#[derive(Default)]
+struct Hop {
+    p50: Vec<f64>,
+    p99: Vec<f64>,
+    c1_requests: u64,
+    c1_cpu_ms: f64,
+    rps: f64,
+    c32_cpu_ms: f64,
+}
+
+fn med(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -308,75 +426,110 @@ async fn main() -> Result<()> {
     let up = mock(&args.bin, 0)?;
     let setup = Setup { chain: args.chain.as_deref(), redis: args.redis.as_deref(), max_in_flight: args.max_in_flight };
     let gw = gateway(&args.bin, &up.url, &dir, &setup)?;
-    let gw_pid = gw.child.id();
+    let hp = if args.no_haproxy || !haproxy_available() { None } else { Some(haproxy(&up.url, &dir)?) };
     let client = client()?;
-    let payload = body(args.sse);
+    let req = Arc::new(if args.bare_request { Request::bare(args.sse) } else { Request::claude_code(args.sse) });
     println!(
-        "poolgate overhead: {} bodies, default chain over 8 accounts, mock at {}, state {}{}",
+        "poolgate overhead: {} bodies, {} requests ({} headers), {} over 8 accounts, mock at {}, state {}{}",
         if args.sse { "SSE" } else { "JSON" },
+        if args.bare_request { "bare" } else { "Claude Code-shaped" },
+        req.headers.len(),
+        args.chain.as_deref().map_or("default chain".to_string(), |c| format!("chain {c}")),
         up.url,
         if args.redis.is_some() { "shared through Redis" } else { "embedded" },
         args.max_in_flight.map(|n| format!(", max_in_flight {n}")).unwrap_or_default(),
     );
+    if hp.is_none() {
+        println!(
+            "  (no HAProxy reference: {})",
+            if args.no_haproxy { "--no-haproxy" } else { "`haproxy` not on PATH" }
+        );
+    }
 
-    // Concurrency 1, interleaved in blocks so drift on a shared machine hits both paths.
-    let cpu0 = cpu_seconds(gw_pid)?;
-    let mock_cpu0 = cpu_seconds(up.child.id())?;
-    let mut direct_served = 0u64;
-    let mut served = 0u64;
-    let (mut d50, mut d99, mut g50, mut g99) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // The hops measured: direct (the mock alone), poolgate, HAProxy.
+    let mut hops: Vec<(&str, &str, Option<u32>)> =
+        vec![("direct", &up.url, None), ("poolgate", &gw.url, Some(gw.child.id()))];
+    if let Some(hp) = &hp {
+        hops.push(("haproxy", &hp.url, Some(hp.child.id())));
+    }
+    let mut fig: Vec<Hop> = hops.iter().map(|_| Hop::default()).collect();
+    let mock_pid = up.child.id();
+    let mut mock_requests = 0u64;
+    let mock_phase = Phase::start(mock_pid)?;
+
+    // Concurrency 1, interleaved in blocks so drift on a shared machine hits every path.
     let block = (args.requests / 4).max(100);
     for _ in 0..4 {
-        let (a, b) = latency(&client, &up.url, block, &payload).await?;
-        d50.push(a);
-        d99.push(b);
-        direct_served += (block + block / 10) as u64;
-        let (a, b) = latency(&client, &gw.url, block, &payload).await?;
-        g50.push(a);
-        g99.push(b);
-        served += (block + block / 10) as u64;
+        for (i, (_, url, pid)) in hops.iter().enumerate() {
+            let phase = pid.map(Phase::start).transpose()?;
+            let (a, b) = latency(&client, url, block, &req).await?;
+            let n = (block + block / 10) as u64;
+            if let Some(phase) = phase {
+                let f = &mut fig[i];
+                f.c1_cpu_ms = (f.c1_cpu_ms * f.c1_requests as f64 + phase.ms_per_request(n)? * n as f64)
+                    / (f.c1_requests + n) as f64;
+            }
+            fig[i].c1_requests += n;
+            fig[i].p50.push(a);
+            fig[i].p99.push(b);
+            mock_requests += n;
+        }
     }
-    let med = |mut v: Vec<f64>| {
-        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        v[v.len() / 2]
-    };
-    let (d50, d99, g50, g99) = (med(d50), med(d99), med(g50), med(g99));
+    // Concurrency 32, one phase per hop.
+    for (i, (_, url, pid)) in hops.iter().enumerate() {
+        let phase = pid.map(Phase::start).transpose()?;
+        let (rps, n) = throughput(&client, url, 32, args.seconds, &req).await?;
+        if let Some(phase) = phase {
+            fig[i].c32_cpu_ms = phase.ms_per_request(n)?;
+        }
+        fig[i].rps = rps;
+        mock_requests += n;
+    }
+    // Every request, direct or through a hop, reaches the mock once.
+    let mock_ms = mock_phase.ms_per_request(mock_requests)?;
+
+    let (d50, d99, d_rps) = (med(&fig[0].p50), med(&fig[0].p99), fig[0].rps);
     println!("\nconcurrency 1 ({} requests per path, 4 interleaved blocks, median of blocks)", block * 4);
-    println!("  direct   p50 {d50:8.1} µs   p99 {d99:8.1} µs");
-    println!("  poolgate p50 {g50:8.1} µs   p99 {g99:8.1} µs");
-    println!("  added    p50 {:8.1} µs   p99 {:8.1} µs   (goal ≤ 150 / ≤ 500)", g50 - d50, g99 - d99);
-
-    let (direct_rps, direct_n) = throughput(&client, &up.url, 32, args.seconds, &payload).await?;
-    direct_served += direct_n;
-    let (gw_rps, n) = throughput(&client, &gw.url, 32, args.seconds, &payload).await?;
-    served += n;
-    let cpu = cpu_seconds(gw_pid)? - cpu0;
-    // Every request, direct or proxied, reaches the mock once.
-    let mock_cpu = cpu_seconds(up.child.id())? - mock_cpu0;
-    let mock_ms = mock_cpu * 1000.0 / (direct_served + served) as f64;
+    for ((name, _, _), f) in hops.iter().zip(&fig) {
+        let (p50, p99) = (med(&f.p50), med(&f.p99));
+        if *name == "direct" {
+            println!("  {name:<8} p50 {p50:8.1} µs   p99 {p99:8.1} µs");
+        } else {
+            println!(
+                "  {name:<8} p50 {p50:8.1} µs   p99 {p99:8.1} µs   added p50 {:7.1} µs   p99 {:7.1} µs",
+                p50 - d50,
+                p99 - d99
+            );
+        }
+    }
+    println!("  (poolgate goal: added ≤ 150 / ≤ 500 µs)");
     println!("\nconcurrency 32 ({} s per path)", args.seconds);
-    println!("  direct   {direct_rps:9.0} req/s");
-    println!("  poolgate {gw_rps:9.0} req/s   ratio {:.2} (goal ≥ 0.50)", gw_rps / direct_rps);
-    println!(
-        "\ngateway CPU: {:.1} s over {served} requests = {:.3} ms per request (goal ≤ 0.1)",
-        cpu,
-        cpu * 1000.0 / served as f64
-    );
-    println!("  for scale: the mock upstream (an axum server, no client side) used {mock_ms:.3} ms per request");
-
-    if args.haproxy {
-        let hp = haproxy(&up.url, &dir)?;
-        let cpu0 = cpu_seconds(hp.child.id())?;
-        let (h50, h99) = latency(&client, &hp.url, args.requests, &payload).await?;
-        let (h_rps, n) = throughput(&client, &hp.url, 32, args.seconds, &payload).await?;
-        let h_cpu = cpu_seconds(hp.child.id())? - cpu0;
-        let h_ms = h_cpu * 1000.0 / (n + (args.requests + args.requests / 10) as u64) as f64;
-        println!("\nreference: HAProxy hop (same mock, same load)");
-        println!("  added    p50 {:8.1} µs   p99 {:8.1} µs", h50 - d50, h99 - d99);
-        println!("  {h_rps:9.0} req/s   ratio {:.2}   CPU {h_ms:.3} ms per request", h_rps / direct_rps);
+    for ((name, _, _), f) in hops.iter().zip(&fig) {
+        println!("  {name:<8} {:9.0} req/s   ratio to direct {:.2}", f.rps, f.rps / d_rps);
+    }
+    println!("  (poolgate goal: ratio ≥ 0.50)");
+    println!("\nCPU per request, each hop's own process (utime+stime over the phase / its requests)");
+    println!("  {:<8} {:>10} {:>10}", "", "c=1 ms", "c=32 ms");
+    for ((name, _, pid), f) in hops.iter().zip(&fig) {
+        if pid.is_some() {
+            println!("  {name:<8} {:>10.3} {:>10.3}", f.c1_cpu_ms, f.c32_cpu_ms);
+        }
+    }
+    println!("  mock     {mock_ms:>10.3} (both phases; an axum server, no client side)");
+    let g = &fig[1];
+    let href = fig.get(2);
+    if let Some(h) = href {
+        println!(
+            "  poolgate / HAProxy: {:.1}x at c=1, {:.1}x at c=32   (poolgate goal: ≤ 0.1 ms at c=32)",
+            g.c1_cpu_ms / h.c1_cpu_ms,
+            g.c32_cpu_ms / h.c32_cpu_ms
+        );
+    } else {
+        println!("  (poolgate goal: ≤ 0.1 ms at c=32)");
     }
 
     // Memory with many open streams: a second mock whose events trickle out.
+    drop(hp);
     drop(gw);
     let slow = mock(&args.bin, 2_000)?;
     let gw = gateway(&args.bin, &slow.url, &dir, &setup)?;
@@ -393,11 +546,20 @@ async fn main() -> Result<()> {
         hwm as f64 / 1024.0
     );
     drop(open);
+    let (g50, g99) = (med(&g.p50), med(&g.p99));
     let summary = serde_json::json!({
+        "request": if args.bare_request { "bare" } else { "claude-code" },
         "added_p50_us": g50 - d50, "added_p99_us": g99 - d99,
         "direct_p50_us": d50, "poolgate_p50_us": g50,
-        "throughput_ratio": gw_rps / direct_rps, "direct_rps": direct_rps, "poolgate_rps": gw_rps,
-        "cpu_ms_per_request": cpu * 1000.0 / served as f64, "mock_cpu_ms_per_request": mock_ms,
+        "throughput_ratio": g.rps / d_rps, "direct_rps": d_rps, "poolgate_rps": g.rps,
+        "cpu_ms_per_request_c1": g.c1_cpu_ms, "cpu_ms_per_request_c32": g.c32_cpu_ms,
+        "mock_cpu_ms_per_request": mock_ms,
+        "haproxy": href.map(|h| serde_json::json!({
+            "added_p50_us": med(&h.p50) - d50, "added_p99_us": med(&h.p99) - d99,
+            "throughput_ratio": h.rps / d_rps,
+            "cpu_ms_per_request_c1": h.c1_cpu_ms, "cpu_ms_per_request_c32": h.c32_cpu_ms,
+        })),
+        "cpu_vs_haproxy_c32": href.map(|h| g.c32_cpu_ms / h.c32_cpu_ms),
         "streams": args.streams, "peak_rss_mib": hwm as f64 / 1024.0,
     });
     println!("\n{summary}");
