@@ -356,7 +356,10 @@ impl Exchange {
         *head.status_mut() = status;
         *head.headers_mut() = headers;
         if finish.dialect.is_openai() && !(status.is_success() && sse) {
-            return read_whole(finish, head, first, rest).await;
+            // Boxed: only a translated answer waits here, and every request's
+            // future would otherwise carry this one's size (it is moved, and
+            // copied, whole when the handler's future is boxed).
+            return Box::pin(read_whole(finish, head, first, rest)).await;
         }
         relay::respond(finish, head, first, rest, sse, length, false)
     }
@@ -414,8 +417,9 @@ impl Exchange {
         let substitutable = matches!(self.api, Api::Messages | Api::ChatCompletions);
         if substitutable && !self.generation.accounts.is_empty() && !self.generation.fallbacks.is_empty() {
             let timeout = Duration::from_millis(self.generation.config.gateway.response_timeout_ms);
+            // Boxed, as the translated answer in `commit`: rare, and large.
             let served = self.generation.fallbacks.serve(&*self.gw.http, &self.incoming.body, timeout, &self.gw.clock);
-            if let Some((answer, marker)) = served.await {
+            if let Some((answer, marker)) = Box::pin(served).await {
                 self.gw.metrics.fallback(&marker);
                 self.record.blocked = blocked;
                 self.record.fallback = Some(marker.clone());
