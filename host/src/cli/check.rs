@@ -40,12 +40,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let metrics = std::sync::Arc::new(crate::metrics::Metrics::default());
         let accounts = Default::default();
         let clock = crate::clock::Clock::system();
+        let connect = std::time::Duration::from_millis(config.gateway.connect_timeout_ms);
+        let http: std::sync::Arc<dyn crate::gateway::request::upstream::Transport> =
+            std::sync::Arc::new(crate::gateway::request::upstream::Upstream::new(connect)?);
         let around = crate::gateway::generation::Around {
             engine: &engine,
             plugin_state: &state,
             book: &accounts,
             metrics: &metrics,
             clock: &clock,
+            http: &http,
         };
         Generation::build_bounded(1, config, &around, None).await
     });

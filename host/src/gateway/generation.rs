@@ -21,7 +21,7 @@ use crate::clock::Clock;
 use crate::config::headers::ForwardPolicy;
 use crate::config::{AccountConfig, Config, Credential, OAuthConfig};
 use crate::gateway::auth::{AdminToken, ClientKeys};
-use crate::gateway::request::upstream::Target;
+use crate::gateway::request::upstream::{Target, Transport};
 use crate::learned::AccountBook;
 use crate::learned::accounts::AccountState;
 use crate::metrics::Metrics;
@@ -76,12 +76,14 @@ fn target(
     state: &AccountState,
     oauth: &OAuthConfig,
     forward: &Arc<ForwardPolicy>,
+    http: &Arc<dyn Transport>,
 ) -> Result<Target> {
     match credential {
         Credential::Static(secret) => Target::new(base, config.kind, secret, forward.clone()),
         Credential::Seat { path, stored } => {
             let seat = state.seat_for(path, oauth, || {
-                let client = crate::oauth::TokenClient::new(oauth.clone())?;
+                let carrier = Arc::new(super::seat_keeper::ViaTransport(http.clone()));
+                let client = crate::oauth::TokenClient::with_carrier(oauth.clone(), carrier);
                 crate::oauth::Seat::new(&config.id, path.clone(), stored, client)
             })?;
             Ok(Target::seat(base, seat, forward.clone()))
@@ -228,6 +230,8 @@ pub struct Around<'a> {
     pub metrics: &'a Arc<Metrics>,
     /// The gateway's clock.
     pub clock: &'a Clock,
+    /// What every upstream request goes through, seats' token refreshes too.
+    pub http: &'a Arc<dyn Transport>,
 }
 
 impl Generation {
@@ -259,7 +263,7 @@ impl Generation {
         around: &Around<'_>,
         previous: Option<&Chain>,
     ) -> Result<Generation> {
-        let Around { engine, plugin_state, book, metrics, clock } = *around;
+        let Around { engine, plugin_state, book, metrics, clock, http } = *around;
         // Secrets were read when the file was loaded; a config built in code is
         // resolved now.
         let resolved = config.resolved()?;
@@ -274,7 +278,7 @@ impl Generation {
                 continue;
             };
             state.bind(binding(credential));
-            match target(&account.base, &account.config, credential, &state, &config.oauth, &forward) {
+            match target(&account.base, &account.config, credential, &state, &config.oauth, &forward, http) {
                 Ok(target) => enabled.push((account.config.clone(), target, state)),
                 Err(e) => problems.push(format!("accounts[{i}] (`{}`): {e:#}", account.config.id)),
             }

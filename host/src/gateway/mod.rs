@@ -188,6 +188,7 @@ impl Gateway {
             book: &book,
             metrics: &metrics,
             clock: &clock,
+            http: &http,
         };
         let first = Generation::build_bounded(1, config, &around, None).await?;
         plugin_state.retain_scopes(&first.chain.scopes());

@@ -274,6 +274,7 @@ impl Gateway {
             book: &self.book,
             metrics: &self.metrics,
             clock: &self.clock,
+            http: &self.http,
         };
         let built = Generation::build_bounded(number, config, &around, Some(&running.chain)).await;
         drop(running);

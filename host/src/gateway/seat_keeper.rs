@@ -7,8 +7,50 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::BodyExt;
+
 use super::Gateway;
+use super::request::upstream::{Target, Transport};
 use crate::oauth::{Refreshed, Seat, SeatError, Why};
+
+/// The gateway's one [`Transport`] as the token endpoint's carrier: a seat's
+/// refresh goes out through the same client, connect and header timeouts as
+/// the seat's requests — and, in the request path's own tests, through the
+/// scripted transport on the manual clock, so a token's expiry and refresh
+/// run in-process like every other failure.
+pub struct ViaTransport(pub Arc<dyn Transport>);
+
+#[async_trait::async_trait]
+impl crate::oauth::Carrier for ViaTransport {
+    async fn send(&self, request: Request<Bytes>, timeout: Duration) -> Result<Response<Bytes>, String> {
+        let (parts, body) = request.into_parts();
+        let (Some(scheme), Some(authority)) = (parts.uri.scheme_str(), parts.uri.authority()) else {
+            return Err(format!("`{}` is not an absolute URL", parts.uri));
+        };
+        // The endpoint takes no key: the refresh token is in the form.
+        let target = Target::backend(&format!("{scheme}://{authority}"), None).map_err(|e| format!("{e:#}"))?;
+        let answer = self.0.send(&target, &parts.method, &parts.uri, &parts.headers, &body, timeout).await?;
+        let (head, mut body) = answer.into_parts();
+        let read = async {
+            let mut whole = Vec::new();
+            while let Some(frame) = body.frame().await {
+                if let Ok(data) = frame.map_err(|_| ())?.into_data() {
+                    whole.extend_from_slice(&data);
+                    if whole.len() > crate::oauth::token::MAX_ANSWER {
+                        return Err(());
+                    }
+                }
+            }
+            Ok(Bytes::from(whole))
+        };
+        match tokio::time::timeout(timeout, read).await {
+            Ok(Ok(b)) => Ok(Response::from_parts(head, b)),
+            _ => Err(format!("status {}, body unreadable", head.status)),
+        }
+    }
+}
 
 /// The seats of the running generation, with their account ids.
 fn seats(gw: &Gateway) -> Vec<(String, Arc<Seat>, Arc<crate::learned::accounts::AccountState>)> {

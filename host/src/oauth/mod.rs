@@ -23,4 +23,4 @@ pub use seat::{Refreshed, Seat, SeatError, SeatStatus, Why};
 pub use settings::OAuthConfig;
 pub use share::{CredentialShare, SharedLock};
 pub use store::{Identity, StoredCredential};
-pub use token::{TokenClient, TokenError};
+pub use token::{Carrier, TokenClient, TokenError};

@@ -7,11 +7,12 @@
 //! from everything else: it means the seat needs a new login, while an outage
 //! is only a reason to try again later.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use http::{Method, Request, header};
+use http::{Method, Request, Response, header};
 use http_body_util::{BodyExt, Full};
 use serde::Deserialize;
 
@@ -47,18 +48,64 @@ impl std::fmt::Display for TokenError {
     }
 }
 
+/// What carries a request to the token endpoint and brings its whole answer
+/// back. While a gateway serves, its one `Transport` does (the same client and
+/// timeouts as every account's requests, and, in the request path's tests, the
+/// same scripted answers on the same manual clock); `poolgate login` uses a
+/// client of its own ([`Https`]).
+#[async_trait::async_trait]
+pub trait Carrier: Send + Sync + 'static {
+    /// Sends `request`, waiting at most `timeout` for the answer's headers and
+    /// again for its body. The error says what failed (never a token).
+    async fn send(&self, request: Request<Bytes>, timeout: Duration) -> Result<Response<Bytes>, String>;
+}
+
+/// The most of a token answer that is read: a token answer is a few hundred
+/// bytes; anything this large is not one.
+pub const MAX_ANSWER: usize = 64 * 1024;
+
+/// A [`Carrier`] of its own: a pooled HTTPS client.
+pub struct Https(crate::https::HttpsClient);
+
+impl Https {
+    /// A client that waits at most `connect_timeout` for each connection.
+    pub fn new(connect_timeout: Duration) -> Result<Https> {
+        Ok(Https(crate::https::client(connect_timeout)?))
+    }
+}
+
+#[async_trait::async_trait]
+impl Carrier for Https {
+    async fn send(&self, request: Request<Bytes>, timeout: Duration) -> Result<Response<Bytes>, String> {
+        let response = match tokio::time::timeout(timeout, self.0.request(request.map(Full::new))).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return Err(format!("{e}")),
+            Err(_) => return Err(format!("no answer within {} ms", timeout.as_millis())),
+        };
+        let (parts, body) = response.into_parts();
+        match tokio::time::timeout(timeout, http_body_util::Limited::new(body, MAX_ANSWER).collect()).await {
+            Ok(Ok(b)) => Ok(Response::from_parts(parts, b.to_bytes())),
+            _ => Err(format!("status {}, body unreadable", parts.status)),
+        }
+    }
+}
+
 /// Sends token requests.
 #[derive(Clone)]
 pub struct TokenClient {
-    http: crate::https::HttpsClient,
+    carrier: Arc<dyn Carrier>,
     config: OAuthConfig,
 }
 
 impl TokenClient {
-    /// A client for the endpoints in `config`.
+    /// A client for the endpoints in `config`, with an HTTPS client of its own.
     pub fn new(config: OAuthConfig) -> Result<TokenClient> {
-        let http = crate::https::client(Duration::from_secs(10))?;
-        Ok(TokenClient { http, config })
+        Ok(TokenClient::with_carrier(config, Arc::new(Https::new(Duration::from_secs(10))?)))
+    }
+
+    /// A client for the endpoints in `config` whose requests `carrier` sends.
+    pub fn with_carrier(config: OAuthConfig, carrier: Arc<dyn Carrier>) -> TokenClient {
+        TokenClient { carrier, config }
     }
 
     /// The endpoints and client id it uses.
@@ -102,19 +149,11 @@ impl TokenClient {
             .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
             .header(header::ACCEPT, "application/json")
             .header(header::USER_AGENT, concat!("poolgate/", env!("CARGO_PKG_VERSION")))
-            .body(Full::new(Bytes::from(encoded)))
+            .body(Bytes::from(encoded))
             .map_err(|e| unavailable(format!("bad token URL `{}`: {e}", self.config.token_url)))?;
         let timeout = Duration::from_millis(self.config.timeout_ms);
-        let response = match tokio::time::timeout(timeout, self.http.request(request)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => return Err(unavailable(format!("{e}"))),
-            Err(_) => return Err(unavailable(format!("no answer within {} ms", timeout.as_millis()))),
-        };
-        let status = response.status();
-        let body = match tokio::time::timeout(timeout, response.into_body().collect()).await {
-            Ok(Ok(b)) => b.to_bytes(),
-            _ => return Err(unavailable(format!("status {status}, body unreadable"))),
-        };
+        let (parts, body) = self.carrier.send(request, timeout).await.map_err(unavailable)?.into_parts();
+        let status = parts.status;
         if status.is_success() {
             return Ok(body);
         }

@@ -11,10 +11,12 @@
 //! expired, refusals counted once; and a seat that forwards the client's own
 //! identity headers, adding none.
 //!
-//! By concern: `refresh` (tokens kept alive), `login` (`poolgate login`,
+//! By concern: `expiry` (in-process, on the gateway's manual clock: expiry,
+//! refresh ahead of it, refusal, backoff), `refresh` (tokens kept alive), `login` (`poolgate login`,
 //! imports), `identity` (which subscription a seat is, what it forwards) and
 //! `recovery` (crashes and outages). The helpers are here.
 
+mod expiry;
 mod identity;
 mod login;
 mod recovery;

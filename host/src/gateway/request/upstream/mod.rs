@@ -192,8 +192,9 @@ impl Target {
     /// its credential, cookies, `x-forwarded-*`, connection headers or
     /// `x-poolgate-*`, nor a header its `connection` names); the
     /// `anthropic-beta` list fitted to the account kind; the account's
-    /// credential.
-    fn headers(&self, client: &HeaderMap) -> HeaderMap {
+    /// credential — what every [`Transport`] sends, read when it sends (a
+    /// seat's token is the one it holds then).
+    pub fn headers(&self, client: &HeaderMap) -> HeaderMap {
         let nominated: Vec<String> = client
             .get_all(header::CONNECTION)
             .iter()
