@@ -25,7 +25,7 @@ use anyhow::{Context, Result};
 
 use crate::clock::now_ms;
 use crate::config::{AccountConfig, ClientKey, Config, StageConfig};
-use crate::gateway::http::server;
+use crate::gateway::http::{server, signals};
 use crate::policy::PolicyEngine;
 use crate::random::random_hex;
 use crate::sim::{Scenario, SimUpstream};
@@ -104,7 +104,7 @@ async fn demo(args: Args) -> Result<()> {
         None
     };
     // Ctrl-C again while open streams finish: stop at once.
-    running.shutdown(server::Stop::Close, server::Signals::new()?).await?;
+    running.shutdown(signals::Stop::Close, signals::Signals::new()?).await?;
     let refreshes = sim.refreshes();
     sim.stop().await;
     write!(stdout, "{}", view.summary(counts.as_ref()))?;
@@ -140,11 +140,11 @@ async fn until_stopped(duration: Option<u64>) {
     match duration {
         Some(secs) => {
             tokio::select! {
-                () = server::termination() => {}
+                () = signals::termination() => {}
                 () = tokio::time::sleep(Duration::from_secs(secs)) => {}
             }
         }
-        None => server::termination().await,
+        None => signals::termination().await,
     }
 }
 

@@ -9,7 +9,7 @@ use anyhow::Result;
 use crate::config::{Config, Overrides, validate};
 use sha2::{Digest, Sha256};
 
-use crate::gateway::http::server;
+use crate::gateway::http::{server, signals};
 use crate::gateway::reload::{ReloadRequest, Reloader};
 use crate::gateway::{Gateway, ReloadError, watch};
 use crate::policy::PolicyEngine;
@@ -65,7 +65,7 @@ pub async fn serve(config: Config, source: Option<(PathBuf, Overrides)>) -> Resu
     let reloader = source.map(|(p, overrides)| reloader(p, overrides));
     // Before anything can report ready: a SIGTERM from then on is handled (a
     // signal's default action would kill the process without a drain).
-    let mut signals = server::Signals::new()?;
+    let mut signals = signals::Signals::new()?;
     let running = server::Running::start(config, engine, reloader).await?;
     if let (Some(path), Some(reload)) = (path, running.reloader.clone()) {
         watch::watch_files(&running.gateway, path, reload.clone());

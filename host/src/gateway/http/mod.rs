@@ -13,8 +13,10 @@
 //! request finishes.
 //! - [`sd_notify`]: tells systemd the gateway is ready, reloading or
 //!   stopping.
+//! - [`signals`]: SIGTERM and SIGINT, and the shutdown each asks for.
 
 pub mod conn;
 pub mod routes;
 pub mod sd_notify;
 pub mod server;
+pub mod signals;

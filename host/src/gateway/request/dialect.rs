@@ -12,7 +12,7 @@
 //!
 //! - in memory (the gateway's own answers, an account's error or JSON answer
 //!   once read whole): [`Dialect::whole`], status and body together;
-//! - a stream: event by event through [`crate::gateway::request::body::Translate`], the status
+//! - a stream: event by event through [`super::body::Translate`], the status
 //!   unchanged (a 2xx).
 
 use std::collections::BTreeMap;

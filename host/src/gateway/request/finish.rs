@@ -74,7 +74,7 @@ pub struct Finish {
     /// What the chain hears.
     pub(super) observe: Observe,
     /// How the client's answers are written: [`Finish::now`] translates.
-    pub(super) dialect: crate::gateway::request::dialect::Dialect,
+    pub(super) dialect: super::dialect::Dialect,
     /// The status the client got, once [`Finish::respond`] saw it.
     pub(super) status: u16,
     /// Whether the request was completed (and kept).

@@ -30,7 +30,7 @@ pub struct Incoming {
     pub client: Option<String>,
     /// How the client's answers are written (the request itself is already
     /// Anthropic's here: see `dialect`).
-    pub dialect: crate::gateway::request::dialect::Dialect,
+    pub dialect: super::dialect::Dialect,
 }
 
 /// What the gateway reads from a request body.
