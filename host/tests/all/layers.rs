@@ -4,7 +4,8 @@
 //! into a higher one and every module can be read, and tested, below what
 //! uses it. Read from the source (`use crate::…`, `super::…`, `self::…`
 //! paths); a unit test module (`#[cfg(test)] mod tests`) may use its parent
-//! and is left out.
+//! and is left out. And no hand-written source file in the workspace grows
+//! past 600 lines (the generated WIT glue is the one named exception).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -283,4 +284,46 @@ fn the_reader_sees_its_own_mistakes() {
             .into_iter()
             .collect();
     assert_eq!(got, want);
+}
+
+/// The one source file allowed past [`LONGEST_FILE`] lines: the SDK's WIT
+/// glue, generated ahead of time (and checked current by `tools/witgen`'s
+/// test) because the SDK has no dependencies and no build script — a plugin
+/// that carries a copy of it builds offline against an empty registry.
+const GENERATED: &[&str] = &["sdk/src/bindings.rs"];
+
+/// A module past this many lines is doing more than one thing: split it by
+/// concern (the style the project holds itself to).
+const LONGEST_FILE: usize = 600;
+
+#[test]
+fn no_hand_written_source_file_is_longer_than_the_limit() {
+    fn walk(dir: &Path, root: &Path, out: &mut Vec<(String, usize)>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if path.is_dir() {
+                if !matches!(name.as_str(), "target" | "node_modules" | ".git") && !name.starts_with('.') {
+                    walk(&path, root, out);
+                }
+            } else if name.ends_with(".rs") {
+                let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                let lines = std::fs::read_to_string(&path).map_or(0, |t| t.lines().count());
+                if lines > LONGEST_FILE && !GENERATED.contains(&rel.as_str()) {
+                    out.push((rel, lines));
+                }
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut long = Vec::new();
+    for top in ["host", "sdk", "wire", "plugins", "tests", "bench", "tools", "examples"] {
+        if root.join(top).is_dir() {
+            walk(&root.join(top), root, &mut long);
+        }
+    }
+    assert!(long.is_empty(), "over {LONGEST_FILE} lines, split by concern: {long:?}");
+    for g in GENERATED {
+        assert!(root.join(g).is_file(), "{g} is named as generated but is not there");
+    }
 }
