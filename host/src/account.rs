@@ -116,7 +116,7 @@ pub struct ModelGate {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WindowReading {
-    /// "5h", "7d", "7d_<bucket>", "overage", "requests", "tokens", ...
+    /// `5h`, `7d`, `7d_<bucket>`, `overage`, `requests`, `tokens`, ...
     pub name: String,
     /// Fraction used; may exceed 1.0.
     pub utilization: f64,

@@ -11,7 +11,7 @@
 //!   JSON strings.
 //! - **Every line in the chosen format.** The lines written outside `tracing`
 //!   — the startup banner, a warning about the log filter itself, the error a
-//!   start fails with, a panic — go through [`line`], which writes them in the
+//!   start fails with, a panic — go through [`line()`], which writes them in the
 //!   same shape as the events (and past the filter: an operator who asked for
 //!   `warn` still sees where the gateway listens and why it stopped).
 //! - **Records as objects.** The decision record (target [`DECISION_TARGET`],
@@ -44,7 +44,7 @@ pub const RECORD_FIELD: &str = "record";
 /// The format of this process's stderr lines: 0 text, 1 JSON.
 static FORMAT: AtomicU8 = AtomicU8::new(0);
 
-/// Sets the format of the lines written from now on (by [`line`] and by the
+/// Sets the format of the lines written from now on (by [`line()`] and by the
 /// subscriber [`init`] installs). Known before the config is read when it comes
 /// from `--log-format` or `POOLGATE_LOG_FORMAT`, so that even an error reading
 /// the config is written in it.
@@ -88,7 +88,7 @@ pub fn init(format: LogFormat, default_filter: &str) {
     };
 }
 
-/// Writes one line at `level` for `target` in the current [`format`], past
+/// Writes one line at `level` for `target` in the current [`format()`], past
 /// the filter: for what must reach stderr whatever the filter says, and for
 /// what is said before the subscriber exists or after it can no longer help.
 /// `fields` follow the message (`key=value` in text, members of `fields` in
@@ -99,7 +99,7 @@ pub fn line(level: Level, target: &str, message: &str, fields: &[(&str, serde_js
     let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }
 
-/// The line [`line`] writes, newline included: a pure function of its parts.
+/// The line [`line()`] writes, newline included: a pure function of its parts.
 pub fn render(
     format: LogFormat,
     timestamp: &str,

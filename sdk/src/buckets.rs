@@ -57,7 +57,7 @@ impl Buckets {
     /// The bucket that binds `family` on `account` at `now_ms`, for ordering:
     /// of every window bound to the family, stale ones included (see
     /// [`crate::quota`]), the one that constrains it most — by
-    /// [`binds_harder`], a function of the readings alone, so the order the
+    /// `binds_harder`, a function of the readings alone, so the order the
     /// upstream listed them in never matters.
     pub fn binding<'c>(&self, account: &Candidate<'c>, family: &str, now_ms: u64) -> Option<&'c QuotaWindow> {
         self.binding_among(account, family, now_ms, |_| true)
@@ -98,7 +98,7 @@ impl Buckets {
     /// until its window resets (the host reads one whose reset has passed as
     /// unused); an unreported window counts as unused. The most used bucket,
     /// not the binding one: between spent buckets the binding one is the one
-    /// that lasts longest (see [`binds_harder`]), and a spent bucket with a
+    /// that lasts longest (see `binds_harder`), and a spent bucket with a
     /// later reset at 100% must not lift headroom above a 102% one's.
     pub fn headroom(&self, account: &Candidate, family: Option<&str>, now_ms: u64) -> f64 {
         let h = account.headroom();

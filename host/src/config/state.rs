@@ -99,7 +99,7 @@ impl StateConfig {
 
     /// Resolves [`StateConfig::file`] for a config loaded from `config_path`:
     /// a path given is taken relative to the config file's directory; `""`
-    /// means none; unset means `state-<hash>.json` in [`default_dir`], the
+    /// means none; unset means `state-<hash>.json` in `default_dir`, the
     /// hash being of the config file's absolute path — with the `memory`
     /// backend only. With `redis` the default is none: Redis keeps what
     /// replicas learn (records a day, plugin state with its TTLs), and a

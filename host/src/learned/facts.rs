@@ -28,7 +28,7 @@
 //! otherwise win every merge for ever).
 //!
 //! The same record is what a single gateway keeps in its state file across a
-//! restart (`gateway::persist`): [`restore`] merges it like a replica's, and
+//! restart (`gateway::persist`): `restore` merges it like a replica's, and
 //! takes its streaks back as this gateway's own.
 
 use serde::{Deserialize, Serialize};

@@ -14,7 +14,7 @@
 //! that fails or runs out is a failure of the stage's `configure` phase like
 //! any other: counted, shown in `/status` and the metrics with its cause, and
 //! held against the breaker. The builds hold only what building needs (the
-//! [`Recipe`]), never the plugin itself, and are aborted when the plugin is
+//! `Recipe`), never the plugin itself, and are aborted when the plugin is
 //! dropped — a swap never waits for, nor keeps alive, a build that hangs.
 
 use std::path::PathBuf;

@@ -102,7 +102,7 @@ pub struct InstancePool {
     build_time: Average,
     /// The last 64 calls of each phase (`rank`, `observe`), newest in the low
     /// bit: 1 for one whose own time (on a CPU plus waiting) was longer than
-    /// a `rank` may wait (see [`InstancePool::hopeless`]).
+    /// a `rank` may wait (see `InstancePool::hopeless`).
     long_holds: [AtomicU64; 2],
     /// Calls in each `long_holds` window (up to 64).
     long_samples: [AtomicU64; 2],
@@ -338,7 +338,7 @@ impl InstancePool {
     /// judged long by its own time: a microsecond call that yielded and then
     /// sat behind a busy executor's queue held its instance long, but another
     /// instance serves the next call sooner, so it is no reason to give up
-    /// waiting (see [`InstancePool::hopeless`]).
+    /// waiting (see `InstancePool::hopeless`).
     pub fn record_call(&self, phase: Phase, held: Duration, own: Duration) {
         match phase {
             Phase::Rank => self.times[0].add(held),

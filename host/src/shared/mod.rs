@@ -10,7 +10,7 @@
 //! - per account, bound to the credential's identity: quota readings
 //!   (merged by observed time), cooldowns (the longest in force; a later 2xx
 //!   anywhere lifts what a success lifts), model gates and failure streaks —
-//!   [`facts`];
+//!   `learned::facts`;
 //! - plugin state (affinity's session bindings, with their TTLs), last
 //!   writer by write time wins — [`plugin`];
 //! - in-flight counts, as leases that expire, so `max_in_flight` holds

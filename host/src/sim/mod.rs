@@ -116,7 +116,7 @@ pub struct SeatTokens {
 
 impl SimUpstream {
     /// Logs account `name` in as an OAuth seat: its tokens live
-    /// [`oauth::TOKEN_LIFETIME`] and refresh at `<url>/v1/oauth/token`.
+    /// `oauth::TOKEN_LIFETIME` and refresh at `<url>/v1/oauth/token`.
     pub fn seat(&self, name: &str) -> Result<SeatTokens> {
         let account = self.shared.accounts.iter().find(|a| a.name == name).context("no such simulated account")?;
         let (access, refresh, expires_at_ms) = oauth::issue(&self.shared.tokens, account, self.shared.clock.now_ms())?;

@@ -4,7 +4,7 @@
 //! Three passes, each only when the previous one found the file readable:
 //! 1. TOML syntax (with recovery, so several syntax errors show together);
 //! 2. shape — unknown keys (with a suggestion), wrong types, out-of-range values —
-//!    against [`schema`](super::schema);
+//!    against [`schema`];
 //! 3. meaning — duplicate ids, credentials that cannot be read, malformed URLs and
 //!    hashes, unknown built-ins, missing plugin files.
 //!

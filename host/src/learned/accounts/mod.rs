@@ -266,7 +266,7 @@ impl AccountState {
         self.learned.lock().organization_id.as_ref().map(|o| format!("org:{o}"))
     }
 
-    /// This replica's changes so far (see [`AccountState::learned`]).
+    /// This replica's changes so far (see `AccountState::learned`).
     pub fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)
     }

@@ -21,7 +21,7 @@
 //!
 //! A scope is charged its name, its slot in the scopes' hash table (at most
 //! four slots per scope: the table doubles past seven eighths full and starts
-//! at four), and the root nodes of its two B-trees (see [`SCOPE_FIXED`]).
+//! at four), and the root nodes of its two B-trees (see `SCOPE_FIXED`).
 //!
 //! Charging the worst case means a store usually holds less than its bound
 //! (measured: about four fifths of it for tiny entries); the other way, the

@@ -20,7 +20,7 @@
 //! entries) in one call held the lock for 55 ms; a call now holds it about a
 //! millisecond. A write that needs room for its bytes evicts what it needs,
 //! which a value's bound (64 KiB) keeps to a few hundred entries. Entries are
-//! kept in B-trees ([`scope`]), whose every insert and remove costs O(log n),
+//! kept in B-trees (`scope`), whose every insert and remove costs O(log n),
 //! never a rehash of the whole scope.
 //!
 //! The bytes counted against the bounds are what the store really takes on

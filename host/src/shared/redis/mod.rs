@@ -3,7 +3,7 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `P facts:<account>` | hash | per replica, its record of the account ([`super::facts`]) |
+//! | `P facts:<account>` | hash | per replica, its record of the account (`learned::facts`) |
 //! | `P ps:<n>:<scope>:<key>` | string | one plugin state entry, with its write time, expiring with its TTL |
 //! | `P lease:<account>` | sorted set | in-flight leases, scored by when they lapse |
 //! | `P oauth:<account>:lock` | string | the replica refreshing the seat, for a lease |
@@ -19,9 +19,9 @@
 //! replica holds — the merge by time on both sides keeps the newer of each.
 //!
 //! Writes that compare (a plugin entry only over an older one, a lease only
-//! under the limit, a lock only if free) are Lua scripts ([`scripts`]), so
-//! each is atomic in Redis whatever the other replicas do. [`sync`] is the
-//! task that keeps a replica in step; the seat's side is in [`oauth`].
+//! under the limit, a lock only if free) are Lua scripts (`scripts`), so
+//! each is atomic in Redis whatever the other replicas do. `sync` is the
+//! task that keeps a replica in step; the seat's side is in `oauth`.
 
 mod oauth;
 mod scripts;
