@@ -19,6 +19,8 @@
 //! - [`logs`] — the stderr lines, as text or JSON, one line per event.
 //! - [`case`] — the JSON case format of `poolgate rank` and `poolgate plugin test`.
 //! - [`sim`] — a simulated Anthropic upstream whose quota moves (`poolgate demo`).
+//! - [`simulate`] — `poolgate simulate`: a workload replayed through real gateways
+//!   on virtual time, compared side by side.
 //! - [`random`] — random keys and ids, and the cheap pseudo-random step the demo varies with.
 //! - [`fixtures`] — a plugin's fixture files, run through the real WASM path (`poolgate plugin test`).
 //! - [`cli`] — the command line: `serve`, `check`, `demo`, `plugin`, `rank`, `login`, ….
@@ -41,6 +43,7 @@ pub mod policy;
 pub mod random;
 pub mod shared;
 pub mod sim;
+pub mod simulate;
 
 /// The components built from `plugins/*` and `tests/guests/*` by `build.rs`.
 pub mod artifacts {

@@ -11,6 +11,7 @@ mod login;
 mod plugin;
 mod rank;
 mod serve;
+mod simulate;
 
 /// poolgate — a gateway for LLM APIs that sends every request to the best account
 /// of a pool, as decided by a chain of sandboxed WebAssembly policy plugins.
@@ -68,6 +69,23 @@ enum Command {
     ///   poolgate check --config poolgate.toml
     #[command(verbatim_doc_comment)]
     Check(check::Args),
+    /// Replay a workload through several configurations' real gateways on
+    /// virtual time, and compare what each would have done to the pool.
+    ///
+    /// Each config's chain (built-ins or .wasm plugins), cooldowns, affinity
+    /// and fallbacks run as `serve` runs them; its accounts become simulated
+    /// ones whose 5h/7d windows and per-model buckets fill and reset (plans
+    /// from --pool). Prints a side-by-side table — requests served, answered
+    /// 429, mid-session switches and A→B→A, cache-creation tokens, quota left
+    /// unused at resets — and writes report.json and SVG plots to --out.
+    /// The same workload, configs and seed give the same report.
+    ///
+    /// Examples:
+    ///   poolgate simulate --generate team --people 10 --days 7 \
+    ///     --config fill-first.toml --config headroom.toml --config mine.toml
+    ///   poolgate simulate --workload day.jsonl --config poolgate.toml --pool pool.toml
+    #[command(verbatim_doc_comment)]
+    Simulate(simulate::Args),
     /// Try poolgate with no credentials and no network: the gateway in front of
     /// a simulated Anthropic upstream.
     ///
@@ -131,6 +149,8 @@ pub fn main() -> ExitCode {
         // Known before the config is loaded, so that an error loading it is
         // written in the format the operator's log collector expects.
         Command::Serve(args) => crate::logs::set_format(serve::log_format(args)),
+        // A replay answers thousands of 429s on purpose: only errors.
+        Command::Simulate(_) => crate::logs::init(crate::config::LogFormat::Text, "error"),
         // No line per request: the demo's live table would scroll away.
         _ => init_tracing(crate::config::LogFormat::Text, false),
     }
@@ -139,6 +159,7 @@ pub fn main() -> ExitCode {
         Command::Rank(args) => rank::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Check(args) => check::run(args),
+        Command::Simulate(args) => simulate::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Plugin(cmd) => plugin::run(cmd),
         Command::Login(args) => login::login(args),

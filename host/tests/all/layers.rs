@@ -31,6 +31,8 @@ const LAYERS: &[&[&str]] = &[
     &["gateway"],
     // The demo's simulated upstream, built from the gateway's parts.
     &["sim"],
+    // The policy simulator: real gateways over the simulated accounts.
+    &["simulate"],
     // The command line.
     &["cli", "lib", "main"],
 ];
