@@ -32,6 +32,7 @@ use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -99,6 +100,8 @@ pub struct Compiler {
     finished_joins: tokio::sync::watch::Sender<u64>,
     /// Lock files some thread is waiting on for `finished_joins`.
     awaited: Arc<Mutex<HashSet<PathBuf>>>,
+    /// Compiles run (not served from either cache); see [`Compiler::compiles_run`].
+    compiles_run: AtomicU64,
 }
 
 /// A compile of the same bytes was under way elsewhere (another reload or
@@ -139,7 +142,16 @@ impl Compiler {
             limits: Mutex::new(CompileLimits::default()),
             finished_joins: tokio::sync::watch::Sender::new(0),
             awaited: Arc::default(),
+            compiles_run: AtomicU64::new(0),
         }
+    }
+
+    /// How many compiles this compiler has run, finished or not: loads served
+    /// from the memory or the disk cache run none. For tests and benchmarks
+    /// that check a load took the cache (a restart that finds its cache
+    /// compiles nothing), not a time it took.
+    pub fn compiles_run(&self) -> u64 {
+        self.compiles_run.load(Ordering::Relaxed)
     }
 
     /// Changes each time a compile ends that a caller refused with
@@ -258,6 +270,7 @@ impl Compiler {
         timeout: Duration,
         path: Option<&Path>,
     ) -> Result<Component> {
+        self.compiles_run.fetch_add(1, Ordering::Relaxed);
         let started = crate::clock::machine_instant();
         let (c, serialized) = build(engine, bytes, label, limits.timeout, timeout)?;
         tracing::info!(plugin = label, elapsed_ms = started.elapsed().as_millis() as u64, "compiled plugin");

@@ -147,6 +147,12 @@ impl PolicyEngine {
         self.compiler.compile(&self.engine, bytes, label)
     }
 
+    /// How many compiles this engine has run (not served from a cache); see
+    /// [`Compiler::compiles_run`].
+    pub fn compiles_run(&self) -> u64 {
+        self.compiler.compiles_run()
+    }
+
     /// [`PolicyEngine::compile`] on tokio's blocking pool, so that a compile of
     /// seconds never occupies an async worker.
     pub async fn compile_async(self: &Arc<Self>, bytes: Vec<u8>, label: String) -> Result<(Component, String)> {

@@ -16,6 +16,14 @@ use poolgate_mock_upstream::{MockUpstream, Step};
 use serde_json::{Value, json};
 use support::{Gateway, message};
 
+/// Serves `app` on a fresh local port for the rest of the test; its base URL.
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
 /// A tiny OpenAI-compatible backend: it answers "from the fallback", as JSON
 /// or as a stream, and counts what it was asked (and for which model).
 async fn backend() -> (String, Arc<AtomicUsize>, Arc<parking_lot::Mutex<Vec<Value>>>) {
@@ -52,10 +60,7 @@ async fn backend() -> (String, Arc<AtomicUsize>, Arc<parking_lot::Mutex<Vec<Valu
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, asked, seen)
+    (serve(app).await, asked, seen)
 }
 
 /// A backend that answers every request 500, counting them.
@@ -72,10 +77,7 @@ async fn failing_backend() -> (String, Arc<AtomicUsize>) {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, asked)
+    (serve(app).await, asked)
 }
 
 fn config(mock: &MockUpstream, backend: &str, accounts: bool) -> String {
@@ -220,10 +222,7 @@ async fn stalling_backend() -> String {
             ([(http::header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(stream)).into_response()
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
+    serve(app).await
 }
 
 /// A fallback backend's stream still open when the shutdown grace period
@@ -276,10 +275,7 @@ async fn breaking_backend() -> String {
             ([(http::header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(stream)).into_response()
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
+    serve(app).await
 }
 
 /// A substituted stream finishes when it ends, like an account's: whole, it

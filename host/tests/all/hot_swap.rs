@@ -1,8 +1,12 @@
 //! Hot swap under load: steady traffic through the real binary while the chain is
 //! swapped 100 times — between built-ins, between versions of a `.wasm` replaced
 //! in place, and to an invalid plugin or an invalid config. No client request may
-//! fail, every valid swap must show in the decisions within a second, and every
-//! invalid one must be refused with the running chain kept.
+//! fail, every valid swap must show in the decisions as the very next generation
+//! (the one reload its write set off: the watcher neither missed it nor took it
+//! twice), and every invalid one must be refused by one reload with the running
+//! chain kept. How long each took is printed, not asserted: a busy machine
+//! stretches any time; a bound on it belongs in a benchmark. The time limits
+//! left here are liveness guards, far above what any machine needs.
 
 use crate::support;
 
@@ -16,6 +20,11 @@ use serde_json::Value;
 use support::{Gateway, message, tempdir};
 
 const ADMIN: &str = "swap-admin";
+
+/// How long a test waits for something that must happen at all (a reload the
+/// watcher or a signal sets off) before it fails: a guard against a hang, not
+/// a measure of promptness.
+const LIVENESS: Duration = Duration::from_secs(30);
 
 fn builtin_bytes(name: &str) -> &'static [u8] {
     poolgate::artifacts::BUILTINS.iter().find(|(n, _)| *n == name).map(|(_, b)| *b).unwrap()
@@ -196,20 +205,22 @@ async fn a_hundred_swaps_under_traffic_lose_no_request() {
         match expect {
             Some(e) => {
                 valid += 1;
-                loop {
+                let seen = loop {
                     if let Some(d) = newest_decision(&url).await
                         && d["generation"].as_u64().unwrap_or(0) > generation
                         && matches(&d, &e)
                     {
-                        break;
+                        break d["generation"].as_u64().unwrap();
                     }
-                    assert!(
-                        started.elapsed() < Duration::from_secs(1),
-                        "swap {swap} ({e:?}) not visible within 1 s:\n{}",
-                        gw.log()
-                    );
+                    assert!(started.elapsed() < LIVENESS, "swap {swap} ({e:?}) never became visible:\n{}", gw.log());
                     tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+                };
+                assert_eq!(
+                    seen,
+                    generation + 1,
+                    "swap {swap} ({e:?}) was not taken by the one reload its write set off:\n{}",
+                    gw.log()
+                );
             }
             None => {
                 refused += 1;
@@ -222,14 +233,16 @@ async fn a_hundred_swaps_under_traffic_lose_no_request() {
                             generation,
                             "swap {swap}: a refused reload changed the generation"
                         );
+                        assert_eq!(
+                            last["consecutive_failures"].as_u64().unwrap(),
+                            failures + 1,
+                            "swap {swap}: the invalid change was not refused by one reload:\n{}",
+                            gw.log()
+                        );
                         assert!(!last["errors"].as_array().unwrap().is_empty());
                         break;
                     }
-                    assert!(
-                        started.elapsed() < Duration::from_secs(1),
-                        "swap {swap}: invalid change not refused within 1 s:\n{}",
-                        gw.log()
-                    );
+                    assert!(started.elapsed() < LIVENESS, "swap {swap}: invalid change never refused:\n{}", gw.log());
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
@@ -247,7 +260,11 @@ async fn a_hundred_swaps_under_traffic_lose_no_request() {
     assert_eq!(failed, 0, "client requests failed during the swaps");
     assert!(ok > 200, "traffic kept flowing ({ok} requests)");
     let metrics = Gateway::client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    // One reload per change, no more, no fewer: each valid write made exactly
+    // one generation, each invalid one exactly one refusal.
     assert!(metrics.contains(&format!("poolgate_reloads_total{{result=\"error\"}} {refused}")), "{metrics}");
+    assert!(metrics.contains(&format!("poolgate_reloads_total{{result=\"ok\"}} {valid}")), "{metrics}");
+    assert_eq!(status(&url).await["config"]["generation"], 1 + valid, "the first generation, then one per valid swap");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,11 +307,7 @@ async fn sighup_and_the_admin_endpoint_reload_and_state_survives() {
         if st["config"]["last_reload"]["trigger"] == "file-watch" && st["config"]["last_reload"]["ok"] == true {
             break st["config"]["generation"].as_u64().unwrap();
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "the watcher did not reload the restored file:\n{}",
-            gw.log()
-        );
+        assert!(started.elapsed() < LIVENESS, "the watcher did not reload the restored file:\n{}", gw.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
 
@@ -311,7 +324,7 @@ async fn sighup_and_the_admin_endpoint_reload_and_state_survives() {
             assert_eq!(a0["cooldown"]["reason"], "transient", "{a0}");
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(5), "SIGHUP did not reload:\n{}", gw.log());
+        assert!(started.elapsed() < LIVENESS, "SIGHUP did not reload:\n{}", gw.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

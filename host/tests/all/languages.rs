@@ -3,7 +3,7 @@
 //! fixtures and refuses a misspelt option by name; a chain that mixes languages
 //! serves requests through `poolgate rank` and the chain API; and large
 //! components compile at load, are cached by content hash, and load from that
-//! cache in milliseconds.
+//! cache without compiling again.
 //!
 //! A missing toolchain fails these tests with the command that installs it
 //! (`.ci/setup` installs them all).
@@ -200,7 +200,10 @@ fn a_mixed_language_chain_serves_requests_end_to_end() {
 /// Compiling happens at load, never on the request path, and the compiled
 /// artifact is cached on disk by content hash: a restarted gateway (a fresh
 /// engine) loads the 12–18 MB Python and JavaScript components from the cache
-/// in milliseconds instead of compiling them for seconds.
+/// instead of compiling them for seconds. Counted, not timed (a busy machine
+/// stretches any time): the fresh engine runs no compile, and the first call
+/// is served by the instance made at load — the builder builds none. The
+/// times are printed for information.
 #[test]
 fn large_components_load_from_the_compile_cache_after_a_restart() {
     for lang in [Lang::Python, Lang::Js] {
@@ -210,17 +213,23 @@ fn large_components_load_from_the_compile_cache_after_a_restart() {
         let started = poolgate::clock::machine_instant();
         let plugin = load(&restarted, &b.wasm, "{}").unwrap_or_else(|e| panic!("{lang:?}: {e:#}"));
         let cached = started.elapsed();
-        assert!(cached < Duration::from_secs(3), "{lang:?}: a cached load took {cached:?}");
+        assert_eq!(restarted.compiles_run(), 0, "{lang:?}: the restarted engine compiled instead of loading the cache");
 
         // The first call is served by the instance made at load: no compile, no
         // instantiation on the request path.
+        let made_at_load = plugin.pool_status();
+        assert_eq!((made_at_load.live, made_at_load.idle), (1, 1), "{lang:?}: {made_at_load:?}");
         let case = fixture_pool();
         let c = case.candidates(poolgate::account::DEFAULT_FRESHNESS_MS);
         let started = poolgate::clock::machine_instant();
         poolgate::policy::block_on(plugin.rank(&case.request(), &c.accounts, &c.windows))
             .unwrap_or_else(|f| panic!("{lang:?}: {f:?}"));
         let first_call = started.elapsed();
-        assert!(first_call < Duration::from_millis(poolgate::policy::DEFAULT_DEADLINE_MS), "{lang:?}: {first_call:?}");
+        let builds = plugin.events().health(poolgate::policy::Phase::Configure).calls;
+        assert_eq!(builds, 0, "{lang:?}: the builder made an instance for the first call");
+        let after = plugin.pool_status();
+        assert_eq!((after.live, after.peak), (1, 1), "{lang:?}: {after:?}");
+        assert_eq!(restarted.compiles_run(), 0, "{lang:?}: the first call compiled");
         eprintln!(
             "{lang:?}: cached load {:.1} ms, first call {:.2} ms",
             cached.as_secs_f64() * 1e3,

@@ -253,6 +253,22 @@ fn errors(decisions: &[Value], key: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `configure` calls of the `hostile` stage that failed — cut at their bound,
+/// or trapped — so far: counted in `/metrics` the moment they fail, whether or
+/// not a request has picked them up since, and kept after the stage is gone.
+async fn hostile_configure_failures(gw: &Gateway) -> u64 {
+    let metrics = Gateway::client().get(format!("{}/metrics", gw.url)).send().await.unwrap().text().await.unwrap();
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("poolgate_policy_background_errors_total")
+                && l.contains("stage=\"hostile\"")
+                && l.contains("phase=\"configure\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 async fn hostile_stage(gw: &Gateway) -> Value {
     let st = gw.admin_json("/status", ADMIN).await;
     st["chain"].as_array().unwrap().iter().find(|s| s["name"] == "hostile").cloned().expect("the hostile stage")

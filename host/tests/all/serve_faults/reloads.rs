@@ -5,18 +5,23 @@
 use super::*;
 
 /// A configure that loops on host calls yields like any call: the builder
-/// thread keeps serving every other plugin, and a reload away from it is quick.
+/// thread keeps serving every other plugin, and a reload away from it does
+/// not wait for it. Shown by order, not by time: the stuck configure is cut
+/// at its bound (60 s here), which counts it as a failure; the swap must be
+/// in force while that count is still zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configure_looping_on_host_calls_does_not_block_a_reload() {
+    const STUCK: Duration = Duration::from_secs(60);
     let mock = MockUpstream::start().await;
     let dir = tempdir::Dir::new("configure-loop");
     let path = dir.0.join("poolgate.toml");
     let hostile_stage =
         hostile(&misbehave(), "fault = \"pass\", configure = \"log-loop-after-first\", bytes = 1048576", 25);
-    let gw = start(&mock, dir, &hostile_stage);
-    // Wait until the builder is stuck building the second instance (for 10 s,
-    // its configure bound), then swap the stage away.
-    support::eventually("the builder starts a second instance", Duration::from_secs(10), async || {
+    let bound = format!("[policy]\nconfigure_timeout_ms = {}\n\n", STUCK.as_millis());
+    let gw = start(&mock, dir, &format!("{bound}{hostile_stage}"));
+    // Wait until the builder is stuck building the second instance (until its
+    // configure bound), then swap the stage away.
+    support::eventually("the builder starts a second instance", Duration::from_secs(30), async || {
         gw.admin_json("/status", ADMIN).await["chain"][0]["live_instances"].as_u64() >= Some(2)
     })
     .await;
@@ -24,14 +29,19 @@ async fn a_configure_looping_on_host_calls_does_not_block_a_reload() {
     let swapped = text.replace(&hostile_stage, "[[policy.chain]]\nplugin = \"builtin:headroom\"\nname = \"plain\"\n");
     let saved = poolgate::clock::machine_instant();
     std::fs::write(&path, swapped).unwrap();
-    loop {
-        let st = gw.admin_json("/status", ADMIN).await;
-        if st["chain"][0]["name"] == "plain" {
-            break;
-        }
-        assert!(saved.elapsed() < Duration::from_secs(3), "the reload waited for the stuck configure:\n{}", gw.log());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // A liveness guard past the cut, so that a reload that waited for it is
+    // reported by the count below rather than by this.
+    support::eventually("the swap is in force", STUCK * 2, async || {
+        gw.admin_json("/status", ADMIN).await["chain"][0]["name"] == "plain"
+    })
+    .await;
+    eprintln!("the swap was in force {:?} after the file was saved", saved.elapsed());
+    assert_eq!(
+        hostile_configure_failures(&gw).await,
+        0,
+        "the reload waited for the stuck configure (it was cut before the swap):\n{}",
+        gw.log()
+    );
     let run = drive(&gw, REQUESTS).await;
     run.assert_all_served("after the swap");
 }
@@ -39,7 +49,9 @@ async fn a_configure_looping_on_host_calls_does_not_block_a_reload() {
 /// A reload keeps every stage it leaves as it was — warm instances, state and
 /// breaker — so reloading an unchanged file, or one that changes only other
 /// settings, never runs a plugin's `configure` again; a stage whose options
-/// change is built anew.
+/// change is built anew. Which one a reload did is read from the stage's
+/// history: a kept stage still counts the `rank` calls it made (and each
+/// reload's smoke test), one built anew counts only its smoke tests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_keeps_the_stages_it_leaves_as_they_were() {
     let mock = MockUpstream::start().await;
@@ -56,19 +68,31 @@ async fn a_reload_keeps_the_stages_it_leaves_as_they_were() {
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
         took.elapsed()
     };
+    let ranks = async || {
+        let st = gw.admin_json("/status", ADMIN).await;
+        assert_eq!(st["chain"][0]["name"], "hostile", "{st}");
+        st["chain"][0]["rank"]["calls"].as_u64().unwrap()
+    };
+    let client = Gateway::client();
+    for _ in 0..6 {
+        assert_eq!(send_message(&client, &gw.url, MODEL).await.unwrap().status(), 200);
+    }
+    let history = ranks().await;
+    assert!(history >= 6, "the stage ranked the requests: {history}");
     let unchanged = reload().await;
-    assert!(unchanged < Duration::from_secs(2), "an unchanged reload took {unchanged:?}");
+    assert!(ranks().await >= history, "an unchanged reload built the stage anew");
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, format!("{text}\n[cooldowns]\noverloaded_ms = 1234\n")).unwrap();
     let other = reload().await;
-    assert!(other < Duration::from_secs(2), "a reload changing only [cooldowns] took {other:?}");
-    let st = gw.admin_json("/status", ADMIN).await;
-    assert_eq!(st["chain"][0]["name"], "hostile", "{st}");
+    assert!(ranks().await >= history, "a reload changing only [cooldowns] built the stage anew");
     // New options: a new plugin, whose first instance is not the scope's first.
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, text.replace(&slow(4000), &slow(300))).unwrap();
     let changed = reload().await;
+    let fresh = ranks().await;
+    assert!(fresh < history, "a stage with new options was not built anew ({fresh} rank calls)");
     assert!(changed >= Duration::from_millis(300), "a stage with new options was not built anew ({changed:?})");
+    eprintln!("reloads took {unchanged:?} (unchanged), {other:?} ([cooldowns]), {changed:?} (new options)");
     drive(&gw, REQUESTS).await.assert_all_served("after the reloads");
 }
 
