@@ -78,12 +78,15 @@ enum Command {
     /// from --pool). Prints a side-by-side table — requests served, answered
     /// 429, mid-session switches and A→B→A, cache-creation tokens, quota left
     /// unused at resets — and writes report.json and SVG plots to --out.
+    /// The workload: generated (--generate team), a JSONL trace (--workload),
+    /// or a day your gateway recorded (--from-decisions).
     /// The same workload, configs and seed give the same report.
     ///
     /// Examples:
     ///   poolgate simulate --generate team --people 10 --days 7 \
     ///     --config fill-first.toml --config headroom.toml --config mine.toml
     ///   poolgate simulate --workload day.jsonl --config poolgate.toml --pool pool.toml
+    ///   poolgate simulate --from-decisions decisions.json --config poolgate.toml --config next.toml
     #[command(verbatim_doc_comment)]
     Simulate(simulate::Args),
     /// Try poolgate with no credentials and no network: the gateway in front of

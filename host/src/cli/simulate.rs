@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 
 use crate::policy::PolicyEngine;
-use crate::simulate::{self, Replay, Run, generate, plans::Plans, report, trace};
+use crate::simulate::{self, Replay, Run, generate, import, plans::Plans, report, trace};
 
 /// What to replay and through what.
 #[derive(clap::Args)]
@@ -18,8 +18,12 @@ pub struct Args {
     #[arg(long = "config", short, required = true)]
     configs: Vec<PathBuf>,
     /// The workload: a JSONL trace (see docs/simulator.md for the format).
-    #[arg(long, conflicts_with = "generate")]
+    #[arg(long, conflicts_with_all = ["generate", "from_decisions"])]
     workload: Option<PathBuf>,
+    /// The workload a gateway recorded: what `GET /admin/decisions` answered
+    /// (a JSON array), or the log of `poolgate serve --log-format json`.
+    #[arg(long, conflicts_with = "generate")]
+    from_decisions: Option<PathBuf>,
     /// Make a workload instead: `team` (Claude Code sessions of a team).
     #[arg(long, value_parser = ["team"])]
     generate: Option<String>,
@@ -45,15 +49,23 @@ pub struct Args {
 
 /// Runs the simulation and prints the table.
 pub fn run(args: Args) -> Result<ExitCode> {
-    let (workload, end_ms) = match (&args.workload, &args.generate) {
-        (Some(path), _) => {
+    let (workload, end_ms) = match (&args.workload, &args.from_decisions, &args.generate) {
+        (Some(path), _, _) => {
             let file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
             let w = trace::read(std::io::BufReader::new(file), &path.display().to_string())?;
             let end = Replay::midnight_after(&w);
             (w, end)
         }
-        (None, Some(_)) => (generate::team(args.people, args.days, args.seed), u64::from(args.days) * 86_400_000),
-        (None, None) => bail!("give a workload: --workload <trace.jsonl>, or --generate team"),
+        (None, Some(path), _) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+            let w = import::from_decisions(&text, &path.display().to_string())?;
+            let end = Replay::midnight_after(&w);
+            (w, end)
+        }
+        (None, None, Some(_)) => (generate::team(args.people, args.days, args.seed), u64::from(args.days) * 86_400_000),
+        (None, None, None) => {
+            bail!("give a workload: --workload <trace.jsonl>, --from-decisions <file>, or --generate team")
+        }
     };
     if let Some(path) = &args.save_workload {
         trace::write(&workload, std::io::BufWriter::new(std::fs::File::create(path)?))?;

@@ -259,6 +259,12 @@ impl Chain {
             .collect()
     }
 
+    /// Whether any stage has a call running (an instance alive that is not
+    /// idle): an `observe` left running after its request, or a build.
+    pub fn calls_running(&self) -> bool {
+        self.stages.iter().any(|s| s.plugin.live_instances() != s.plugin.idle_instances())
+    }
+
     fn order(&self, accounts: &[Account]) -> Order {
         Order::new(accounts.iter().map(|a| a.id).collect(), self.ids.clone())
     }

@@ -13,6 +13,7 @@
 //! time: this module only feeds requests, moves the clock and counts.
 //!
 //! - [`trace`]: the workload format; [`generate`]: workloads made from a seed;
+//!   [`import`]: a recorded day, from the gateway's decision records;
 //! - [`plans`]: what each simulated account holds;
 //! - [`upstream`]: the simulated provider (quota, prompt cache, fallback);
 //! - [`report`]: the figures, the side-by-side table and JSON, and the plots.
@@ -22,6 +23,7 @@
 //! limits and the admission queue never engage (stated in docs/simulator.md).
 
 pub mod generate;
+pub mod import;
 pub mod plans;
 pub mod report;
 pub mod trace;
@@ -225,8 +227,7 @@ async fn send(gw: &Arc<Gateway>, entry: &Entry) -> u16 {
 /// ranked, so what a stage remembers never depends on the machine's speed.
 async fn settle(gw: &Gateway) {
     loop {
-        let busy = gw.generation().chain.status(0).iter().any(|s| s.live_instances != s.idle_instances);
-        if !busy {
+        if !gw.generation().chain.calls_running() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;

@@ -40,5 +40,6 @@ mod routing;
 mod runtime_faults;
 mod sdk_client;
 mod serve_faults;
+mod simulate;
 mod unserved;
 mod walkthrough;

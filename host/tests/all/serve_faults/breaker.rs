@@ -62,6 +62,7 @@ async fn hostile_plugins_hot_swapped_in_under_load_lose_no_request() {
     swaps.push(hostile(memories.to_str().unwrap(), "", 25));
     // Its timeout is a liveness guard, past the configure bound above (so
     // that a reload which waited for the cut is reported by the order below).
+    poolgate::https::install_crypto();
     let reloads = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
     let mut slowest = Duration::ZERO;
     for (i, stages) in swaps.iter().enumerate() {

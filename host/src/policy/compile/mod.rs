@@ -27,11 +27,15 @@
 //! deserialize, not a compile), oldest entries removed once the directory holds
 //! more than `policy.cache_max_mb`.
 
+mod child;
+
+pub use child::run_child;
+use child::{Spawn, precompile_in_child};
+
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
@@ -428,97 +432,6 @@ fn deserialize(engine: &Engine, serialized: &[u8]) -> Result<Component> {
     // executable, built with the same engine configuration) or from this
     // process; wasmtime checks the header and the engine's compatibility.
     unsafe { Component::deserialize(engine, serialized) }.map_err(anyhow::Error::from)
-}
-
-/// The compiler process could not be started (the compile itself did not run).
-#[derive(Debug)]
-struct Spawn(std::io::Error);
-
-impl std::fmt::Display for Spawn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "cannot start the compiler process: {}", self.0)
-    }
-}
-
-impl std::error::Error for Spawn {}
-
-/// `Ok(None)`: the child ran out of time and was killed.
-fn precompile_in_child(exe: &Path, bytes: &[u8], label: &str, timeout: Duration) -> Result<Option<Vec<u8>>> {
-    let mut child = Command::new(exe)
-        .arg(SUBCOMMAND)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| anyhow::Error::new(Spawn(e)))?;
-    let mut stdin = child.stdin.take().context("child stdin")?;
-    let input = bytes.to_vec();
-    let writer = std::thread::spawn(move || stdin.write_all(&input));
-    let mut stdout = child.stdout.take().context("child stdout")?;
-    let reader = std::thread::spawn(move || {
-        let mut out = Vec::new();
-        stdout.read_to_end(&mut out).map(|_| out)
-    });
-    let mut stderr = child.stderr.take().context("child stderr")?;
-    let errors = std::thread::spawn(move || {
-        let mut out = String::new();
-        let _ = stderr.by_ref().take(64 * 1024).read_to_string(&mut out);
-        out
-    });
-    let started = crate::clock::machine_instant();
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if started.elapsed() >= timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(None);
-        }
-        #[allow(
-            clippy::disallowed_methods,
-            reason = "runs off the async workers (the builder thread or the CLI), polling a child process"
-        )]
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let _ = writer.join();
-    let out = reader.join().map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
-    let errors = errors.join().unwrap_or_default();
-    if !status.success() {
-        let why = errors.trim();
-        bail!(
-            "{label} is not a valid WebAssembly component: {}",
-            if why.is_empty() { "the compiler failed" } else { why }
-        );
-    }
-    Ok(Some(out))
-}
-
-/// The child side: reads a component from stdin, writes its compiled form to
-/// stdout. Runs at a lower CPU priority than the gateway serving requests.
-pub fn run_child(engine: &Engine) -> std::process::ExitCode {
-    // SAFETY: nice(2) only changes this process's scheduling priority.
-    unsafe {
-        libc::nice(10);
-    }
-    let mut input = Vec::new();
-    if let Err(e) = std::io::stdin().read_to_end(&mut input) {
-        eprintln!("cannot read the component: {e}");
-        return std::process::ExitCode::FAILURE;
-    }
-    match engine.precompile_component(&input) {
-        Ok(out) => match std::io::stdout().write_all(&out) {
-            Ok(()) => std::process::ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("cannot write the compiled component: {e}");
-                std::process::ExitCode::FAILURE
-            }
-        },
-        Err(e) => {
-            eprintln!("{}", format!("{e:#}").lines().next().unwrap_or("invalid component"));
-            std::process::ExitCode::FAILURE
-        }
-    }
 }
 
 /// A cached compiled component, if one exists and its checksum holds. A hit
