@@ -98,7 +98,8 @@ pub async fn run(label: &str, config_path: &Path, replay: &Replay<'_>, engine: A
     let ids = simulated(&mut config, &keys)?;
     let clock = Clock::manual(START_MS);
     let account_plans: Vec<_> = ids.iter().enumerate().map(|(i, id)| plans.of(id, i, ids.len())).collect();
-    let provider = Arc::new(Provider::new(&ids, &account_plans, &clock));
+    let api_keys: Vec<bool> = config.accounts.iter().map(|a| a.kind == crate::config::AccountKind::ApiKey).collect();
+    let provider = Arc::new(Provider::new(&ids, &account_plans, &api_keys, &clock));
     let state = Arc::new(MemoryState::with_limits(config.state_limits()));
     let gw = Gateway::with_transport_and_clock(config, engine, state, provider.clone(), clock.clone())
         .await

@@ -13,6 +13,12 @@
 //! seven_day_tokens = 120_000_000
 //! five_hour_elapsed_minutes = 180
 //! seven_day_elapsed_hours = 50
+//!
+//! # An API key has per-minute limits instead of windows.
+//! [accounts.api-overflow]
+//! requests_per_minute = 50
+//! input_tokens_per_minute = 40_000
+//! output_tokens_per_minute = 8_000
 //! ```
 //!
 //! `stagger = true` (the default) spreads the window phases of the accounts on
@@ -44,6 +50,13 @@ pub struct Plan {
     pub five_hour_elapsed_minutes: u64,
     /// How far into its 7-day window (and its buckets') it is.
     pub seven_day_elapsed_hours: u64,
+    /// An API key's requests a minute (API keys have per-minute limits, not
+    /// the windows above); 0: no limit.
+    pub requests_per_minute: u64,
+    /// An API key's input tokens a minute (uncached input and cache writes).
+    pub input_tokens_per_minute: u64,
+    /// An API key's output tokens a minute.
+    pub output_tokens_per_minute: u64,
 }
 
 impl Default for Plan {
@@ -54,6 +67,10 @@ impl Default for Plan {
             buckets: BTreeMap::from([("opus".to_string(), 20_000_000)]),
             five_hour_elapsed_minutes: 0,
             seven_day_elapsed_hours: 0,
+            // Anthropic's published tier 4 for Sonnet.
+            requests_per_minute: 4_000,
+            input_tokens_per_minute: 2_000_000,
+            output_tokens_per_minute: 400_000,
         }
     }
 }

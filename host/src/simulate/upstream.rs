@@ -75,11 +75,16 @@ pub struct Reset {
 pub struct Provider {
     clock: Clock,
     names: Vec<String>,
+    /// Per account: its per-minute limits when it is an API key (which has
+    /// them instead of windows), else `None`.
+    per_minute: Vec<Option<PerMinute>>,
     state: Mutex<State>,
 }
 
 struct State {
     ledgers: Vec<Ledger>,
+    /// Per API-key account: what its current minute has used.
+    minutes: Vec<Minute>,
     /// Per account and session: when its cache was last used.
     warm: HashMap<(usize, String), u64>,
     /// Per account and window: tokens left unused at its resets, and how
@@ -92,16 +97,30 @@ struct State {
 }
 
 impl Provider {
-    /// Accounts named `names` with `plans`, their windows starting at `start_ms`.
-    pub fn new(names: &[String], plans: &[Plan], clock: &Clock) -> Provider {
+    /// Accounts named `names` with `plans`, their windows starting now;
+    /// those `api_key` marks are API keys, limited per minute instead.
+    pub fn new(names: &[String], plans: &[Plan], api_key: &[bool], clock: &Clock) -> Provider {
         let start = clock.now_ms();
+        let per_minute = plans
+            .iter()
+            .zip(api_key)
+            .map(|(p, &key)| {
+                key.then_some(PerMinute {
+                    requests: p.requests_per_minute,
+                    input: p.input_tokens_per_minute,
+                    output: p.output_tokens_per_minute,
+                })
+            })
+            .collect();
         let ledgers =
             plans.iter().zip(names).map(|(p, n)| Ledger::new(&p.spec(n), &Timescale::real(), start)).collect();
         Provider {
             clock: clock.clone(),
             names: names.to_vec(),
+            per_minute,
             state: Mutex::new(State {
                 ledgers,
+                minutes: vec![Minute::default(); names.len()],
                 warm: HashMap::new(),
                 wasted: vec![BTreeMap::new(); names.len()],
                 current: None,
@@ -127,16 +146,19 @@ impl Provider {
     pub fn headroom(&self, model: &str) -> Vec<f64> {
         let now = self.clock.now_ms();
         let mut s = self.state.lock();
-        let State { ledgers, wasted, .. } = &mut *s;
+        let State { ledgers, wasted, minutes, .. } = &mut *s;
         let family = model_family(model);
-        ledgers
-            .iter_mut()
-            .zip(wasted.iter_mut())
-            .map(|(l, w)| {
-                roll(l, now, w);
-                1.0 - l.reported(family).iter().map(|w| w.utilization()).fold(0.0, f64::max)
-            })
-            .collect()
+        let mut out = Vec::with_capacity(ledgers.len());
+        for (i, (l, w)) in ledgers.iter_mut().zip(wasted.iter_mut()).enumerate() {
+            out.push(match &self.per_minute[i] {
+                Some(limits) => 1.0 - minutes[i].now(now).used_share(limits),
+                None => {
+                    roll(l, now, w);
+                    1.0 - l.reported(family).iter().map(|w| w.utilization()).fold(0.0, f64::max)
+                }
+            });
+        }
+        out
     }
 
     /// Rolls every window to `now` and returns the tokens left unused at
@@ -145,8 +167,10 @@ impl Provider {
         let now = self.clock.now_ms();
         let mut s = self.state.lock();
         let State { ledgers, wasted, .. } = &mut *s;
-        for (l, w) in ledgers.iter_mut().zip(wasted.iter_mut()) {
-            roll(l, now, w);
+        for ((l, w), limits) in ledgers.iter_mut().zip(wasted.iter_mut()).zip(&self.per_minute) {
+            if limits.is_none() {
+                roll(l, now, w);
+            }
         }
         self.names.iter().cloned().zip(wasted.iter().cloned()).collect()
     }
@@ -161,17 +185,25 @@ impl Provider {
         let now = self.clock.now_ms();
         let family = model_family(&entry.model);
         let mut s = self.state.lock();
-        let State { ledgers, warm, wasted, answered, .. } = &mut *s;
+        let State { ledgers, warm, wasted, answered, minutes, .. } = &mut *s;
         let ledger = &mut ledgers[account];
-        roll(ledger, now, &mut wasted[account]);
-        if let Err(refusal) = ledger.admit(family, now) {
+        let limits = self.per_minute[account];
+        let refused = |headers| {
             let body = error::body(ErrorType::RateLimit, error::RATE_LIMITED, None);
-            return Answer {
-                status: 429,
-                headers: ledger.headers(family, Some(&refusal)),
-                body: Bytes::from(body),
-                sse: false,
-            };
+            Answer { status: 429, headers, body: Bytes::from(body), sse: false }
+        };
+        if let Some(limits) = &limits {
+            let minute = minutes[account].now(now);
+            if !minute.admits(limits, (1, entry.input_tokens + entry.cache_creation_tokens, entry.output_tokens)) {
+                let mut headers = minute.headers(limits, now);
+                headers.push(("retry-after".into(), minute.retry_after_s(now).to_string()));
+                return refused(headers);
+            }
+        } else {
+            roll(ledger, now, &mut wasted[account]);
+            if let Err(refusal) = ledger.admit(family, now) {
+                return refused(ledger.headers(family, Some(&refusal)));
+            }
         }
         let key = (account, entry.session.clone());
         let hot = warm.get(&key).is_some_and(|&t| now.saturating_sub(t) < CACHE_TTL_MS);
@@ -181,8 +213,19 @@ impl Provider {
         } else {
             (0, entry.cache_creation_tokens + entry.cache_read_tokens)
         };
-        let spend = entry.input_tokens + written + entry.output_tokens + (read as f64 * CACHE_READ_WEIGHT) as u64;
-        ledger.charge(family, spend, now);
+        let headers = match &limits {
+            Some(limits) => {
+                let minute = minutes[account].now(now);
+                minute.spend(1, entry.input_tokens + written, entry.output_tokens);
+                minute.headers(limits, now)
+            }
+            None => {
+                let spend =
+                    entry.input_tokens + written + entry.output_tokens + (read as f64 * CACHE_READ_WEIGHT) as u64;
+                ledger.charge(family, spend, now);
+                ledger.headers(family, None)
+            }
+        };
         *answered = Answered { account: Some(account), cold_reads: entry.cache_read_tokens - read, fallback: false };
         let reply = Reply {
             id: format!("msg_sim{now}"),
@@ -198,7 +241,7 @@ impl Provider {
         } else {
             reply.to_json()
         };
-        Answer { status: 200, headers: ledger.headers(family, None), body: Bytes::from(body), sse: entry.stream }
+        Answer { status: 200, headers, body: Bytes::from(body), sse: entry.stream }
     }
 
     /// What `/api/oauth/usage` says about account `i`: its windows as
@@ -244,6 +287,80 @@ impl Provider {
             .to_string()
         };
         Answer { status: 200, headers: Vec::new(), body: Bytes::from(body), sse: entry.stream }
+    }
+}
+
+/// An API key's per-minute limits.
+#[derive(Debug, Clone, Copy)]
+struct PerMinute {
+    requests: u64,
+    input: u64,
+    output: u64,
+}
+
+/// What an API key used in one minute. Minutes are the clock's: Anthropic
+/// replenishes continuously, and a fixed minute is the simulator's simpler
+/// model of the same limit.
+#[derive(Debug, Clone, Copy, Default)]
+struct Minute {
+    /// Which minute (ms since the epoch / 60 000).
+    index: u64,
+    requests: u64,
+    input: u64,
+    output: u64,
+}
+
+const MINUTE_MS: u64 = 60_000;
+
+impl Minute {
+    /// This minute's use at `now`, starting a new minute if it is one.
+    fn now(&mut self, now: u64) -> &mut Minute {
+        if now / MINUTE_MS != self.index {
+            *self = Minute { index: now / MINUTE_MS, ..Minute::default() };
+        }
+        self
+    }
+
+    /// Whether a request asking (requests, input, output) fits; a limit of 0
+    /// is none.
+    fn admits(&self, limits: &PerMinute, (requests, input, output): (u64, u64, u64)) -> bool {
+        let fits = |used: u64, more: u64, limit: u64| limit == 0 || used + more <= limit;
+        fits(self.requests, requests, limits.requests)
+            && fits(self.input, input, limits.input)
+            && fits(self.output, output, limits.output)
+    }
+
+    fn spend(&mut self, requests: u64, input: u64, output: u64) {
+        (self.requests, self.input, self.output) = (self.requests + requests, self.input + input, self.output + output);
+    }
+
+    /// The fullest of its limits, as a share.
+    fn used_share(&self, limits: &PerMinute) -> f64 {
+        let share = |used: u64, limit: u64| if limit == 0 { 0.0 } else { used as f64 / limit as f64 };
+        share(self.requests, limits.requests)
+            .max(share(self.input, limits.input))
+            .max(share(self.output, limits.output))
+            .min(1.0)
+    }
+
+    fn retry_after_s(&self, now: u64) -> u64 {
+        ((self.index + 1) * MINUTE_MS).saturating_sub(now).div_ceil(1000).max(1)
+    }
+
+    /// The `anthropic-ratelimit-{requests,input-tokens,output-tokens}-*` headers.
+    fn headers(&self, limits: &PerMinute, now: u64) -> Vec<(String, String)> {
+        let reset_s = (now / MINUTE_MS + 1) * MINUTE_MS / 1000;
+        let mut quota = poolgate_wire::ratelimit::Quota::default();
+        for (kind, used, limit) in [
+            ("requests", self.requests, limits.requests),
+            ("input-tokens", self.input, limits.input),
+            ("output-tokens", self.output, limits.output),
+        ] {
+            if limit > 0 {
+                quota = quota.with_api_limit(kind, limit, limit.saturating_sub(used), reset_s);
+            }
+        }
+        quota.headers()
     }
 }
 
@@ -302,4 +419,54 @@ fn response(Answer { status, headers, body, sse }: Answer) -> UpstreamResponse {
         }
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(t_ms: u64, session: &str) -> Entry {
+        Entry {
+            t_ms,
+            session: session.into(),
+            client: None,
+            model: "claude-sonnet-4-5".into(),
+            input_tokens: 10,
+            output_tokens: 100,
+            cache_read_tokens: 50_000,
+            cache_creation_tokens: 1_000,
+            stream: false,
+        }
+    }
+
+    #[test]
+    fn an_api_key_is_limited_per_minute_and_a_seat_by_its_windows_and_cache() {
+        let clock = Clock::manual(1_767_571_200_000);
+        let names = ["seat".to_string(), "key".to_string()];
+        let key_plan = Plan { requests_per_minute: 2, ..Plan::default() };
+        let p = Provider::new(&names, &[Plan::default(), key_plan], &[false, true], &clock);
+
+        // The API key: two requests a minute, then a 429 that says when.
+        assert_eq!(p.answer(1, &entry(0, "s")).status, 200);
+        assert_eq!(p.answer(1, &entry(0, "s")).status, 200);
+        let refused = p.answer(1, &entry(0, "s"));
+        assert_eq!(refused.status, 429);
+        let header = |a: &Answer, n: &str| a.headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+        assert_eq!(header(&refused, "retry-after").as_deref(), Some("60"));
+        assert_eq!(header(&refused, "anthropic-ratelimit-requests-remaining").as_deref(), Some("0"));
+        clock.advance(Duration::from_secs(60));
+        assert_eq!(p.answer(1, &entry(0, "s")).status, 200, "a new minute");
+
+        // The seat: a cold cache writes what a warm one reads, and it stays
+        // warm for five minutes.
+        p.answer(0, &entry(0, "s"));
+        assert_eq!(p.answered().cold_reads, 50_000, "cold: its reads were written");
+        clock.advance(Duration::from_secs(299));
+        p.answer(0, &entry(0, "s"));
+        assert_eq!(p.answered().cold_reads, 0, "warm within five minutes");
+        clock.advance(Duration::from_secs(301));
+        p.answer(0, &entry(0, "s"));
+        assert_eq!(p.answered().cold_reads, 50_000, "cold again after five idle minutes");
+        assert!(p.wasted()["key"].is_empty(), "an API key has no windows to waste");
+    }
 }

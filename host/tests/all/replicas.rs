@@ -119,7 +119,9 @@ async fn exhausted_on_a_skipped_by_b(spending: Step, served_on_a: &str) {
     assert_eq!((r.status().as_u16(), served_by(&r)), (200, served_on_a.to_string()));
     let learned = poolgate::clock::machine_instant();
     assert_eq!(x.count(), 1);
-    support::eventually("B knows x is cooling", Duration::from_secs(1), async || {
+    // A liveness guard: how soon B knew is printed (and measured where time
+    // belongs, not asserted here, where a busy machine would break it).
+    support::eventually("B knows x is cooling", Duration::from_secs(10), async || {
         !account(&status(&b).await, "x")["cooldown"].is_null()
     })
     .await;

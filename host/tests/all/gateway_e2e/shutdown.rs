@@ -91,7 +91,9 @@ async fn sigterm_drains_then_cuts_what_is_still_open_as_shutdown() {
     let head = read_head(&mut pooled).await;
     assert!(head.starts_with("http/1.1 200") && head.contains("connection: close"), "{head}");
     assert_eq!(get_status(&gw, "/healthz").await, 200);
-    assert!(signalled.elapsed() < Duration::from_millis(DRAIN_MS), "within the drain window");
+    // All of that happened within the drain window: a new connection is
+    // served only while the listener accepts (no clock bound needed, which a
+    // busy machine could break).
     // Then the listener closes.
     support::eventually("the listener closes", Duration::from_secs(10), async || !accepting(&gw).await).await;
     assert!(signalled.elapsed() >= Duration::from_millis(DRAIN_MS), "not before drain_ms: {:?}", signalled.elapsed());
