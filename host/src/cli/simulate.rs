@@ -42,6 +42,10 @@ pub struct Args {
     /// The accounts' plans (what each window holds); see docs/simulator.md.
     #[arg(long)]
     pool: Option<PathBuf>,
+    /// Start each account where a running gateway's account stands: a saved
+    /// `GET /status` answer (how far into its windows, how much used).
+    #[arg(long)]
+    pool_status: Option<PathBuf>,
     /// Where the report (JSON) and the plots go.
     #[arg(long, default_value = "simulation")]
     out: PathBuf,
@@ -70,10 +74,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if let Some(path) = &args.save_workload {
         trace::write(&workload, std::io::BufWriter::new(std::fs::File::create(path)?))?;
     }
-    let plans = match &args.pool {
+    let mut plans = match &args.pool {
         Some(path) => Plans::read(path)?,
         None => Plans::default(),
     };
+    if let Some(path) = &args.pool_status {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let status = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+        plans = plans.with_status(&status).with_context(|| path.display().to_string())?;
+    }
     let labels = labels(&args.configs);
     let (first, _) = crate::config::Config::read(&args.configs[0])?;
     let engine = PolicyEngine::new(first.cache_dir())?;

@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use crate::sim::scenario::{AccountSpec, BucketSpec, WindowSpec};
 
 /// One account's plan.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Plan {
     /// Tokens a 5-hour window holds.
@@ -50,6 +50,9 @@ pub struct Plan {
     pub five_hour_elapsed_minutes: u64,
     /// How far into its 7-day window (and its buckets') it is.
     pub seven_day_elapsed_hours: u64,
+    /// The share of each window already used at the start, by its name
+    /// (`5h`, `7d`, `7d_opus`); unnamed windows start unused.
+    pub used: BTreeMap<String, f64>,
     /// An API key's requests a minute (API keys have per-minute limits, not
     /// the windows above); 0: no limit.
     pub requests_per_minute: u64,
@@ -67,6 +70,7 @@ impl Default for Plan {
             buckets: BTreeMap::from([("opus".to_string(), 20_000_000)]),
             five_hour_elapsed_minutes: 0,
             seven_day_elapsed_hours: 0,
+            used: BTreeMap::new(),
             // Anthropic's published tier 4 for Sonnet.
             requests_per_minute: 4_000,
             input_tokens_per_minute: 2_000_000,
@@ -78,23 +82,23 @@ impl Default for Plan {
 impl Plan {
     /// The simulated account `name` this plan makes.
     pub fn spec(&self, name: &str) -> AccountSpec {
-        let window = |budget: u64, period: Duration, elapsed: Duration| WindowSpec {
+        let window = |name: &str, budget: u64, period: Duration, elapsed: Duration| WindowSpec {
             budget_tokens: budget,
-            used: 0.0,
+            used: self.used.get(name).copied().unwrap_or(0.0).clamp(0.0, 1.0),
             resets_in: Some(period.saturating_sub(elapsed).max(Duration::from_secs(1))),
         };
-        let five = window(self.five_hour_tokens, HOURS_5, Duration::from_secs(self.five_hour_elapsed_minutes * 60));
+        let five_elapsed = Duration::from_secs(self.five_hour_elapsed_minutes * 60);
         let seven_elapsed = Duration::from_secs(self.seven_day_elapsed_hours * 3600);
         let mut spec = AccountSpec::new(name, self.five_hour_tokens, self.seven_day_tokens);
-        spec.five_hour = five;
-        spec.seven_day = window(self.seven_day_tokens, DAYS_7, seven_elapsed);
+        spec.five_hour = window("5h", self.five_hour_tokens, HOURS_5, five_elapsed);
+        spec.seven_day = window("7d", self.seven_day_tokens, DAYS_7, seven_elapsed);
         spec.buckets = self
             .buckets
             .iter()
             .map(|(family, &tokens)| BucketSpec {
                 name: family.clone(),
                 family: family.clone(),
-                window: window(tokens, DAYS_7, seven_elapsed),
+                window: window(&format!("7d_{family}"), tokens, DAYS_7, seven_elapsed),
             })
             .collect();
         spec
@@ -143,6 +147,32 @@ impl Plans {
         Ok(plans)
     }
 
+    /// These plans with where each account of a running gateway stands now:
+    /// `status` is its `GET /status` answer; each account's 5h and 7d
+    /// readings set how far into those windows it is and how much of each
+    /// window (buckets too) is used. What a window holds is not in a status
+    /// (only shares are): the sizes stay these plans'.
+    pub fn with_status(mut self, status: &serde_json::Value) -> Result<Plans> {
+        let now = status["now_ms"].as_u64().context("not a /status answer: no `now_ms`")?;
+        let accounts = status["accounts"].as_array().context("not a /status answer: no `accounts`")?;
+        for a in accounts {
+            let Some(id) = a["id"].as_str() else { continue };
+            let mut plan = self.accounts.get(id).cloned().unwrap_or_else(|| self.defaults.clone());
+            for w in a["windows"].as_array().into_iter().flatten() {
+                let (Some(name), Some(used)) = (w["name"].as_str(), w["utilization"].as_f64()) else { continue };
+                plan.used.insert(name.to_string(), used);
+                let left_ms = w["resets_at_ms"].as_u64().map(|r| r.saturating_sub(now));
+                match (name, left_ms) {
+                    ("5h", Some(left)) => plan.five_hour_elapsed_minutes = 299u64.saturating_sub(left / 60_000),
+                    ("7d", Some(left)) => plan.seven_day_elapsed_hours = 167u64.saturating_sub(left / 3_600_000),
+                    _ => {}
+                }
+            }
+            self.accounts.insert(id.to_string(), plan);
+        }
+        Ok(self)
+    }
+
     /// The plan of account `id`, the `i`-th of `n`.
     pub fn of(&self, id: &str, i: usize, n: usize) -> Plan {
         if let Some(p) = self.accounts.get(id) {
@@ -184,5 +214,24 @@ mod tests {
         let err = Plans::read(&dir.join("pool.toml")).unwrap_err().to_string();
         assert!(err.contains("`defaults`: the elapsed part must be shorter than the window"), "{err}");
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_running_gateways_status_sets_where_each_account_starts() {
+        let now = 1_767_571_200_000u64;
+        let status = serde_json::json!({"now_ms": now, "accounts": [
+            {"id": "a", "windows": [
+                {"name": "5h", "utilization": 0.4, "resets_at_ms": now + 60 * 60_000},
+                {"name": "7d", "utilization": 0.9, "resets_at_ms": now + 24 * 3_600_000},
+                {"name": "7d_opus", "utilization": 1.0}]},
+            {"id": "b", "windows": []}]});
+        let plans = Plans::default().with_status(&status).unwrap();
+        let a = plans.of("a", 0, 2);
+        assert_eq!((a.five_hour_elapsed_minutes, a.seven_day_elapsed_hours), (239, 143));
+        let spec = a.spec("a");
+        assert_eq!((spec.five_hour.used, spec.seven_day.used, spec.buckets[0].window.used), (0.4, 0.9, 1.0));
+        assert_eq!(spec.five_hour.resets_in, Some(Duration::from_secs(61 * 60)), "within a minute of the status");
+        assert_eq!(plans.of("b", 1, 2).five_hour_elapsed_minutes, 0, "named now: not staggered");
+        assert!(Plans::default().with_status(&serde_json::json!({})).is_err());
     }
 }
