@@ -106,27 +106,12 @@ pub async fn run(label: &str, config_path: &Path, replay: &Replay<'_>, engine: A
         .with_context(|| format!("{}: the gateway did not start", config_path.display()))?;
     let index: HashMap<&str, usize> = ids.iter().enumerate().map(|(i, id)| (id.as_str(), i)).collect();
     let mut tally = Tally::new(label, &ids);
-    let mut samples = Vec::new();
-    let mut next_sample = 0;
-    // The seat keeper's work, at its times: a first reading for every seat
-    // before the first request (as `serve` heals at start), then a check
-    // every `check_interval_ms` (refreshes due, usage polls of idle seats).
+    // A first reading for every seat before the first request, as `serve`
+    // heals at start.
     crate::gateway::seat_keeper::heal(&gw).await;
-    let oauth = gw.generation().config.oauth.clone();
-    let mut next_check = oauth.check_interval_ms.max(1);
+    let mut between = Between::new(&gw, clock.clone(), provider.clone());
     for entry in workload {
-        while next_check <= entry.t_ms {
-            clock.advance(Duration::from_millis((START_MS + next_check).saturating_sub(clock.now_ms())));
-            crate::gateway::seat_keeper::refresh_due(&gw, oauth.refresh_before_ms).await;
-            crate::gateway::seat_keeper::poll_usage(&gw).await;
-            next_check += oauth.check_interval_ms.max(1);
-        }
-        let at = START_MS + entry.t_ms;
-        while next_sample <= entry.t_ms {
-            samples.push(Sample { t_ms: next_sample, windows: provider.utilization() });
-            next_sample += SAMPLE_EVERY_MS;
-        }
-        clock.advance(Duration::from_millis(at.saturating_sub(clock.now_ms())));
+        between.run_until(&gw, entry.t_ms).await;
         provider.replaying(entry);
         let headroom = provider.headroom(&entry.model);
         let status = send(&gw, entry).await;
@@ -136,13 +121,60 @@ pub async fn run(label: &str, config_path: &Path, replay: &Replay<'_>, engine: A
         let head = record.attempts.first().and_then(|a| a.decision.order.head()).and_then(|h| index.get(h).copied());
         tally.count(entry, &record, status, &answered, head, &headroom);
     }
-    clock.advance(Duration::from_millis((START_MS + end).saturating_sub(clock.now_ms())));
+    between.run_until(&gw, end).await;
+    let mut samples = between.samples;
     samples.push(Sample { t_ms: end, windows: provider.utilization() });
     let wasted = provider.wasted();
     tally.finish(wasted, &account_plans);
     let _ = std::fs::remove_dir_all(&keys);
     let stage_us = tally.stage_means();
     Ok(Run { figures: tally.figures, stage_us, samples })
+}
+
+/// What happens between two requests, in time order: the seat keeper's
+/// check every `[oauth] check_interval_ms` (refreshes due, usage polls of
+/// idle seats — its own code, at its times) and a sample of every account's
+/// windows for the plots every [`SAMPLE_EVERY_MS`].
+struct Between {
+    clock: Clock,
+    provider: Arc<Provider>,
+    every_check: u64,
+    next_check: u64,
+    next_sample: u64,
+    samples: Vec<Sample>,
+}
+
+impl Between {
+    fn new(gw: &Gateway, clock: Clock, provider: Arc<Provider>) -> Between {
+        let every_check = gw.generation().config.oauth.check_interval_ms.max(1);
+        Between { clock, provider, every_check, next_check: every_check, next_sample: 0, samples: Vec::new() }
+    }
+
+    /// Runs what is due up to `t_ms` (from the start) and moves the clock there.
+    async fn run_until(&mut self, gw: &Gateway, t_ms: u64) {
+        loop {
+            let next = self.next_check.min(self.next_sample);
+            if next > t_ms {
+                break;
+            }
+            self.move_to(next);
+            if next == self.next_sample {
+                self.samples.push(Sample { t_ms: next, windows: self.provider.utilization() });
+                self.next_sample += SAMPLE_EVERY_MS;
+            }
+            if next == self.next_check {
+                let before = gw.generation().config.oauth.refresh_before_ms;
+                crate::gateway::seat_keeper::refresh_due(gw, before).await;
+                crate::gateway::seat_keeper::poll_usage(gw).await;
+                self.next_check += self.every_check;
+            }
+        }
+        self.move_to(t_ms);
+    }
+
+    fn move_to(&self, t_ms: u64) {
+        self.clock.advance(Duration::from_millis((START_MS + t_ms).saturating_sub(self.clock.now_ms())));
+    }
 }
 
 /// Points every account of `config` at the simulated provider — an OAuth

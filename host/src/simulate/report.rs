@@ -353,7 +353,8 @@ fn comparison_svg(figures: &[&Figures]) -> String {
         ),
         ("head had most headroom", Box::new(|f| f.head_had_most_headroom * 100.0), "%"),
     ];
-    let (row, bar) = (70.0, 16.0);
+    let bar = 16.0;
+    let row = 30.0 + figures.len() as f64 * (bar + 2.0);
     let height = 60.0 + metrics.len() as f64 * row + 20.0 * figures.len() as f64;
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"900\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\

@@ -176,9 +176,20 @@ impl Provider {
     }
 
     /// Each account's windows now: (name, utilization) pairs.
+    /// (An idle window is rolled first: one that reset while nobody asked
+    /// reads 0, and what it left counts as wasted.)
     pub fn utilization(&self) -> Vec<Vec<(String, f64)>> {
-        let s = self.state.lock();
-        s.ledgers.iter().map(|l| l.windows().iter().map(|w| (w.name.clone(), w.utilization())).collect()).collect()
+        let now = self.clock.now_ms();
+        let mut s = self.state.lock();
+        let State { ledgers, wasted, .. } = &mut *s;
+        let mut out = Vec::with_capacity(ledgers.len());
+        for ((l, w), limits) in ledgers.iter_mut().zip(wasted.iter_mut()).zip(&self.per_minute) {
+            if limits.is_none() {
+                roll(l, now, w);
+            }
+            out.push(l.windows().iter().map(|w| (w.name.clone(), w.utilization())).collect());
+        }
+        out
     }
 
     fn answer(&self, account: usize, entry: &Entry) -> Answer {
