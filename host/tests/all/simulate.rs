@@ -75,6 +75,16 @@ fn simulate_compares_chains_and_a_user_plugin_the_same_way_twice() {
         assert!(f["plugin_errors"].as_object().unwrap().is_empty(), "{f}");
     }
 
+    // The small scenario's figures, pinned: a change to the generator, the
+    // simulated provider or a built-in shows here first (update them with
+    // the reason in the commit).
+    let fill = by_name(&report, "fill-first");
+    let pinned = |k: &str| n(&fill[k]);
+    assert_eq!((pinned("requests"), pinned("switches"), pinned("ping_pongs")), (3606, 5, 0), "fill-first: {fill}");
+    assert_eq!((pinned("cache_creation_tokens"), pinned("extra_cache_creation_from_switches")), (14_535_025, 367_922));
+    assert_eq!((n(&fill["served_by"]["seat-1"]), n(&fill["served_by"]["seat-2"])), (2501, 1105));
+    assert_eq!(n(&fill["wasted_total"]["7d"]), 60_000_000, "seat 4's week reset untouched");
+
     // Affinity keeps a session on its account: fewer switches, fewer cache
     // reads turned into writes.
     let (spread, kept) = (by_name(&report, "headroom"), by_name(&report, "headroom-affinity"));
@@ -83,7 +93,6 @@ fn simulate_compares_chains_and_a_user_plugin_the_same_way_twice() {
     assert!(n(&kept["extra_cache_creation_from_switches"]) * 5 < n(&spread["extra_cache_creation_from_switches"]));
 
     // Fill-first keeps the backup seat fresh: the last seat serves least.
-    let fill = by_name(&report, "fill-first");
     let served = |f: &Value, id: &str| f["served_by"][id].as_u64().unwrap_or(0);
     assert!(served(fill, "seat-4") < served(fill, "seat-1"), "{fill}");
     assert!(served(fill, "seat-4") < served(spread, "seat-4"), "{fill}\n{spread}");
