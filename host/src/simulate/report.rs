@@ -120,7 +120,7 @@ impl Tally {
                     }
                 }
                 let before = match seen {
-                    Some((last, _)) if last == i => seen.and_then(|s| s.1),
+                    Some((last, before)) if last == i => before,
                     Some((last, _)) => Some(last),
                     None => None,
                 };

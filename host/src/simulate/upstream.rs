@@ -49,8 +49,6 @@ pub struct Answered {
     /// Cache reads the request would have had that were written instead,
     /// because its cache was cold on the serving account.
     pub cold_reads: u64,
-    /// Whether a fallback backend answered.
-    pub fallback: bool,
 }
 
 /// One answer of the simulated provider.
@@ -145,51 +143,44 @@ impl Provider {
     /// 5h, 7d and the model's bucket (the provider's truth, not a reading).
     pub fn headroom(&self, model: &str) -> Vec<f64> {
         let now = self.clock.now_ms();
-        let mut s = self.state.lock();
-        let State { ledgers, wasted, minutes, .. } = &mut *s;
         let family = model_family(model);
-        let mut out = Vec::with_capacity(ledgers.len());
-        for (i, (l, w)) in ledgers.iter_mut().zip(wasted.iter_mut()).enumerate() {
-            out.push(match &self.per_minute[i] {
-                Some(limits) => 1.0 - minutes[i].now(now).used_share(limits),
-                None => {
-                    roll(l, now, w);
-                    1.0 - l.reported(family).iter().map(|w| w.utilization()).fold(0.0, f64::max)
-                }
-            });
-        }
-        out
+        let mut s = self.rolled(now);
+        let State { ledgers, minutes, .. } = &mut *s;
+        let windows = ledgers.iter().zip(minutes.iter_mut()).zip(&self.per_minute);
+        windows
+            .map(|((l, minute), limits)| match limits {
+                Some(limits) => 1.0 - minute.now(now).used_share(limits),
+                None => 1.0 - l.reported(family).iter().map(|w| w.utilization()).fold(0.0, f64::max),
+            })
+            .collect()
     }
 
     /// Rolls every window to `now` and returns the tokens left unused at
     /// each reset so far: per account name, per window.
     pub fn wasted(&self) -> BTreeMap<String, BTreeMap<String, Reset>> {
-        let now = self.clock.now_ms();
-        let mut s = self.state.lock();
-        let State { ledgers, wasted, .. } = &mut *s;
-        for ((l, w), limits) in ledgers.iter_mut().zip(wasted.iter_mut()).zip(&self.per_minute) {
-            if limits.is_none() {
-                roll(l, now, w);
-            }
-        }
-        self.names.iter().cloned().zip(wasted.iter().cloned()).collect()
+        let s = self.rolled(self.clock.now_ms());
+        self.names.iter().cloned().zip(s.wasted.iter().cloned()).collect()
     }
 
     /// Each account's windows now: (name, utilization) pairs.
     /// (An idle window is rolled first: one that reset while nobody asked
     /// reads 0, and what it left counts as wasted.)
     pub fn utilization(&self) -> Vec<Vec<(String, f64)>> {
-        let now = self.clock.now_ms();
+        let s = self.rolled(self.clock.now_ms());
+        s.ledgers.iter().map(|l| l.windows().iter().map(|w| (w.name.clone(), w.utilization())).collect()).collect()
+    }
+
+    /// The state with every account's windows rolled to `now` (API keys have
+    /// none), what each left unused at its resets counted.
+    fn rolled(&self, now: u64) -> parking_lot::MutexGuard<'_, State> {
         let mut s = self.state.lock();
         let State { ledgers, wasted, .. } = &mut *s;
-        let mut out = Vec::with_capacity(ledgers.len());
         for ((l, w), limits) in ledgers.iter_mut().zip(wasted.iter_mut()).zip(&self.per_minute) {
             if limits.is_none() {
                 roll(l, now, w);
             }
-            out.push(l.windows().iter().map(|w| (w.name.clone(), w.utilization())).collect());
         }
-        out
+        s
     }
 
     fn answer(&self, account: usize, entry: &Entry) -> Answer {
@@ -237,7 +228,7 @@ impl Provider {
                 ledger.headers(family, None)
             }
         };
-        *answered = Answered { account: Some(account), cold_reads: entry.cache_read_tokens - read, fallback: false };
+        *answered = Answered { account: Some(account), cold_reads: entry.cache_read_tokens - read };
         let reply = Reply {
             id: format!("msg_sim{now}"),
             model: entry.model.clone(),
@@ -283,7 +274,7 @@ impl Provider {
     }
 
     fn fallback(&self, entry: &Entry) -> Answer {
-        self.state.lock().answered = Answered { account: None, cold_reads: 0, fallback: true };
+        self.state.lock().answered = Answered::default();
         let usage = serde_json::json!({"prompt_tokens": entry.input_tokens, "completion_tokens": entry.output_tokens,
             "total_tokens": entry.input_tokens + entry.output_tokens});
         let body = if entry.stream {
