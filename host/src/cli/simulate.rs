@@ -46,7 +46,7 @@ pub struct Args {
     /// `GET /status` answer (how far into its windows, how much used).
     #[arg(long)]
     pool_status: Option<PathBuf>,
-    /// Where the report (JSON) and the plots go.
+    /// Where the report (JSON) and the plots (SVG and PNG) go.
     #[arg(long, default_value = "simulation")]
     out: PathBuf,
 }

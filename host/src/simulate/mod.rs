@@ -16,7 +16,8 @@
 //!   [`import`]: a recorded day, from the gateway's decision records;
 //! - [`plans`]: what each simulated account holds;
 //! - [`upstream`]: the simulated provider (quota, prompt cache, fallback);
-//! - [`report`]: the figures, the side-by-side table and JSON, and the plots.
+//! - [`report`]: the figures, the side-by-side table and JSON, and the plots;
+//!   [`png`]: the plots rasterized.
 //!
 //! Requests are replayed one at a time, each answered at once: the replay
 //! measures where requests go and what that costs, not latency, so in-flight
@@ -25,6 +26,7 @@
 pub mod generate;
 pub mod import;
 pub mod plans;
+pub mod png;
 pub mod report;
 pub mod trace;
 pub mod upstream;

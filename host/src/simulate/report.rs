@@ -241,21 +241,32 @@ pub fn clock_time(ms: u64) -> String {
 /// apart by people with any colour vision).
 const PALETTE: [&str; 8] = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"];
 
-/// Writes the plots to `dir`: per config, each account's 5h and 7d
-/// utilization over the run (a drop to zero is a reset); and one chart
-/// comparing the configs' key figures. Returns the files written.
+/// Writes the plots to `dir`, each as SVG and as PNG: per config, each
+/// account's 5h and 7d utilization over the run (a drop to zero is a reset);
+/// and one chart comparing the configs' key figures. Returns the files
+/// written.
 pub fn plots(runs: &[super::Run], dir: &std::path::Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let mut drawings: Vec<(String, String)> = runs
+        .iter()
+        .map(|run| (format!("utilization-{}", file_safe(&run.figures.config)), utilization_svg(run)))
+        .collect();
+    let figures: Vec<&Figures> = runs.iter().map(|r| &r.figures).collect();
+    drawings.push(("comparison".to_string(), comparison_svg(&figures)));
+    let renderer = super::png::Renderer::with_system_fonts();
+    if !renderer.has_fonts {
+        eprintln!(
+            "warning: no font found on this machine: the PNG plots have no labels (the SVGs do); install one, e.g. `apt-get install fonts-dejavu-core`"
+        );
+    }
     let mut written = Vec::new();
-    for run in runs {
-        let name = format!("utilization-{}.svg", file_safe(&run.figures.config));
-        let path = dir.join(name);
-        std::fs::write(&path, utilization_svg(run))?;
+    for (name, svg) in drawings {
+        let path = dir.join(format!("{name}.svg"));
+        std::fs::write(&path, &svg)?;
+        written.push(path);
+        let path = dir.join(format!("{name}.png"));
+        std::fs::write(&path, renderer.png(&svg)?)?;
         written.push(path);
     }
-    let path = dir.join("comparison.svg");
-    let figures: Vec<&Figures> = runs.iter().map(|r| &r.figures).collect();
-    std::fs::write(&path, comparison_svg(&figures))?;
-    written.push(path);
     Ok(written)
 }
 

@@ -67,8 +67,13 @@ fn simulate_compares_chains_and_a_user_plugin_the_same_way_twice() {
     for line in ["mid-session switches", "extra from switches", "wasted at 7d resets", "answered 429"] {
         assert!(printed.contains(line), "the table shows {line}:\n{printed}");
     }
-    for plot in ["comparison.svg", "utilization-fill-first.svg", "utilization-reset-soonest.svg"] {
-        assert!(printed.contains(plot), "the paths of the plots are printed: {plot}\n{printed}");
+    for plot in ["comparison", "utilization-fill-first", "utilization-reset-soonest"] {
+        for ext in ["svg", "png"] {
+            let file = format!("{plot}.{ext}");
+            assert!(printed.contains(&file), "the paths of the plots are printed: {file}\n{printed}");
+        }
+        let png = std::fs::read(dir.join("a").join(format!("{plot}.png"))).unwrap();
+        assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000, "{plot}.png: {} bytes", png.len());
     }
     for f in &report {
         assert_eq!(n(&f["requests"]), n(&f["served"]), "{}: every request served", f["config"]);
@@ -106,7 +111,7 @@ fn simulate_compares_chains_and_a_user_plugin_the_same_way_twice() {
 
     // The same workload, configs and seed: the same report and plots, byte for byte.
     let (_, _) = simulate(&configs, &dir.join("b"));
-    for file in ["report.json", "comparison.svg", "utilization-expiry-first.svg"] {
+    for file in ["report.json", "comparison.svg", "comparison.png", "utilization-expiry-first.svg"] {
         let (a, b) =
             (std::fs::read(dir.join("a").join(file)).unwrap(), std::fs::read(dir.join("b").join(file)).unwrap());
         assert!(a == b, "{file} differs between two runs");
