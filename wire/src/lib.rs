@@ -23,6 +23,8 @@
 //! - [`header`]: the names and content types both fakes send.
 //! - [`ids`]: ids in Anthropic's shapes and a stable hash for per-name ones.
 //! - [`openai`]: OpenAI's Chat Completions API translated to and from this one.
+//! - [`usage`]: what an answer says it used, read from a JSON body or a stream
+//!   as it passes (the gateway's usage ledger reads it).
 //!
 //! What stays with each fake is its behaviour: the simulator's ledger, clock,
 //! prose and forced tool calls; the mock's scripts, canned text and connection
@@ -39,6 +41,8 @@
 //!     stop_reason: StopReason::EndTurn,
 //!     input_tokens: 10,
 //!     output_tokens: 2,
+//!     cache_read_input_tokens: 0,
+//!     cache_creation_input_tokens: 0,
 //! };
 //! let events = reply.events(&Chunking { text: TextPieces::Words(4), json_parts: 3 });
 //! assert!(events[0].starts_with("event: message_start\ndata: {\"type\":\"message_start\""));
@@ -55,3 +59,4 @@ pub mod openai;
 pub mod ratelimit;
 pub mod request;
 pub mod sse;
+pub mod usage;

@@ -63,6 +63,10 @@ pub struct Reply {
     pub input_tokens: u64,
     /// Output tokens billed.
     pub output_tokens: u64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read_input_tokens: u64,
+    /// Input tokens written to the prompt cache.
+    pub cache_creation_input_tokens: u64,
 }
 
 /// How finely a stream is cut: the pieces of text in the `text_delta`s, and how
@@ -148,8 +152,8 @@ impl Reply {
             usage: Usage {
                 input_tokens: self.input_tokens,
                 output_tokens: output,
-                cache_creation_input_tokens: 0,
-                cache_read_input_tokens: 0,
+                cache_creation_input_tokens: self.cache_creation_input_tokens,
+                cache_read_input_tokens: self.cache_read_input_tokens,
             },
         }
     }
@@ -297,6 +301,8 @@ mod tests {
             stop_reason: if tool { StopReason::ToolUse } else { StopReason::EndTurn },
             input_tokens: 28,
             output_tokens: 9,
+            cache_read_input_tokens: 0,
+            cache_creation_input_tokens: 0,
         }
     }
 

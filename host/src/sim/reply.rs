@@ -83,6 +83,8 @@ pub fn reply(ask: &Ask, id: String, tool_id: String, input_tokens: u64, words: u
         stop_reason,
         input_tokens,
         output_tokens: capped + tool_tokens,
+        cache_read_input_tokens: 0,
+        cache_creation_input_tokens: 0,
     }
 }
 

@@ -237,6 +237,8 @@ impl Provider {
             stop_reason: StopReason::EndTurn,
             input_tokens: entry.input_tokens,
             output_tokens: entry.output_tokens,
+            cache_read_input_tokens: read,
+            cache_creation_input_tokens: written,
         };
         let body = if entry.stream {
             reply.events(&Chunking { text: TextPieces::AtMost(1), json_parts: 1 }).concat()

@@ -212,6 +212,14 @@ impl MockUpstream {
         self.shared.records().clone()
     }
 
+    /// The usage every whole Messages reply reported (a reply the script
+    /// cuts is not counted), in order. A request with a `cache_control`
+    /// breakpoint reports cache use: twice its input tokens read, a quarter
+    /// (and one) written.
+    pub fn reported_usage(&self) -> Vec<poolgate_wire::usage::Usage> {
+        self.shared.reported.lock().clone()
+    }
+
     /// The credentials that served each request, in arrival order (unknown credentials
     /// appear as `""`).
     pub fn served_by(&self) -> Vec<String> {

@@ -42,13 +42,21 @@ pub(crate) struct Ask {
     /// The first tool's name and the input we "call" it with.
     pub tool: Option<(String, Value)>,
     pub input_tokens: u64,
+    /// Whether the request marks a prompt-cache breakpoint (`cache_control`).
+    pub cached: bool,
 }
 
 /// Parses a Messages request, or says what is wrong in Anthropic's words.
 pub(crate) fn parse_messages(body: &[u8]) -> Result<Ask, String> {
     let req = MessagesRequest::parse(body)?;
     let tool = req.tools.first().map(|t| (t.name.clone(), t.sample_input(SAMPLE_TEXT)));
-    Ok(Ask { model: req.model, stream: req.stream, tool, input_tokens: estimate_input_tokens(body) })
+    let cached = has_cache_control(body);
+    Ok(Ask { model: req.model, stream: req.stream, tool, input_tokens: estimate_input_tokens(body), cached })
+}
+
+/// Whether `body` holds a `cache_control` key anywhere.
+fn has_cache_control(body: &[u8]) -> bool {
+    body.windows(b"\"cache_control\"".len()).any(|w| w == b"\"cache_control\"")
 }
 
 /// An estimate of output tokens for a reply: one per word plus the tool input's size.
@@ -69,7 +77,24 @@ pub(crate) fn reply(ask: Ask, text: Option<&str>, ids: &impl Fn(&str) -> String)
     let tool_json = tool.as_ref().map(|t| t.input.to_string());
     let output_tokens = output_tokens(&text, tool_json.as_deref());
     let stop_reason = if tool.is_some() { StopReason::ToolUse } else { StopReason::EndTurn };
-    Reply { id: ids("msg_"), model: ask.model, text, tool, stop_reason, input_tokens: ask.input_tokens, output_tokens }
+    // A request with a cache breakpoint reports cache use, by a fixed rule
+    // (what a gateway's usage ledger must then count to the token): twice its
+    // input read from the cache, a quarter (and one) written to it.
+    let (cache_read_input_tokens, cache_creation_input_tokens) = match ask.cached {
+        true => (ask.input_tokens * 2, ask.input_tokens / 4 + 1),
+        false => (0, 0),
+    };
+    Reply {
+        id: ids("msg_"),
+        model: ask.model,
+        text,
+        tool,
+        stop_reason,
+        input_tokens: ask.input_tokens,
+        output_tokens,
+        cache_read_input_tokens,
+        cache_creation_input_tokens,
+    }
 }
 
 /// The `GET /v1/models` page; built once because it never changes.

@@ -49,6 +49,8 @@ pub(crate) struct Shared {
     pub oauth: Arc<oauth::Authority>,
     accounts: Mutex<HashMap<String, Account>>,
     records: Mutex<Vec<Recorded>>,
+    /// The usage of every whole Messages reply, in order.
+    pub reported: Mutex<Vec<poolgate_wire::usage::Usage>>,
     ids: AtomicU64,
 }
 
@@ -59,6 +61,7 @@ impl Shared {
             oauth: Arc::default(),
             accounts: Mutex::new(HashMap::new()),
             records: Mutex::new(Vec::new()),
+            reported: Mutex::new(Vec::new()),
             ids: AtomicU64::new(1),
         }
     }
@@ -338,6 +341,14 @@ fn reply(ctx: &Ctx, text: Option<&str>, gap: Duration, cut: Option<usize>) -> Re
             Ok(ask) => {
                 let stream = ask.stream;
                 let reply = reply::reply(ask, text, &|prefix| ctx.shared.id(prefix));
+                if cut.is_none() {
+                    ctx.shared.reported.lock().push(poolgate_wire::usage::Usage {
+                        input_tokens: reply.input_tokens,
+                        output_tokens: reply.output_tokens,
+                        cache_read_input_tokens: reply.cache_read_input_tokens,
+                        cache_creation_input_tokens: reply.cache_creation_input_tokens,
+                    });
+                }
                 if stream {
                     (Err(reply.events(&CHUNKING).into_iter().map(Bytes::from).collect()), true)
                 } else {
