@@ -15,6 +15,13 @@
 # keep-alive, and prints instructions per request for A and B and B/A.
 # Needs valgrind and python3. Loopback only.
 #
+# EXTRA_A / EXTRA_B: TOML appended to A's / B's config, to compare one build
+# with a setting off and on. `@WORK@` in it is the run's scratch directory.
+# What the usage ledger costs per request:
+#
+#   EXTRA_A=$'[ledger]\nfile = ""' EXTRA_B=$'[ledger]\nfile = "@WORK@/ledger.sqlite"' \
+#     bench/instructions.sh target/release target/release 1000
+#
 # The gateway runs with POOLGATE_EPOCH_TICK_MS=50 (host/src/policy/engine.rs):
 # under valgrind code runs some 50 times slower, and with the native 1 ms tick
 # most plugin calls would yield (730 of 1,200 calls measured) — a path a native
@@ -48,8 +55,8 @@ for _ in range(count):
 PY
 }
 
-measure() { # bin dir -> instructions per request
-    local bin=$1 mock_port gw_port
+measure() { # bin dir, extra TOML -> instructions per request
+    local bin=$1 extra=${2:-} mock_port gw_port
     mock_port=$(free_port)
     "$bin/poolgate-mock-upstream" --listen "127.0.0.1:$mock_port" --accept-any >"$work/mock.log" 2>&1 &
     local mock=$!
@@ -63,12 +70,13 @@ measure() { # bin dir -> instructions per request
             printf '[[accounts]]\nid = "acct-%s"\napi_key_env = "BENCH_KEY"\nbase_url = "http://127.0.0.1:%s"\n' "$i" "$mock_port"
         done
         printf '[[policy.chain]]\nplugin = "builtin:skip-exhausted"\n[[policy.chain]]\nplugin = "builtin:headroom"\n'
+        printf '%s\n' "${extra//@WORK@/$work}"
     } >"$work/poolgate.toml"
     # An older build may not know `[state] file`: drop it if the file is refused.
     if ! BENCH_KEY=k "$bin/poolgate" check --config "$work/poolgate.toml" >/dev/null 2>&1; then
         sed -i '/^\[state\]$/,/^file = ""$/d' "$work/poolgate.toml"
     fi
-    BENCH_KEY=k POOLGATE_LOG=warn POOLGATE_EPOCH_TICK_MS=${POOLGATE_EPOCH_TICK_MS:-50} valgrind --tool=callgrind --callgrind-out-file="$work/cg.%p" \
+    XDG_STATE_HOME="$work/state" BENCH_KEY=k POOLGATE_LOG=warn POOLGATE_EPOCH_TICK_MS=${POOLGATE_EPOCH_TICK_MS:-50} valgrind --tool=callgrind --callgrind-out-file="$work/cg.%p" \
         "$bin/poolgate" serve --config "$work/poolgate.toml" >"$work/gw.log" 2>&1 &
     local gw=$!
     for _ in $(seq 600); do
@@ -89,8 +97,8 @@ measure() { # bin dir -> instructions per request
     echo $((total / n))
 }
 
-ia=$(measure "$a")
-ib=$(measure "$b")
+ia=$(measure "$a" "${EXTRA_A:-}")
+ib=$(measure "$b" "${EXTRA_B:-}")
 echo "instructions per request ($n requests, body ${body_bytes:-small} bytes):"
 echo "  A $a: $ia"
 echo "  B $b: $ib"

@@ -12,6 +12,8 @@
 //!   readings, the cooldown plan, the facts replicas share), below everything
 //!   that routes.
 //! - [`shared`] — replicas sharing learned state and plugin state (Redis).
+//! - [`ledger`] — the usage ledger: what each client key used and what it cost,
+//!   kept durably off the request path (SQLite).
 //! - [`oauth`] — subscription seats: credentials, token endpoint, refresh.
 //! - [`clock`], [`https`], [`metrics`] — leaves: the time, the one HTTPS
 //!   client constructor, the Prometheus metrics.
@@ -36,6 +38,7 @@ pub mod fixtures;
 pub mod gateway;
 pub mod https;
 pub mod learned;
+pub mod ledger;
 pub mod logs;
 pub mod metrics;
 pub mod oauth;

@@ -107,6 +107,11 @@ pub async fn serve(config: Config, source: Option<(PathBuf, Overrides)>) -> Resu
             "state file not saved at shutdown: the write did not finish"
         );
     }
+    // Every answered request's usage entry, written before the exit.
+    let ledger = gateway.clone();
+    if tokio::time::timeout(FINAL_SAVE, tokio::task::spawn_blocking(move || ledger.close_ledger())).await.is_err() {
+        tracing::warn!(timeout_ms = FINAL_SAVE.as_millis() as u64, "usage ledger not flushed at shutdown");
+    }
     served
 }
 

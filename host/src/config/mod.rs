@@ -7,6 +7,7 @@ mod accounts;
 mod cooldowns;
 mod fallback;
 pub mod headers;
+pub mod ledger;
 pub mod schema;
 mod secrets;
 mod server;
@@ -23,6 +24,7 @@ pub use crate::oauth::settings::{CLAUDE_CODE_CLIENT_ID, OAuthConfig, Overage};
 pub use accounts::{ANTHROPIC_API, AccountConfig, AccountKind};
 pub use cooldowns::CooldownConfig;
 pub use fallback::FallbackConfig;
+pub use ledger::{LedgerConfig, PriceConfig};
 pub use secrets::{Credential, Resolved, ResolvedAccount, ResolvedFallback, Secret, base_prefix, digest};
 pub use server::{ClientKey, GatewayConfig, LogFormat, ServerConfig};
 pub use state::{Backend as StateBackendKind, StateConfig, prefix_problem, redact as redact_url};
@@ -58,6 +60,12 @@ pub struct Config {
     /// Where learned state is kept: this process, or Redis shared by replicas.
     #[serde(default)]
     pub state: StateConfig,
+    /// The usage ledger: where entries are kept, how often written.
+    #[serde(default)]
+    pub ledger: LedgerConfig,
+    /// Prices by model pattern (USD per million tokens), over the defaults.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub prices: std::collections::BTreeMap<String, PriceConfig>,
     /// The accounts of the pool.
     #[serde(default)]
     pub accounts: Vec<AccountConfig>,
@@ -317,6 +325,7 @@ impl Config {
         config.resolve_paths(path.parent().unwrap_or(Path::new(".")));
         overrides.apply(&mut config);
         config.state.locate_file(path);
+        config.ledger.locate_file(path);
         let resolved = validate::meaning(&config, &index, &path.display().to_string(), Some(overrides))?;
         config.resolved = Some(std::sync::Arc::new(resolved));
         Ok((config, index))

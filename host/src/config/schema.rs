@@ -28,6 +28,10 @@ pub enum Kind {
     Tables(&'static [Field], &'static [&'static str]),
     /// Any table (a plugin's own options: the plugin checks them).
     AnyTable,
+    /// A table whose keys are names of the operator's (`[prices."model*"]`),
+    /// each a table with these keys, the second list naming the keys every
+    /// entry must have.
+    Named(&'static [Field], &'static [&'static str]),
 }
 
 /// One key.
@@ -50,7 +54,8 @@ const MS_DAY: i64 = 86_400_000;
 pub const MAX_HEADER_BYTES: i64 = 1 << 20;
 
 /// `[[server.client_keys]]`.
-pub const CLIENT_KEY: &[Field] = &[f("name", Kind::Str), f("sha256", Kind::Str), f("key_env", Kind::Str)];
+pub const CLIENT_KEY: &[Field] =
+    &[f("name", Kind::Str), f("sha256", Kind::Str), f("key_env", Kind::Str), f("team", Kind::Str)];
 
 /// `[server]`.
 pub const SERVER: &[Field] = &[
@@ -194,6 +199,18 @@ pub const FALLBACK: &[Field] = &[
     f("cooldown_ms", Kind::Int(0, MS_DAY)),
 ];
 
+/// `[ledger]`.
+pub const LEDGER: &[Field] =
+    &[f("file", Kind::Str), f("flush_ms", Kind::Int(10, 60_000)), f("queue_max", Kind::Int(1, 10_000_000))];
+
+/// One `[prices."pattern"]`: USD per million tokens.
+pub const PRICE: &[Field] = &[
+    f("input", Kind::Float(0.0, 1e6)),
+    f("output", Kind::Float(0.0, 1e6)),
+    f("cache_read", Kind::Float(0.0, 1e6)),
+    f("cache_write", Kind::Float(0.0, 1e6)),
+];
+
 /// `[models]`.
 pub const MODELS: &[Field] = &[f("aliases", Kind::AnyTable)];
 
@@ -205,6 +222,8 @@ pub const ROOT: &[Field] = &[
     f("oauth", Kind::Table(OAUTH)),
     f("models", Kind::Table(MODELS)),
     f("state", Kind::Table(SHARED_STATE)),
+    f("ledger", Kind::Table(LEDGER)),
+    f("prices", Kind::Named(PRICE, &["input", "output"])),
     f("policy", Kind::Table(POLICY)),
     f("accounts", Kind::Tables(ACCOUNT, &["id"])),
     f("fallback", Kind::Tables(FALLBACK, &["name", "base_url", "model"])),
@@ -226,7 +245,13 @@ mod tests {
             name: "n".into(),
             sha256: Some("s".into()),
             key_env: Some("e".into()),
+            team: Some("t".into()),
         });
+        config.ledger.file = Some("ledger.sqlite".into());
+        config.prices.insert(
+            "m*".into(),
+            crate::config::PriceConfig { input: 1.0, output: 1.0, cache_read: Some(0.1), cache_write: Some(1.25) },
+        );
         config.policy.cache_dir = Some("/tmp".into());
         config.models.aliases.insert("gpt-4o".into(), "claude-sonnet-4-5".into());
         config.fallback.push(crate::config::FallbackConfig {
@@ -269,6 +294,11 @@ mod tests {
                     fields.iter().find(|f| f.name == k).unwrap_or_else(|| panic!("{path}.{k} is not in the schema"));
                 match field.kind {
                     Kind::Table(sub) => walk(v, sub, &format!("{path}.{k}")),
+                    Kind::Named(sub, _) => {
+                        for (name, item) in v.as_table().unwrap() {
+                            walk(item, sub, &format!("{path}.{k}.{name}"));
+                        }
+                    }
                     Kind::Tables(sub, _) => {
                         for item in v.as_array().unwrap() {
                             walk(item, sub, &format!("{path}.{k}[]"));

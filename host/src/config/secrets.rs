@@ -237,7 +237,12 @@ mod tests {
     #[test]
     fn a_malformed_hash_is_refused_with_its_position() {
         let mut config = Config::default();
-        config.server.client_keys.push(ClientKey { name: "x".into(), sha256: Some("abc".into()), key_env: None });
+        config.server.client_keys.push(ClientKey {
+            name: "x".into(),
+            sha256: Some("abc".into()),
+            key_env: None,
+            team: None,
+        });
         let problems = config.resolve().err().unwrap();
         assert_eq!(problems[0].0, "server.client_keys[0]");
         assert!(problems[0].1.contains("(`x`).sha256"), "{problems:?}");

@@ -91,6 +91,9 @@ pub struct ClientKey {
     /// Environment variable holding the key.
     #[serde(default)]
     pub key_env: Option<String>,
+    /// A team tag: the usage ledger's reports group keys by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
 }
 
 /// `[gateway]`.

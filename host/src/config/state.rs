@@ -138,11 +138,17 @@ pub fn default_dir() -> Option<PathBuf> {
 /// absolute path: one file per configuration, however many gateways share
 /// the directory.
 fn default_name(config_path: &Path) -> String {
+    per_config_name("state", config_path, "json")
+}
+
+/// `<what>-<16 hex digits>.<ext>`: a file name of this configuration's own
+/// (the state file, the usage ledger).
+pub fn per_config_name(what: &str, config_path: &Path, ext: &str) -> String {
     let absolute = std::fs::canonicalize(config_path)
         .or_else(|_| std::path::absolute(config_path))
         .unwrap_or_else(|_| config_path.to_path_buf());
     let digest = Sha256::digest(absolute.as_os_str().as_encoded_bytes());
-    format!("state-{}.json", &hex::encode(digest)[..16])
+    format!("{what}-{}.{ext}", &hex::encode(digest)[..16])
 }
 
 /// `url` with its password hidden: the user info before the last `@` (a

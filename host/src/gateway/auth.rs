@@ -24,17 +24,29 @@ pub fn presented(headers: &HeaderMap) -> Option<&str> {
 #[derive(Default, Clone)]
 pub struct ClientKeys {
     keys: Vec<(String, [u8; 32])>,
+    /// Team tags by key name.
+    teams: std::collections::HashMap<String, String>,
 }
 
 impl ClientKeys {
     /// The accepted keys: (name, SHA-256), as the config resolved them.
     pub fn new(keys: Vec<(String, [u8; 32])>) -> ClientKeys {
-        ClientKeys { keys }
+        ClientKeys { keys, teams: Default::default() }
+    }
+
+    /// With team tags: (key name, team).
+    pub fn with_teams(self, teams: std::collections::HashMap<String, String>) -> ClientKeys {
+        ClientKeys { teams, ..self }
+    }
+
+    /// The team tag of the key called `name`, if it has one.
+    pub fn team(&self, name: &str) -> Option<&str> {
+        self.teams.get(name).map(String::as_str)
     }
 
     /// Keys given directly (the demo generates one).
     pub fn from_plain(named: &[(&str, &str)]) -> ClientKeys {
-        ClientKeys { keys: named.iter().map(|(n, k)| (n.to_string(), digest(k))).collect() }
+        ClientKeys::new(named.iter().map(|(n, k)| (n.to_string(), digest(k))).collect())
     }
 
     /// Whether any key is configured (no keys: the gateway is open).

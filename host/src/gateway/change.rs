@@ -268,7 +268,12 @@ mod tests {
     #[test]
     fn client_keys_by_count_and_name() {
         let mut was = Config::default();
-        let key = |name: &str| crate::config::ClientKey { name: name.into(), sha256: Some("ab".into()), key_env: None };
+        let key = |name: &str| crate::config::ClientKey {
+            name: name.into(),
+            sha256: Some("ab".into()),
+            key_env: None,
+            team: None,
+        };
         was.server.client_keys = vec![key("alice"), key("ci")];
         let mut now = was.clone();
         now.server.client_keys.pop();

@@ -65,6 +65,8 @@ pub struct Generation {
     pub loaded_ms: u64,
     /// `[[fallback]]` backends, for a populated pool that cannot serve.
     pub fallbacks: crate::gateway::request::fallback::Fallbacks,
+    /// What tokens cost, by model (`[prices]` over the defaults).
+    pub prices: crate::ledger::prices::Prices,
 }
 
 /// Where an account's requests go: with its static credential, or through
@@ -283,7 +285,8 @@ impl Generation {
                 Err(e) => problems.push(format!("accounts[{i}] (`{}`): {e:#}", account.config.id)),
             }
         }
-        let client_keys = ClientKeys::new(resolved.client_keys.clone());
+        let teams = config.server.client_keys.iter().filter_map(|k| Some((k.name.clone(), k.team.clone()?)));
+        let client_keys = ClientKeys::new(resolved.client_keys.clone()).with_teams(teams.collect());
         let admin = AdminToken::new(resolved.admin);
         if !problems.is_empty() {
             bail!("{}", problems.join("\n"));
@@ -306,6 +309,7 @@ impl Generation {
         let accounts =
             accounts.into_iter().map(|a| PoolAccount { overflow: a.config.is_overflow(seats), ..a }).collect();
         let fallbacks = crate::gateway::request::fallback::Fallbacks::new(&config.fallback, &resolved.fallbacks)?;
+        let prices = crate::config::ledger::prices(&config.prices);
         let generation = Generation {
             number,
             config,
@@ -316,6 +320,7 @@ impl Generation {
             admin,
             loaded_ms: clock.now_ms(),
             fallbacks,
+            prices,
         };
         loading::phase(LoadPhase::Smoke);
         generation.smoke_rank(clock.now_ms()).await?;

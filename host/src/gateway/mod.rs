@@ -74,6 +74,18 @@ fn pooled_client(config: &Config) -> Result<Arc<request::upstream::Upstream>> {
     Ok(Arc::new(request::upstream::Upstream::new(Duration::from_millis(config.gateway.connect_timeout_ms))?))
 }
 
+/// The usage ledger `[ledger]` asks for: its file opened (and created) now,
+/// so a start that cannot keep usage refuses to start, naming the file.
+fn open_ledger(config: &Config) -> Result<Option<Arc<crate::ledger::Ledger>>> {
+    let Some(path) = &config.ledger.file_path else { return Ok(None) };
+    let store = crate::ledger::sqlite::Sqlite::open(path).map_err(|e| anyhow::anyhow!("ledger.file: {e:#}"))?;
+    let tuning = crate::ledger::Tuning {
+        flush: Duration::from_millis(config.ledger.flush_ms),
+        queue_max: config.ledger.queue_max,
+    };
+    Ok(Some(crate::ledger::Ledger::start(Box::new(store), tuning)))
+}
+
 /// What a gateway is assembled from besides its configuration.
 struct Parts {
     plugin_state: Arc<dyn StateStore>,
@@ -123,6 +135,11 @@ pub struct Gateway {
     pub admin: admin::AdminLog,
     /// What every part of the gateway reads the time from.
     pub clock: Clock,
+    /// The usage ledger (`[ledger]`), when there is one.
+    pub ledger: Option<Arc<crate::ledger::Ledger>>,
+    /// This process's name in ledger entries (`[state] replica`, else host
+    /// and process id): with the request id, unique across replicas.
+    pub replica: String,
 }
 
 impl Gateway {
@@ -198,6 +215,8 @@ impl Gateway {
             .file_path
             .clone()
             .map(|p| Arc::new(persist::Persist::new(p, Duration::from_millis(state.file_write_ms))));
+        let ledger = open_ledger(&first.config)?;
+        let replica = first.config.state.replica.clone().unwrap_or_else(crate::shared::redis::replica_name);
         let gateway = Arc::new(Gateway {
             current: ArcSwap::from_pointee(first),
             book,
@@ -217,6 +236,8 @@ impl Gateway {
             persist,
             admin: admin::AdminLog::default(),
             clock,
+            ledger,
+            replica,
         });
         gateway.share_seats(&gateway.generation());
         // What this gateway learned before a restart, before it serves and
@@ -264,6 +285,14 @@ impl Gateway {
         let Some(p) = self.persist.clone() else { return };
         let gw = self.clone();
         tokio::spawn(async move { p.save(&gw, false).await });
+    }
+
+    /// Writes what the ledger holds and stops its writer (at shutdown, after
+    /// the last request).
+    pub fn close_ledger(&self) {
+        if let Some(l) = &self.ledger {
+            l.stop();
+        }
     }
 
     /// A new request id, unique across restarts ([`first_request_id`]).

@@ -313,6 +313,7 @@ impl Gateway {
             ("server.log_format", was.server.log_format != now.server.log_format),
             ("gateway.connect_timeout_ms", was.gateway.connect_timeout_ms != now.gateway.connect_timeout_ms),
             ("state", was.state != now.state),
+            ("ledger", was.ledger != now.ledger),
         ];
         for (key, changed) in restart_only {
             if changed {

@@ -18,6 +18,8 @@ const LAYERS: &[&[&str]] = &[
     // The plugin runtime.
     &["policy"],
     &["case", "metrics"],
+    // The usage ledger: entries, prices, stores; plain values in.
+    &["ledger"],
     &["fixtures"],
     // Subscription seats: plain values in, no gateway.
     &["oauth"],

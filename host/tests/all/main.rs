@@ -42,4 +42,5 @@ mod sdk_client;
 mod serve_faults;
 mod simulate;
 mod unserved;
+mod usage_ledger;
 mod walkthrough;

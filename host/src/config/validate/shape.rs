@@ -79,6 +79,7 @@ impl Walker<'_> {
                 None => self.push(path, span, format!("expected a table ([{path}]), found {}", v.type_str())),
             },
             Kind::Tables(fields, required) => self.tables(path, span, v, fields, required),
+            Kind::Named(fields, required) => self.named(path, span, v, fields, required),
         }
     }
 
@@ -145,6 +146,32 @@ impl Walker<'_> {
                     item.span(),
                     format!("expected a table ([[{path}]]), found {}", item.get_ref().type_str()),
                 ),
+            }
+        }
+    }
+}
+
+impl Walker<'_> {
+    /// A table of the operator's names (`[path."name"]`): each entry is
+    /// located, checked for the `required` keys and walked.
+    fn named(&mut self, path: &str, span: Range<usize>, v: &DeValue<'_>, fields: &'static [Field], required: &[&str]) {
+        let Some(entries) = v.as_table() else {
+            self.push(path, span, format!("expected a table ([{path}.\"name\"]), found {}", v.type_str()));
+            return;
+        };
+        for (name, item) in entries {
+            let here = format!("{path}.\"{}\"", name.get_ref());
+            self.index.insert(here.clone(), self.lines.line(item.span().start));
+            match item.get_ref().as_table() {
+                Some(t) => {
+                    for key in required {
+                        if t.get(*key).is_none() {
+                            self.push(&here, item.span(), format!("missing `{key}`"));
+                        }
+                    }
+                    self.table(&here, t, fields);
+                }
+                None => self.push(&here, item.span(), format!("expected a table, found {}", item.get_ref().type_str())),
             }
         }
     }

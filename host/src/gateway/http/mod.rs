@@ -5,6 +5,8 @@
 //!   the staged shutdown (drain, then cut).
 //! - [`conn`]: what one connection may hold — head and idle timers, head
 //!   limits checked as the bytes arrive, refusals written without hyper.
+//! - [`handlers`]: what the route handlers share (their state, the admin
+//!   gate, a JSON answer).
 //! - [`routes`]: the API routes (client key, body read once, then
 //!   `request::forward`), health, status, metrics and admin.
 //!
@@ -14,9 +16,13 @@
 //! - [`sd_notify`]: tells systemd the gateway is ready, reloading or
 //!   stopping.
 //! - [`signals`]: SIGTERM and SIGINT, and the shutdown each asks for.
+//! - [`usage`]: the usage ledger's answers — a key's own usage, an
+//!   operator's reports.
 
 pub mod conn;
+pub mod handlers;
 pub mod routes;
 pub mod sd_notify;
 pub mod server;
 pub mod signals;
+pub mod usage;

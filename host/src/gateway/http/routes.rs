@@ -5,7 +5,6 @@
 //! cheap probes Claude Code sends without a credential (`HEAD /`,
 //! `HEAD /api/hello`) stay open. No route ever shows a secret.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
@@ -16,22 +15,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 
+pub use super::handlers::AppState;
+use super::handlers::{admin_refused, json};
 use crate::gateway::Gateway;
-use crate::gateway::reload::{ReloadError, ReloadRequest, Reloader};
+use crate::gateway::reload::{ReloadError, ReloadRequest};
 use crate::gateway::request::dialect::{self, Dialect};
 use crate::gateway::request::errors::{ErrorType, error, final_error};
 use crate::gateway::request::finish::Early;
 use crate::gateway::request::{Api, Incoming, forward};
 use crate::metrics::labels;
-
-/// Shared route state.
-#[derive(Clone)]
-pub struct AppState {
-    /// The gateway.
-    pub gateway: Arc<Gateway>,
-    /// Reloads the configuration (absent when poolgate runs without a file).
-    pub reloader: Option<Reloader>,
-}
 
 /// Builds the router.
 pub fn router(state: AppState) -> Router {
@@ -41,6 +33,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(models))
+        .route("/v1/usage", get(super::usage::client_usage))
         .route("/", get(probe).head(probe))
         .route("/api/hello", get(probe).head(probe))
         .route("/healthz", get(healthz))
@@ -48,6 +41,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .route("/admin/decisions", get(decisions))
+        .route("/admin/usage", get(super::usage::admin_usage))
         .route("/admin/reload", post(reload))
         .route("/admin/accounts/{id}/{action}", post(account_action))
         .fallback(not_found)
@@ -290,32 +284,6 @@ async fn wrong_method(State(s): State<AppState>, method: Method, uri: Uri) -> Re
     early.refuse(&s.gateway, "method_not_allowed", r)
 }
 
-fn admin_refused(s: &AppState, headers: &HeaderMap) -> Option<Response> {
-    let g = s.gateway.generation();
-    if !g.admin.configured() {
-        return Some(final_error(
-            StatusCode::FORBIDDEN,
-            ErrorType::Permission,
-            "poolgate: admin routes are disabled; set server.admin_token_env (or admin_token_sha256) to enable them",
-        ));
-    }
-    if !g.admin.check(headers) {
-        return Some(final_error(
-            StatusCode::UNAUTHORIZED,
-            ErrorType::Authentication,
-            "poolgate: admin token required",
-        ));
-    }
-    None
-}
-
-fn json(value: &impl serde::Serialize) -> Response {
-    match serde_json::to_string_pretty(value) {
-        Ok(text) => ([(http::header::CONTENT_TYPE, "application/json")], text).into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, ErrorType::Api, &e.to_string()),
-    }
-}
-
 async fn status(State(s): State<AppState>, headers: HeaderMap) -> Response {
     if let Some(r) = admin_refused(&s, &headers) {
         return r;
@@ -344,6 +312,7 @@ async fn status(State(s): State<AppState>, headers: HeaderMap) -> Response {
         "queue_depth": gw.admission.depth(),
         "state_backend": gw.shared.status(),
         "state_file": gw.persist.as_ref().map(|p| p.status()),
+        "ledger": gw.ledger.as_ref().map(|l| l.health()),
         "admin_actions": gw.admin.latest(),
         "accounts": accounts,
     }))
@@ -476,6 +445,8 @@ async fn metrics(State(s): State<AppState>) -> Response {
     let instances = per_stage(&|st| st.pool.live as f64);
     let observe_queued = per_stage(&|st| st.pool.observe_queued as f64);
     let observe_dropped = per_stage(&|st| st.pool.observe_dropped as f64);
+    let health = gw.ledger.as_ref().map(|l| l.health());
+    let ledger = |f: &dyn Fn(&crate::ledger::Health) -> f64| health.iter().map(|h| (Vec::new(), f(h))).collect();
     let text = gw.metrics.render(&[
         ("poolgate_in_flight", "Requests in flight, by account.", in_flight),
         ("poolgate_account_cooling", "1 while the account is cooling down.", cooling),
@@ -512,6 +483,18 @@ async fn metrics(State(s): State<AppState>) -> Response {
             "poolgate_client_connections_limit",
             "The most client connections open at once (server.max_connections, or derived from the open-file limit).",
             vec![(Vec::new(), gw.lifecycle.connection_limit(g.config.server.max_connections) as f64)],
+        ),
+        (
+            "poolgate_ledger_up",
+            "1 while the usage ledger's store takes writes (absent without a ledger).",
+            ledger(&|h| if h.down.is_none() { 1.0 } else { 0.0 }),
+        ),
+        ("poolgate_ledger_queued", "Usage entries waiting to be written.", ledger(&|h| h.queued as f64)),
+        (
+            "poolgate_ledger_dropped_entries",
+            "Usage entries dropped since the start because the queue was full while the store was down (a count \
+             that only grows).",
+            ledger(&|h| h.dropped as f64),
         ),
         (
             "poolgate_state_backend_up",

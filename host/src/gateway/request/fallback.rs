@@ -21,8 +21,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Uri, header};
 use poolgate_wire::openai::{self, MessagesStream};
@@ -47,8 +45,8 @@ pub struct Fallbacks {
 
 /// A backend's answer, in Anthropic's shape.
 pub enum Substitute {
-    /// A JSON answer, read whole.
-    Whole(Response),
+    /// A JSON answer, read whole and translated: a Messages answer's body.
+    Whole(Bytes),
     /// An event stream, translated as it arrives.
     Stream(Rest),
 }
@@ -141,9 +139,7 @@ impl Backend {
             .await
             .map_err(|_| "the answer did not arrive in time".to_string())??;
         let answer: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| format!("not JSON: {e}"))?;
-        let mut r = Response::new(Body::from(openai::chat_to_messages_answer(&answer, client_model).to_string()));
-        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        Ok(Substitute::Whole(r))
+        Ok(Substitute::Whole(Bytes::from(openai::chat_to_messages_answer(&answer, client_model).to_string())))
     }
 }
 

@@ -169,7 +169,47 @@ impl Finish {
             model: Some(record.model.as_str()).filter(|m| !m.is_empty()),
             ms: record.duration_ms,
         });
+        let entry = self.entry(&record);
+        gateway.metrics.usage(&entry.key, &entry.model, &entry.usage, entry.cost_nano);
+        if let Some(ledger) = &gateway.ledger {
+            ledger.push(entry);
+        }
         gateway.decisions.push(record);
+    }
+
+    /// The ledger's entry for the request `record` describes.
+    fn entry(&self, record: &RequestRecord) -> crate::ledger::Entry {
+        let key = record.client.clone().unwrap_or_else(|| "-".into());
+        let team = self.generation.client_keys.team(&key).unwrap_or_default().to_string();
+        let account = match (&record.fallback, self.account_answers) {
+            (Some(f), _) => format!("fallback:{f}"),
+            (None, true) => record.account.clone().unwrap_or_default(),
+            (None, false) => String::new(),
+        };
+        // Unknown only where an answer should have said: a successful
+        // answer to a generating request that reported no usage.
+        let metered = matches!(record.api, "messages" | "chat_completions")
+            && (200..300).contains(&record.status)
+            && !account.is_empty();
+        let usage = record.usage.unwrap_or_default();
+        // A fallback's answer is priced as its model (`<name>/<model>`).
+        let served_model =
+            record.fallback.as_deref().and_then(|f| f.split_once('/')).map_or(&*record.model, |(_, m)| m);
+        crate::ledger::Entry {
+            at_ms: record.at_ms,
+            request: record.id,
+            replica: self.gateway.replica.clone(),
+            key,
+            team,
+            api: record.api.to_string(),
+            model: record.model.clone(),
+            account,
+            status: record.status,
+            outcome: record.outcome.as_str().to_string(),
+            usage,
+            usage_known: record.usage.is_some() || !metered,
+            cost_nano: self.generation.prices.cost_nano(served_model, &usage),
+        }
     }
 
     /// Answers with `r`, whose body is in memory, at once — in the client's

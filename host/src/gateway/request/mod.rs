@@ -207,6 +207,7 @@ impl Exchange {
             status: 0,
             outcome: Ending::Pending,
             duration_ms: 0,
+            usage: None,
         };
         let family = model_family(&record.model);
         Ok(Exchange {
@@ -432,7 +433,14 @@ impl Exchange {
                     r
                 };
                 return match answer {
-                    Substitute::Whole(r) => finish.now(marked(r), Ending::Fallback),
+                    Substitute::Whole(body) => {
+                        let mut finish = finish;
+                        finish.record.usage = poolgate_wire::usage::of_message(&body);
+                        let mut r = Response::new(Body::from(body));
+                        let json = HeaderValue::from_static("application/json");
+                        r.headers_mut().insert(header::CONTENT_TYPE, json);
+                        finish.now(marked(r), Ending::Fallback)
+                    }
                     Substitute::Stream(events) => {
                         let mut head = marked(Response::new(Body::empty()));
                         head.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -491,7 +499,13 @@ async fn read_whole(finish: Finish, head: Response, first: Bytes, rest: upstream
     tokio::select! {
         biased;
         read = upstream::collect(first, rest, WHOLE_LIMIT) => match read {
-            Ok(bytes) => finish.now(head.map(|_| Body::from(bytes)), Ending::Complete),
+            Ok(bytes) => {
+                let mut finish = finish;
+                if head.status().is_success() {
+                    finish.record.usage = poolgate_wire::usage::of_message(&bytes);
+                }
+                finish.now(head.map(|_| Body::from(bytes)), Ending::Complete)
+            }
             Err(why) => {
                 tracing::warn!(request = finish.record.id, error = %why, "upstream answer broke before it was whole");
                 let msg = "poolgate: the upstream answer broke before it was whole";

@@ -163,6 +163,10 @@ pub struct RequestRecord {
     pub outcome: Ending,
     /// Total time, ms.
     pub duration_ms: u64,
+    /// The tokens the answer reported (its `usage`, read as it passed);
+    /// none for an answer that reported none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<poolgate_wire::usage::Usage>,
 }
 
 /// Why an account ranked ahead of the one tried did not take the request.

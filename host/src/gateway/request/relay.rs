@@ -32,6 +32,7 @@ use super::body::{ANTHROPIC_PING, OPENAI_KEEPALIVE, Translate, with_keepalive};
 use super::finish::Finish;
 use super::record::Ending;
 use super::upstream::Rest;
+use poolgate_wire::usage::{Scanner, Usage};
 
 /// The SSE event sent when the upstream stream breaks after the first byte.
 pub const STREAM_ERROR_EVENT: &[u8] =
@@ -99,6 +100,45 @@ pub fn respond(
     head.map(|_| body)
 }
 
+/// The most of a JSON answer kept to read its `usage` at its end; a larger
+/// answer's usage is unknown (and counted so in the ledger).
+const METERED_BODY_MAX: usize = 8 << 20;
+
+/// Reads what a successful answer says it used, as its bytes go out: a
+/// stream's events as they pass, a JSON body at its end.
+enum Meter {
+    Stream(Scanner),
+    Body(Vec<u8>),
+    Off,
+}
+
+impl Meter {
+    fn new(sse: bool, status: u16) -> Meter {
+        match (sse, (200..300).contains(&status)) {
+            (_, false) => Meter::Off,
+            (true, true) => Meter::Stream(Scanner::default()),
+            (false, true) => Meter::Body(Vec::new()),
+        }
+    }
+
+    fn push(&mut self, chunk: &[u8]) {
+        match self {
+            Meter::Stream(s) => s.push(chunk),
+            Meter::Body(b) if b.len() + chunk.len() <= METERED_BODY_MAX => b.extend_from_slice(chunk),
+            Meter::Body(_) => *self = Meter::Off,
+            Meter::Off => {}
+        }
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        match self {
+            Meter::Stream(s) => s.usage(),
+            Meter::Body(b) => poolgate_wire::usage::of_message(b),
+            Meter::Off => None,
+        }
+    }
+}
+
 /// The relayed body.
 pub struct Relay {
     first: Option<Bytes>,
@@ -113,6 +153,8 @@ pub struct Relay {
     sent: u64,
     /// Resolves when the shutdown grace period ends; made at the first wait.
     cut: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// What the answer says it used, read as it goes out.
+    meter: Meter,
 }
 
 impl Relay {
@@ -121,7 +163,9 @@ impl Relay {
     /// `finish` ends the request however the body ends (dropped before its
     /// end, it ends it as `client_gone`).
     pub fn new(first: Bytes, upstream: Rest, sse: bool, content_length: Option<u64>, finish: Finish) -> Self {
+        let meter = Meter::new(sse, finish.status);
         Relay {
+            meter,
             first: Some(first),
             upstream,
             sse,
@@ -137,6 +181,7 @@ impl Relay {
     /// Counts bytes going out; the declared length reached means complete.
     fn out(&mut self, chunk: Bytes) -> Poll<Option<Result<Bytes, std::io::Error>>> {
         self.sent += chunk.len() as u64;
+        self.meter.push(&chunk);
         if self.expected == Some(self.sent) {
             self.ended = true;
             self.finish(Ending::Complete);
@@ -145,7 +190,8 @@ impl Relay {
     }
 
     fn finish(&mut self, ending: Ending) {
-        if let Some(f) = self.finish.take() {
+        if let Some(mut f) = self.finish.take() {
+            f.record.usage = self.meter.usage();
             f.complete(ending);
         }
     }
@@ -187,6 +233,16 @@ impl Relay {
     }
 }
 
+impl Drop for Relay {
+    /// The client went away mid-answer: what the answer reported up to then
+    /// is kept with the record (its `Finish` ends it as `client_gone`).
+    fn drop(&mut self) {
+        if let Some(f) = &mut self.finish {
+            f.record.usage = self.meter.usage();
+        }
+    }
+}
+
 impl Stream for Relay {
     type Item = Result<Bytes, std::io::Error>;
 
@@ -217,8 +273,12 @@ impl Stream for Relay {
                 }
                 Poll::Ready(None) => {
                     self.ended = true;
+                    let rest = self.framer.rest();
+                    if let Some(rest) = &rest {
+                        self.meter.push(rest);
+                    }
                     self.finish(Ending::Complete);
-                    return Poll::Ready(self.framer.rest().map(Ok));
+                    return Poll::Ready(rest.map(Ok));
                 }
                 Poll::Ready(Some(Err(e))) => {
                     self.ended = true;

@@ -148,7 +148,8 @@ impl Drop for Pending<'_> {
     }
 }
 
-fn replica_name() -> String {
+/// A name for this process among replicas: host, process id, random suffix.
+pub fn replica_name() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_string())

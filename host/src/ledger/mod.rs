@@ -1,0 +1,331 @@
+//! The usage ledger: one entry per answered request — who asked (the client
+//! key), which model, which account served, the tokens the answer reported
+//! and what they cost — kept durably, off the request path.
+//!
+//! Why a ledger and not only counters: budgets and reports must survive a
+//! restart (a budget kept in memory resets with the process — the complaint
+//! every gateway with in-memory spend hears), and an operator asks questions
+//! after the fact (by key, team, model or account, over any range) that no
+//! pre-aggregated counter answers.
+//!
+//! How it stays off the request path: a request's end pushes its [`Entry`]
+//! onto a bounded in-memory queue (a lock held for a `push_back`) and goes
+//! on. One writer thread takes whatever is queued at most `flush_ms` after the
+//! previous write and writes it in one transaction. A store that fails keeps
+//! its entries queued and is retried with a doubling pause; past `queue_max`
+//! a new entry is dropped **and counted** — in [`Health`], `/status` and
+//! `/metrics` — never silently. A report first writes what is queued, then
+//! asks the store, so it counts every request answered before it.
+//!
+//! - [`calendar`]: UTC days, weeks and months;
+//! - [`prices`]: what a request's usage cost, by model;
+//! - [`sqlite`]: the embedded store (a file, WAL);
+//! - [`report`]: the questions a report asks and its rows.
+
+pub mod calendar;
+pub mod prices;
+pub mod report;
+pub mod sqlite;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use poolgate_wire::usage::Usage;
+use serde::Serialize;
+
+pub use report::{Query, Row};
+
+/// One answered request, as the ledger keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Entry {
+    /// When the request arrived, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// The gateway's request id (with `replica`, unique).
+    pub request: u64,
+    /// The replica that answered.
+    pub replica: String,
+    /// The client key's name (`-` for a gateway without keys).
+    pub key: String,
+    /// The key's team tag (empty: none).
+    pub team: String,
+    /// `messages`, `count_tokens`, `chat_completions`, `models`.
+    pub api: String,
+    /// The model asked for.
+    pub model: String,
+    /// The account that served, or the fallback (`fallback:<name>/<model>`);
+    /// empty for an answer the gateway wrote itself.
+    pub account: String,
+    /// The status the client got.
+    pub status: u16,
+    /// How the request ended (`complete`, `parked`, `client_gone`, …).
+    pub outcome: String,
+    /// The tokens the answer reported (zero when it reported none).
+    pub usage: Usage,
+    /// Whether the answer reported its usage (a cut stream may not have).
+    pub usage_known: bool,
+    /// What it cost, nano-USD; `None` for a model with no price.
+    pub cost_nano: Option<u64>,
+}
+
+/// What a store does: append entries, answer reports. Called on the
+/// ledger's writer thread only, one call at a time.
+pub trait Store: Send {
+    /// Appends `entries`, all or none.
+    fn append(&mut self, entries: &[Entry]) -> anyhow::Result<()>;
+    /// Answers `query`.
+    fn report(&mut self, query: &Query) -> anyhow::Result<Vec<Row>>;
+    /// What the store is, for `/status` (never a password).
+    fn describe(&self) -> String;
+}
+
+/// How the ledger is doing, for `/status` and `/metrics`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Health {
+    /// The store, described.
+    pub store: String,
+    /// Entries waiting to be written.
+    pub queued: usize,
+    /// Entries written since the start.
+    pub written: u64,
+    /// Entries dropped because the queue was full (the store was down too
+    /// long): counted here, never silently.
+    pub dropped: u64,
+    /// The store's last error while it is failing; `None` when it is up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub down: Option<String>,
+}
+
+/// How the writer is tuned.
+#[derive(Debug, Clone, Copy)]
+pub struct Tuning {
+    /// Longest an answered request's entry waits before it is written.
+    pub flush: Duration,
+    /// Most entries kept waiting (a store down meanwhile).
+    pub queue_max: usize,
+}
+
+type Reply = tokio::sync::oneshot::Sender<anyhow::Result<Vec<Row>>>;
+
+#[derive(Default)]
+struct Shared {
+    queue: VecDeque<Entry>,
+    reports: Vec<(Query, Reply)>,
+    health: Health,
+    stop: bool,
+}
+
+/// The ledger: a bounded queue and the thread that writes it.
+pub struct Ledger {
+    shared: Arc<(Mutex<Shared>, Condvar)>,
+    queue_max: usize,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Ledger {
+    /// Starts the writer thread over `store`.
+    pub fn start(store: Box<dyn Store>, tuning: Tuning) -> Arc<Ledger> {
+        let health = Health { store: store.describe(), ..Health::default() };
+        let shared = Arc::new((Mutex::new(Shared { health, ..Shared::default() }), Condvar::new()));
+        let for_writer = shared.clone();
+        let writer = std::thread::Builder::new()
+            .name("poolgate-ledger".into())
+            .spawn(move || write_loop(store, &for_writer, tuning))
+            .expect("a thread can be started");
+        Arc::new(Ledger { shared, queue_max: tuning.queue_max.max(1), writer: Mutex::new(Some(writer)) })
+    }
+
+    /// Queues `entry` (the request path: a lock for a push, no I/O).
+    pub fn push(&self, entry: Entry) {
+        let mut s = self.shared.0.lock();
+        if s.queue.len() >= self.queue_max {
+            s.health.dropped += 1;
+            return;
+        }
+        s.queue.push_back(entry);
+    }
+
+    /// How it is doing.
+    pub fn health(&self) -> Health {
+        let s = self.shared.0.lock();
+        Health { queued: s.queue.len(), ..s.health.clone() }
+    }
+
+    /// Answers `query` after writing what is queued (an error when the
+    /// store cannot).
+    pub async fn report(&self, query: Query) -> anyhow::Result<Vec<Row>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            let mut s = self.shared.0.lock();
+            if s.stop {
+                anyhow::bail!("the ledger is stopped");
+            }
+            s.reports.push((query, tx));
+        }
+        self.shared.1.notify_one();
+        rx.await.map_err(|_| anyhow::anyhow!("the ledger's writer stopped"))?
+    }
+
+    /// Writes what is queued and stops the writer (at shutdown); what the
+    /// store refuses then is reported in the log, with its count.
+    pub fn stop(&self) {
+        self.shared.0.lock().stop = true;
+        self.shared.1.notify_one();
+        if let Some(writer) = self.writer.lock().take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The writer: waits until `flush` after its last write (machine time: the
+/// flush interval bounds what a crash loses, which is real time) (or for a report,
+/// or the stop), writes everything queued in one append, answers reports.
+fn write_loop(mut store: Box<dyn Store>, shared: &(Mutex<Shared>, Condvar), tuning: Tuning) {
+    let (flush, queue_max) = (tuning.flush, tuning.queue_max.max(1));
+    let (lock, wake) = shared;
+    let mut next_write = crate::clock::machine_instant() + flush;
+    let mut backoff = flush;
+    loop {
+        let (batch, reports, stop) = {
+            let mut s = lock.lock();
+            while !s.stop && s.reports.is_empty() && crate::clock::machine_instant() < next_write {
+                wake.wait_until(&mut s, next_write);
+            }
+            let batch: Vec<Entry> = s.queue.drain(..).collect();
+            (batch, std::mem::take(&mut s.reports), s.stop)
+        };
+        let written = batch.is_empty() || append(&mut *store, &batch, lock);
+        if written {
+            backoff = flush;
+            next_write = crate::clock::machine_instant() + flush;
+        } else {
+            requeue(lock, batch, queue_max);
+            backoff = (backoff * 2).min(Duration::from_secs(30));
+            next_write = crate::clock::machine_instant() + backoff;
+        }
+        for (query, reply) in reports {
+            let answer = match written {
+                true => store.report(&query),
+                false => Err(anyhow::anyhow!(
+                    "the ledger's store is down: {}",
+                    lock.lock().health.down.clone().unwrap_or_default()
+                )),
+            };
+            let _ = reply.send(answer);
+        }
+        if stop {
+            let left = lock.lock().queue.len();
+            if left > 0 {
+                tracing::error!(entries = left, "usage ledger: entries not written at shutdown (the store is down)");
+            }
+            return;
+        }
+    }
+}
+
+/// Puts a batch the store refused back at the front of the queue, in order;
+/// the newest entries beyond `queue_max` are dropped, and counted.
+fn requeue(lock: &Mutex<Shared>, batch: Vec<Entry>, queue_max: usize) {
+    let mut s = lock.lock();
+    for e in batch.into_iter().rev() {
+        s.queue.push_front(e);
+    }
+    let over = s.queue.len().saturating_sub(queue_max);
+    s.queue.truncate(queue_max);
+    s.health.dropped += over as u64;
+}
+
+/// One append; the health says how it went.
+fn append(store: &mut dyn Store, batch: &[Entry], lock: &Mutex<Shared>) -> bool {
+    match store.append(batch) {
+        Ok(()) => {
+            let mut s = lock.lock();
+            s.health.written += batch.len() as u64;
+            if s.health.down.take().is_some() {
+                tracing::info!(store = %s.health.store, "usage ledger: the store is back; queued entries written");
+            }
+            true
+        }
+        Err(e) => {
+            let why = format!("{e:#}");
+            let mut s = lock.lock();
+            if s.health.down.is_none() {
+                tracing::error!(store = %s.health.store, error = %why, entries = batch.len(), "usage ledger: the store refused a write; entries stay queued");
+            }
+            s.health.down = Some(why);
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store that keeps entries in memory and refuses while `down`.
+    struct Memory {
+        kept: Arc<Mutex<Vec<Entry>>>,
+        down: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Store for Memory {
+        fn append(&mut self, entries: &[Entry]) -> anyhow::Result<()> {
+            if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                anyhow::bail!("connection refused");
+            }
+            self.kept.lock().extend_from_slice(entries);
+            Ok(())
+        }
+        fn report(&mut self, _: &Query) -> anyhow::Result<Vec<Row>> {
+            Ok(vec![Row { requests: self.kept.lock().len() as u64, ..Row::default() }])
+        }
+        fn describe(&self) -> String {
+            "memory".into()
+        }
+    }
+
+    fn entry(request: u64) -> Entry {
+        Entry { request, ..Entry::default() }
+    }
+
+    #[tokio::test]
+    async fn a_report_counts_every_entry_pushed_before_it() {
+        let (kept, down) = (Arc::default(), Arc::default());
+        let tuning = Tuning { flush: Duration::from_secs(3600), queue_max: 100 };
+        let ledger = Ledger::start(Box::new(Memory { kept, down }), tuning);
+        for i in 0..7 {
+            ledger.push(entry(i));
+        }
+        assert_eq!(ledger.report(Query::default()).await.unwrap()[0].requests, 7, "written before the report");
+        assert_eq!(ledger.health().written, 7);
+    }
+
+    #[tokio::test]
+    async fn a_store_that_is_down_keeps_entries_queued_and_counts_what_it_drops() {
+        let (kept, down): (Arc<Mutex<Vec<Entry>>>, Arc<std::sync::atomic::AtomicBool>) =
+            (Arc::default(), Arc::default());
+        down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let tuning = Tuning { flush: Duration::from_millis(1), queue_max: 5 };
+        let ledger = Ledger::start(Box::new(Memory { kept: kept.clone(), down: down.clone() }), tuning);
+        for i in 0..8 {
+            ledger.push(entry(i));
+        }
+        let refused = ledger.report(Query::default()).await.unwrap_err();
+        assert!(format!("{refused}").contains("connection refused"), "{refused}");
+        let health = ledger.health();
+        assert_eq!((health.queued, health.dropped), (5, 3), "{health:?}");
+        assert!(health.down.is_some());
+        down.store(false, std::sync::atomic::Ordering::SeqCst);
+        ledger.stop();
+        let order: Vec<u64> = kept.lock().iter().map(|e| e.request).collect();
+        assert_eq!(order, [0, 1, 2, 3, 4], "written in order once the store is back");
+        assert_eq!(ledger.health().down, None);
+    }
+}

@@ -1,0 +1,203 @@
+//! The embedded store: one SQLite file, in WAL mode.
+//!
+//! WAL with `synchronous = NORMAL`: a committed batch survives the process
+//! being killed (SIGKILL included); only a power loss may take the last
+//! commits. Entries are keyed by (replica, request), and a batch written
+//! twice (a commit whose acknowledgement was lost) is written once.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use rusqlite::{Connection, params};
+
+use super::report::{Dim, Query, Row};
+use super::{Entry, Store};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS usage (
+    at_ms INTEGER NOT NULL,
+    request INTEGER NOT NULL,
+    replica TEXT NOT NULL,
+    key TEXT NOT NULL,
+    team TEXT NOT NULL,
+    api TEXT NOT NULL,
+    model TEXT NOT NULL,
+    account TEXT NOT NULL,
+    status INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    cache_read_tokens INTEGER NOT NULL,
+    cache_creation_tokens INTEGER NOT NULL,
+    usage_known INTEGER NOT NULL,
+    cost_nano INTEGER,
+    PRIMARY KEY (replica, request)
+);
+CREATE INDEX IF NOT EXISTS usage_by_key ON usage (key, at_ms);
+CREATE INDEX IF NOT EXISTS usage_by_time ON usage (at_ms);
+";
+
+/// The SQLite store.
+pub struct Sqlite {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl Sqlite {
+    /// Opens (or creates) the database at `path`, with its directory.
+    pub fn open(path: &Path) -> Result<Sqlite> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let conn = Connection::open(path).with_context(|| format!("cannot open the ledger {}", path.display()))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.execute_batch(SCHEMA).with_context(|| format!("cannot set up the ledger {}", path.display()))?;
+        Ok(Sqlite { conn, path: path.to_path_buf() })
+    }
+}
+
+fn column(d: Dim) -> &'static str {
+    match d {
+        Dim::Key => "key",
+        Dim::Team => "team",
+        Dim::Model => "model",
+        Dim::Account => "account",
+        Dim::Day => "strftime('%Y-%m-%d', at_ms / 1000, 'unixepoch')",
+    }
+}
+
+impl Store for Sqlite {
+    fn append(&mut self, entries: &[Entry]) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut insert = tx.prepare_cached(
+                "INSERT OR IGNORE INTO usage VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+            )?;
+            for e in entries {
+                let u = &e.usage;
+                insert.execute(params![
+                    e.at_ms as i64,
+                    e.request as i64,
+                    e.replica,
+                    e.key,
+                    e.team,
+                    e.api,
+                    e.model,
+                    e.account,
+                    e.status,
+                    e.outcome,
+                    u.input_tokens as i64,
+                    u.output_tokens as i64,
+                    u.cache_read_input_tokens as i64,
+                    u.cache_creation_input_tokens as i64,
+                    e.usage_known,
+                    e.cost_nano.map(|c| c as i64),
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn report(&mut self, q: &Query) -> Result<Vec<Row>> {
+        let groups: Vec<String> = q.by.iter().map(|d| column(*d).to_string()).collect();
+        let select = groups.iter().map(|g| format!("{g}, ")).collect::<String>();
+        let group_by = match groups.is_empty() {
+            true => String::new(),
+            false => format!(" GROUP BY {0} ORDER BY {0}", groups.join(", ")),
+        };
+        let sql = format!(
+            "SELECT {select}COUNT(*), TOTAL(input_tokens), TOTAL(output_tokens), TOTAL(cache_read_tokens), \
+             TOTAL(cache_creation_tokens), TOTAL(COALESCE(cost_nano, 0)), \
+             TOTAL(cost_nano IS NULL AND usage_known), TOTAL(NOT usage_known) \
+             FROM usage WHERE at_ms >= ?1 AND at_ms < ?2 AND (?3 IS NULL OR key = ?3){group_by}"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let n = q.by.len();
+        let rows = stmt.query_map(params![q.from_ms as i64, q.to_ms.min(i64::MAX as u64) as i64, q.key], |r| {
+            let mut row = Row::default();
+            for (i, d) in q.by.iter().enumerate() {
+                row.group.insert(d.name(), r.get::<_, String>(i)?);
+            }
+            // TOTAL() is a float: exact for integers below 2^53.
+            let int = |i: usize| r.get::<_, f64>(i).map(|v| v as u64);
+            row.requests = r.get::<_, i64>(n)? as u64;
+            row.input_tokens = int(n + 1)?;
+            row.output_tokens = int(n + 2)?;
+            row.cache_read_input_tokens = int(n + 3)?;
+            row.cache_creation_input_tokens = int(n + 4)?;
+            row.cost_nano_usd = int(n + 5)?;
+            row.unpriced = int(n + 6)?;
+            row.usage_unknown = int(n + 7)?;
+            Ok(row)
+        })?;
+        let mut out: Vec<Row> = rows.collect::<rusqlite::Result<_>>()?;
+        // No entry at all: no row (a total over nothing is not a group).
+        out.retain(|r| r.requests > 0);
+        Ok(out)
+    }
+
+    fn describe(&self) -> String {
+        format!("sqlite {}", self.path.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use poolgate_wire::usage::Usage;
+
+    use super::*;
+
+    fn entry(request: u64, key: &str, model: &str, output: u64) -> Entry {
+        Entry {
+            at_ms: 1_764_547_200_000 + request * 3_600_000, // 2025-12-01T00:00Z, an hour apart
+            request,
+            replica: "r".into(),
+            key: key.into(),
+            team: "core".into(),
+            api: "messages".into(),
+            model: model.into(),
+            account: "a1".into(),
+            status: 200,
+            outcome: "complete".into(),
+            usage: Usage { input_tokens: 10, output_tokens: output, ..Usage::default() },
+            usage_known: true,
+            cost_nano: (model != "unpriced").then_some(output * 1_000),
+        }
+    }
+
+    #[test]
+    fn entries_are_kept_across_an_open_and_summed_by_group() {
+        let dir = tempdir();
+        let path = dir.join("ledger.sqlite");
+        let mut store = Sqlite::open(&path).unwrap();
+        let batch: Vec<Entry> = (0..30).map(|i| entry(i, ["alice", "bob"][i as usize % 2], "m", i)).collect();
+        store.append(&batch).unwrap();
+        store.append(&batch[..5]).unwrap(); // written twice: kept once
+        store.append(&[entry(100, "alice", "unpriced", 7)]).unwrap();
+        drop(store);
+        let mut store = Sqlite::open(&path).unwrap();
+        let all = Query { from_ms: 0, to_ms: u64::MAX, key: None, by: vec![Dim::Key] };
+        let rows = store.report(&all).unwrap();
+        assert_eq!(rows.len(), 2);
+        let (alice, bob) = (&rows[0], &rows[1]);
+        assert_eq!((alice.group["key"].as_str(), alice.requests, alice.unpriced), ("alice", 16, 1));
+        assert_eq!(alice.output_tokens, (0..30).step_by(2).sum::<u64>() + 7);
+        assert_eq!(bob.output_tokens, (1..30).step_by(2).sum::<u64>());
+        assert_eq!(bob.cost_nano_usd, bob.output_tokens * 1_000);
+        let day = Query { from_ms: 0, to_ms: u64::MAX, key: Some("bob".into()), by: vec![Dim::Day] };
+        let days: Vec<String> = store.report(&day).unwrap().iter().map(|r| r.group["day"].clone()).collect();
+        assert_eq!(days, ["2025-12-01", "2025-12-02"]);
+        let none = Query { from_ms: 0, to_ms: 1, key: None, by: vec![] };
+        assert!(store.report(&none).unwrap().is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn tempdir() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("poolgate-ledger-{}-{}", std::process::id(), line!()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+}
