@@ -221,7 +221,7 @@ fn config(args: &Args, sim: &SimUpstream, keys: &KeyDir, client_key: &str, admin
         name: "demo".into(),
         sha256: Some(hex::encode(crate::config::digest(client_key))),
         key_env: None,
-        team: None,
+        ..Default::default()
     }];
     config.server.admin_token_sha256 = Some(hex::encode(crate::config::digest(admin_token)));
     // Nothing a demo serves is worth a long wait at exit.

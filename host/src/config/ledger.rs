@@ -88,11 +88,31 @@ pub fn prices(table: &BTreeMap<String, PriceConfig>) -> Prices {
     Prices::with(&table.iter().map(|(k, v)| (k.clone(), v.price())).collect())
 }
 
-/// The meaning of `[prices]`: each pattern a name or `prefix*`.
-pub fn check(table: &BTreeMap<String, PriceConfig>, add: &mut impl FnMut(String, String)) {
-    for (pattern, p) in table {
+/// The meaning of `[prices]` (each pattern a name or `prefix*`) and of the
+/// keys' limits: a model pattern is a name or `prefix*`; a budget needs the
+/// ledger (kept only in memory, it would reset with every restart).
+pub fn check(config: &super::Config, add: &mut impl FnMut(String, String)) {
+    for (pattern, p) in &config.prices {
         if let Some(why) = crate::ledger::prices::check(pattern, &p.price()) {
             add(format!("prices.\"{pattern}\""), why);
+        }
+    }
+    for (i, key) in config.server.client_keys.iter().enumerate() {
+        for m in key.models.iter().flatten() {
+            let stars = m.matches('*').count();
+            if m.is_empty() || stars > 1 || (stars == 1 && !m.ends_with('*')) {
+                add(format!("server.client_keys[{i}].models"), format!("`{m}` is not a model name or `prefix*`"));
+            }
+        }
+        if key.has_budget() && config.ledger.file.as_deref() == Some("") {
+            add(
+                format!("server.client_keys[{i}]"),
+                format!(
+                    "key `{}` has a budget, which needs the usage ledger to hold across a restart; \
+                     [ledger] file is \"\" (set a file, or remove the budget)",
+                    key.name
+                ),
+            );
         }
     }
 }

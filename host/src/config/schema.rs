@@ -54,8 +54,22 @@ const MS_DAY: i64 = 86_400_000;
 pub const MAX_HEADER_BYTES: i64 = 1 << 20;
 
 /// `[[server.client_keys]]`.
-pub const CLIENT_KEY: &[Field] =
-    &[f("name", Kind::Str), f("sha256", Kind::Str), f("key_env", Kind::Str), f("team", Kind::Str)];
+pub const CLIENT_KEY: &[Field] = &[
+    f("name", Kind::Str),
+    f("sha256", Kind::Str),
+    f("key_env", Kind::Str),
+    f("team", Kind::Str),
+    f("models", Kind::Strs),
+    f("max_in_flight", Kind::Int(1, 100_000)),
+    f("requests_per_minute", Kind::Int(1, 10_000_000)),
+    f("tokens_per_minute", Kind::Int(1, i64::MAX)),
+    f("budget_tokens_day", Kind::Int(0, i64::MAX)),
+    f("budget_tokens_week", Kind::Int(0, i64::MAX)),
+    f("budget_tokens_month", Kind::Int(0, i64::MAX)),
+    f("budget_usd_day", Kind::Float(0.0, 1e9)),
+    f("budget_usd_week", Kind::Float(0.0, 1e9)),
+    f("budget_usd_month", Kind::Float(0.0, 1e9)),
+];
 
 /// `[server]`.
 pub const SERVER: &[Field] = &[
@@ -246,6 +260,16 @@ mod tests {
             sha256: Some("s".into()),
             key_env: Some("e".into()),
             team: Some("t".into()),
+            models: Some(vec!["m*".into()]),
+            max_in_flight: Some(1),
+            requests_per_minute: Some(1),
+            tokens_per_minute: Some(1),
+            budget_tokens_day: Some(1),
+            budget_tokens_week: Some(1),
+            budget_tokens_month: Some(1),
+            budget_usd_day: Some(1.0),
+            budget_usd_week: Some(1.0),
+            budget_usd_month: Some(1.0),
         });
         config.ledger.file = Some("ledger.sqlite".into());
         config.prices.insert(

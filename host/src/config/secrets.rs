@@ -241,7 +241,7 @@ mod tests {
             name: "x".into(),
             sha256: Some("abc".into()),
             key_env: None,
-            team: None,
+            ..Default::default()
         });
         let problems = config.resolve().err().unwrap();
         assert_eq!(problems[0].0, "server.client_keys[0]");

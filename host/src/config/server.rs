@@ -80,7 +80,7 @@ pub enum LogFormat {
 
 /// One `[[server.client_keys]]` entry. The key itself is never in the file: give
 /// its SHA-256, or the environment variable that holds it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClientKey {
     /// A name for logs and metrics (never the key).
@@ -94,6 +94,67 @@ pub struct ClientKey {
     /// A team tag: the usage ledger's reports group keys by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub team: Option<String>,
+    /// The models the key may ask for (names or `prefix*`); unset: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
+    /// Most requests of the key in flight at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
+    /// Most requests the key may start in any 60 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u32>,
+    /// Most tokens (every kind) the key's answers may use in any 60 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u64>,
+    /// Budgets in tokens (every kind) per UTC day, week (from Monday) and
+    /// month.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_tokens_day: Option<u64>,
+    /// See `budget_tokens_day`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_tokens_week: Option<u64>,
+    /// See `budget_tokens_day`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_tokens_month: Option<u64>,
+    /// Budgets in USD (at `[prices]`) per UTC day, week and month.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_usd_day: Option<f64>,
+    /// See `budget_usd_day`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_usd_week: Option<f64>,
+    /// See `budget_usd_day`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_usd_month: Option<f64>,
+}
+
+impl ClientKey {
+    /// What the key may do.
+    pub fn policy(&self) -> crate::ledger::limits::KeyPolicy {
+        use crate::ledger::calendar::Period;
+        use crate::ledger::limits::{Amount, Budget, KeyPolicy};
+        let mut budgets = Vec::new();
+        for (period, tokens, usd) in [
+            (Period::Day, self.budget_tokens_day, self.budget_usd_day),
+            (Period::Week, self.budget_tokens_week, self.budget_usd_week),
+            (Period::Month, self.budget_tokens_month, self.budget_usd_month),
+        ] {
+            budgets.extend(tokens.map(|t| Budget { period, amount: Amount::Tokens(t) }));
+            budgets.extend(usd.map(|u| Budget { period, amount: Amount::NanoUsd((u * 1e9).round() as u64) }));
+        }
+        KeyPolicy {
+            models: self.models.clone().unwrap_or_default(),
+            max_in_flight: self.max_in_flight,
+            requests_per_minute: self.requests_per_minute,
+            tokens_per_minute: self.tokens_per_minute,
+            budgets,
+        }
+    }
+
+    /// Whether the key has a budget (which needs the usage ledger, to
+    /// survive a restart).
+    pub fn has_budget(&self) -> bool {
+        !self.policy().budgets.is_empty()
+    }
 }
 
 /// `[gateway]`.

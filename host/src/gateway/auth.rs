@@ -26,12 +26,33 @@ pub struct ClientKeys {
     keys: Vec<(String, [u8; 32])>,
     /// Team tags by key name.
     teams: std::collections::HashMap<String, String>,
+    /// The limits of the keys that have any, by name.
+    policies: std::collections::HashMap<String, crate::ledger::limits::KeyPolicy>,
 }
 
 impl ClientKeys {
     /// The accepted keys: (name, SHA-256), as the config resolved them.
     pub fn new(keys: Vec<(String, [u8; 32])>) -> ClientKeys {
-        ClientKeys { keys, teams: Default::default() }
+        ClientKeys { keys, teams: Default::default(), policies: Default::default() }
+    }
+
+    /// With each key's limits (keys without any are left out).
+    pub fn with_policies(
+        self,
+        policies: impl IntoIterator<Item = (String, crate::ledger::limits::KeyPolicy)>,
+    ) -> ClientKeys {
+        let policies = policies.into_iter().filter(|(_, p)| !p.is_open()).collect();
+        ClientKeys { policies, ..self }
+    }
+
+    /// The limits of the key called `name`; `None` for a key without any.
+    pub fn policy(&self, name: &str) -> Option<&crate::ledger::limits::KeyPolicy> {
+        self.policies.get(name)
+    }
+
+    /// The names of the keys with limits.
+    pub fn limited(&self) -> impl Iterator<Item = &str> {
+        self.policies.keys().map(String::as_str)
     }
 
     /// With team tags: (key name, team).

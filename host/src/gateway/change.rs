@@ -272,7 +272,7 @@ mod tests {
             name: name.into(),
             sha256: Some("ab".into()),
             key_env: None,
-            team: None,
+            ..Default::default()
         };
         was.server.client_keys = vec![key("alice"), key("ci")];
         let mut now = was.clone();

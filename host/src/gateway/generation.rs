@@ -286,7 +286,9 @@ impl Generation {
             }
         }
         let teams = config.server.client_keys.iter().filter_map(|k| Some((k.name.clone(), k.team.clone()?)));
-        let client_keys = ClientKeys::new(resolved.client_keys.clone()).with_teams(teams.collect());
+        let policies = config.server.client_keys.iter().map(|k| (k.name.clone(), k.policy()));
+        let client_keys =
+            ClientKeys::new(resolved.client_keys.clone()).with_teams(teams.collect()).with_policies(policies);
         let admin = AdminToken::new(resolved.admin);
         if !problems.is_empty() {
             bail!("{}", problems.join("\n"));

@@ -51,6 +51,8 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::learned::AccountBook;
 use crate::learned::accounts::AccountState;
+use crate::ledger::calendar::Period;
+use crate::ledger::report::Dim;
 use crate::metrics::Metrics;
 use crate::policy::{MemoryState, PolicyEngine, StateStore};
 pub use generation::Generation;
@@ -137,6 +139,10 @@ pub struct Gateway {
     pub clock: Clock,
     /// The usage ledger (`[ledger]`), when there is one.
     pub ledger: Option<Arc<crate::ledger::Ledger>>,
+    /// Each client key's meter: in flight, the last minute, what it spent
+    /// this day, week and month (kept across reloads; seeded from the
+    /// ledger at start).
+    pub meters: Arc<crate::ledger::limits::Meters>,
     /// This process's name in ledger entries (`[state] replica`, else host
     /// and process id): with the request id, unique across replicas.
     pub replica: String,
@@ -238,7 +244,9 @@ impl Gateway {
             clock,
             ledger,
             replica,
+            meters: Arc::default(),
         });
+        gateway.seed_meters().await?;
         gateway.share_seats(&gateway.generation());
         // What this gateway learned before a restart, before it serves and
         // before replicas merge their records into it.
@@ -285,6 +293,27 @@ impl Gateway {
         let Some(p) = self.persist.clone() else { return };
         let gw = self.clone();
         tokio::spawn(async move { p.save(&gw, false).await });
+    }
+
+    /// What each key with limits spent this day, week and month before this
+    /// start, from the ledger: a budget holds across a restart.
+    async fn seed_meters(&self) -> Result<()> {
+        let Some(ledger) = &self.ledger else { return Ok(()) };
+        let generation = self.generation();
+        if generation.client_keys.limited().next().is_none() {
+            return Ok(());
+        }
+        let now = self.clock.now_ms();
+        for period in [Period::Day, Period::Week, Period::Month] {
+            let (from_ms, _) = period.around(now);
+            let query = crate::ledger::Query { from_ms, to_ms: u64::MAX, key: None, by: vec![Dim::Key] };
+            let rows = ledger.report(query).await.map_err(|e| anyhow::anyhow!("ledger.file: {e:#}"))?;
+            for row in rows {
+                let key = row.group.get("key").map_or("", String::as_str);
+                self.meters.seed(key, period, row.tokens(), row.cost_nano_usd, now);
+            }
+        }
+        Ok(())
     }
 
     /// Writes what the ledger holds and stops its writer (at shutdown, after

@@ -38,7 +38,7 @@ impl Period {
             Period::Day => (day * DAY_MS, (day + 1) * DAY_MS),
             Period::Week => {
                 // Day 0 (1970-01-01) was a Thursday: Monday is 3 days later.
-                let monday = day - (day + 3) % 7;
+                let monday = day.saturating_sub((day + 3) % 7);
                 (monday * DAY_MS, (monday + 7) * DAY_MS)
             }
             Period::Month => {

@@ -18,11 +18,13 @@
 //! asks the store, so it counts every request answered before it.
 //!
 //! - [`calendar`]: UTC days, weeks and months;
+//! - [`limits`]: what one key may do, and the meter holding it to that;
 //! - [`prices`]: what a request's usage cost, by model;
 //! - [`sqlite`]: the embedded store (a file, WAL);
 //! - [`report`]: the questions a report asks and its rows.
 
 pub mod calendar;
+pub mod limits;
 pub mod prices;
 pub mod report;
 pub mod sqlite;

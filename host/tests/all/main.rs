@@ -24,6 +24,7 @@ mod fallback;
 mod gateway_e2e;
 mod gateway_routes;
 mod hot_swap;
+mod key_limits;
 mod languages;
 mod layers;
 mod load_limits;

@@ -50,7 +50,7 @@ pub fn meaning(
     stage_names(&config.policy.chain, &mut add);
     plugin_files(&config.policy.chain, &mut add);
     crate::config::state::check(&config.state, &config.oauth, &mut add);
-    crate::config::ledger::check(&config.prices, &mut add);
+    crate::config::ledger::check(config, &mut add);
     let st = &config.policy.state;
     if st.max_total_mb < st.max_scope_mb {
         add(

@@ -61,6 +61,7 @@ pub async fn client_usage(State(s): State<AppState>, headers: HeaderMap) -> Resp
         },
     };
     let team = g.client_keys.team(&key).map(str::to_string);
+    let budgets = budgets(&s, g.client_keys.policy(&key), &key);
     drop(g);
     let Some(ledger) = s.gateway.ledger.as_deref() else { return no_ledger() };
     let now = s.gateway.clock.now_ms();
@@ -73,7 +74,35 @@ pub async fn client_usage(State(s): State<AppState>, headers: HeaderMap) -> Resp
             Err(r) => return *r,
         }
     }
-    json(&serde_json::json!({ "key": key, "team": team, "now": rfc3339(now), "usage": periods }))
+    json(&serde_json::json!({ "key": key, "team": team, "now": rfc3339(now), "usage": periods, "budgets": budgets }))
+}
+
+/// The key's budgets as its meter holds them (what admission checks): the
+/// limit, what is spent and left, when it resets.
+fn budgets(s: &AppState, policy: Option<&crate::ledger::limits::KeyPolicy>, key: &str) -> Vec<serde_json::Value> {
+    use crate::ledger::limits::Amount;
+    let Some(policy) = policy else { return Vec::new() };
+    let now = s.gateway.clock.now_ms();
+    let meter = s.gateway.meters.meter(key);
+    let usd = |nano: u64| report::usd(nano);
+    policy
+        .budgets
+        .iter()
+        .map(|b| {
+            let spent = meter.spent(b.period, now);
+            let resets_at = rfc3339(b.period.around(now).1);
+            match b.amount {
+                Amount::Tokens(max) => serde_json::json!({
+                    "period": b.period.name(), "unit": "tokens", "limit": max, "spent": spent.tokens,
+                    "remaining": max.saturating_sub(spent.tokens), "resets_at": resets_at,
+                }),
+                Amount::NanoUsd(max) => serde_json::json!({
+                    "period": b.period.name(), "unit": "usd", "limit": usd(max), "spent": usd(spent.nano_usd),
+                    "remaining": usd(max.saturating_sub(spent.nano_usd)), "resets_at": resets_at,
+                }),
+            }
+        })
+        .collect()
 }
 
 /// The query string of `GET /admin/usage`.

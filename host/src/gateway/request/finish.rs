@@ -79,6 +79,8 @@ pub struct Finish {
     pub(super) status: u16,
     /// Whether the request was completed (and kept).
     pub(super) done: bool,
+    /// Its place on its client key's meter, settled with what it used.
+    pub(super) key_lease: Option<crate::ledger::limits::KeyLease>,
 }
 
 impl Finish {
@@ -123,6 +125,7 @@ impl Finish {
         if !record.attempts.is_empty() {
             h.insert("x-poolgate-attempts", HeaderValue::from(record.attempts.len()));
         }
+        super::key_limits::budget_headers(&self.gateway, &self.generation, record.client.as_deref(), h);
         r
     }
 
@@ -170,6 +173,9 @@ impl Finish {
             ms: record.duration_ms,
         });
         let entry = self.entry(&record);
+        if let Some(lease) = self.key_lease.take() {
+            lease.settle(entry.usage.total(), entry.cost_nano.unwrap_or(0), gateway.clock.now_ms());
+        }
         gateway.metrics.usage(&entry.key, &entry.model, &entry.usage, entry.cost_nano);
         if let Some(ledger) = &gateway.ledger {
             ledger.push(entry);

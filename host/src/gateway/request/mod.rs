@@ -19,7 +19,8 @@
 //!
 //! The phases' modules, in the order they run: [`read`] (what is read from
 //! the client) and [`dialect`] (how the client speaks: its answers are
-//! translated before they finish), [`admission`] (in-flight limits and their queue),
+//! translated before they finish), [`key_limits`] (what the client key may
+//! still do: its models, limits and budgets), [`admission`] (in-flight limits and their queue),
 //! [`attempt`] (one try on one account through [`upstream`]'s `Transport`,
 //! what it teaches, and the pure failover decision), [`relay`] and [`body`]
 //! (the response body as it streams: framing, translation, keep-alive),
@@ -39,6 +40,7 @@ pub mod dialect;
 pub mod errors;
 pub mod fallback;
 pub mod finish;
+pub mod key_limits;
 pub mod read;
 pub mod record;
 pub mod relay;
@@ -161,6 +163,8 @@ pub struct Exchange {
     /// How the last failed attempt went, with the request the chain saw for
     /// it: the answer when no account is left, and what the chain hears.
     last: Option<(Failure, wit::Request)>,
+    /// The request's place on its client key's meter (a key with limits).
+    key_lease: Option<crate::ledger::limits::KeyLease>,
 }
 
 impl Exchange {
@@ -184,6 +188,13 @@ impl Exchange {
             return Err(Box::new(early.refuse_from(&gw, "no_accounts", incoming.client.as_deref(), r)));
         }
         let model = facts.model.clone().unwrap_or_default();
+        // The key's limits: every route that asks a model.
+        let metered = api != Api::Models;
+        let key_lease = match metered {
+            true => key_limits::admit(&gw, &generation, &incoming, &model)
+                .map_err(|r| Box::new(early.refuse_from(&gw, "key_limit", incoming.client.as_deref(), *r)))?,
+            false => None,
+        };
         let pool = generation.accounts.len();
         let max = generation.config.gateway.max_attempts;
         let max_attempts = if max == 0 { pool } else { max.min(pool) } as u32;
@@ -221,6 +232,7 @@ impl Exchange {
             tried: Vec::new(),
             max_attempts,
             last: None,
+            key_lease,
         })
     }
 
@@ -360,7 +372,7 @@ impl Exchange {
             // Boxed: only a translated answer waits here, and every request's
             // future would otherwise carry this one's size (it is moved, and
             // copied, whole when the handler's future is boxed).
-            return Box::pin(read_whole(finish, head, first, rest)).await;
+            return Box::pin(relay::read_whole(finish, head, first, rest)).await;
         }
         relay::respond(finish, head, first, rest, sse, length, false)
     }
@@ -484,38 +496,7 @@ impl Exchange {
             dialect: self.incoming.dialect,
             status: 0,
             done: false,
-        }
-    }
-}
-
-/// The most of an answer that is read whole to be translated.
-const WHOLE_LIMIT: usize = 64 << 20;
-
-/// Reads the account's answer whole (`first`, then `rest`) and answers with
-/// it in the client's dialect; an answer that breaks first is a 502, and one
-/// still open at the end of the shutdown grace period a 503.
-async fn read_whole(finish: Finish, head: Response, first: Bytes, rest: upstream::Rest) -> Response {
-    let cut = finish.gateway.lifecycle.on_cut();
-    tokio::select! {
-        biased;
-        read = upstream::collect(first, rest, WHOLE_LIMIT) => match read {
-            Ok(bytes) => {
-                let mut finish = finish;
-                if head.status().is_success() {
-                    finish.record.usage = poolgate_wire::usage::of_message(&bytes);
-                }
-                finish.now(head.map(|_| Body::from(bytes)), Ending::Complete)
-            }
-            Err(why) => {
-                tracing::warn!(request = finish.record.id, error = %why, "upstream answer broke before it was whole");
-                let msg = "poolgate: the upstream answer broke before it was whole";
-                finish.now(error(StatusCode::BAD_GATEWAY, ErrorType::Api, msg), Ending::StreamError)
-            }
-        },
-        () = cut => {
-            finish.gateway.metrics.shutdown_cut();
-            let msg = "poolgate is shutting down: its shutdown grace period ended before the upstream answer was whole";
-            finish.now(error(StatusCode::SERVICE_UNAVAILABLE, ErrorType::Api, msg), Ending::Shutdown)
+            key_lease: self.key_lease,
         }
     }
 }

@@ -14,6 +14,9 @@
 //! is shutting down (which the OpenAI translation turns into an OpenAI error
 //! chunk), any other body ends torn — and the request is recorded as
 //! `shutdown`, not as a client that went away.
+//!
+//! An answer that must be translated whole (any but a 2xx stream, for a
+//! client of another dialect) is read whole first ([`read_whole`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,9 +29,10 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::Response;
-use http::header;
+use http::{StatusCode, header};
 
 use super::body::{ANTHROPIC_PING, OPENAI_KEEPALIVE, Translate, with_keepalive};
+use super::errors::{ErrorType, error};
 use super::finish::Finish;
 use super::record::Ending;
 use super::upstream::Rest;
@@ -292,6 +296,38 @@ impl Stream for Relay {
                     return Poll::Ready(Some(Err(std::io::Error::other("upstream body interrupted"))));
                 }
             }
+        }
+    }
+}
+
+/// The most of an answer that is read whole to be translated.
+const WHOLE_LIMIT: usize = 64 << 20;
+
+/// Reads the account's answer whole (`first`, then `rest`) and answers with
+/// it in the client's dialect; an answer that breaks first is a 502, and one
+/// still open at the end of the shutdown grace period a 503.
+pub async fn read_whole(finish: Finish, head: Response, first: Bytes, rest: Rest) -> Response {
+    let cut = finish.gateway.lifecycle.on_cut();
+    tokio::select! {
+        biased;
+        read = super::upstream::collect(first, rest, WHOLE_LIMIT) => match read {
+            Ok(bytes) => {
+                let mut finish = finish;
+                if head.status().is_success() {
+                    finish.record.usage = poolgate_wire::usage::of_message(&bytes);
+                }
+                finish.now(head.map(|_| Body::from(bytes)), Ending::Complete)
+            }
+            Err(why) => {
+                tracing::warn!(request = finish.record.id, error = %why, "upstream answer broke before it was whole");
+                let msg = "poolgate: the upstream answer broke before it was whole";
+                finish.now(error(StatusCode::BAD_GATEWAY, ErrorType::Api, msg), Ending::StreamError)
+            }
+        },
+        () = cut => {
+            finish.gateway.metrics.shutdown_cut();
+            let msg = "poolgate is shutting down: its shutdown grace period ended before the upstream answer was whole";
+            finish.now(error(StatusCode::SERVICE_UNAVAILABLE, ErrorType::Api, msg), Ending::Shutdown)
         }
     }
 }

@@ -1,0 +1,374 @@
+//! What one client key may do — the models it may ask for, how many requests
+//! it may have in flight, requests and tokens per minute, and budgets in
+//! tokens or USD per UTC day, week and month — and the meter that holds each
+//! key to it.
+//!
+//! Plain data and pure functions of the time passed in: a request is
+//! admitted (or refused, saying which limit and when it frees) when it
+//! starts, and settled with what its answer used when it ends.
+//!
+//! **The overspend bound.** A budget is checked when a request starts,
+//! against what the key's *finished* requests used; what its requests in
+//! flight will use is not known until they end. So a key can pass its budget
+//! by at most what the requests it has in flight at the moment the budget is
+//! reached use: with `max_in_flight = n`, at most `n` requests' worth (and
+//! never by a request that started after the budget was spent). Per-minute
+//! token limits behave the same way.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use super::calendar::Period;
+
+/// A budget: at most this much per calendar period (UTC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Budget {
+    /// The period it resets with.
+    pub period: Period,
+    /// What it holds.
+    pub amount: Amount,
+}
+
+/// What a budget counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Amount {
+    /// Tokens of every kind (input, output, cache reads and writes).
+    Tokens(u64),
+    /// Cost, nano-USD.
+    NanoUsd(u64),
+}
+
+/// One key's limits (every one optional).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyPolicy {
+    /// The models it may ask for: names or `prefix*`; empty: any.
+    pub models: Vec<String>,
+    /// Most requests in flight at once.
+    pub max_in_flight: Option<u32>,
+    /// Most requests started in any 60 s.
+    pub requests_per_minute: Option<u32>,
+    /// Most tokens (every kind) answered in any 60 s.
+    pub tokens_per_minute: Option<u64>,
+    /// Budgets per calendar period.
+    pub budgets: Vec<Budget>,
+}
+
+impl KeyPolicy {
+    /// Whether the policy limits anything (a key without limits is not
+    /// metered on the request path).
+    pub fn is_open(&self) -> bool {
+        *self == KeyPolicy::default()
+    }
+
+    /// Whether `model` is one the key may ask for.
+    pub fn allows(&self, model: &str) -> bool {
+        self.models.is_empty()
+            || self.models.iter().any(|p| match p.strip_suffix('*') {
+                Some(prefix) => model.starts_with(prefix),
+                None => p == model,
+            })
+    }
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Refusal {
+    /// 403 (a model not allowed) or 429 (a limit reached).
+    pub status: u16,
+    /// Which limit: `model_not_allowed`, `max_in_flight`,
+    /// `requests_per_minute`, `tokens_per_minute`, `budget_<period>_<tokens|usd>`.
+    pub limit: String,
+    /// The sentence for the client.
+    pub message: String,
+    /// When it frees (ms since the epoch), when known.
+    pub frees_at_ms: Option<u64>,
+}
+
+/// One second's requests and tokens.
+#[derive(Debug, Clone, Copy, Default)]
+struct Second {
+    at_s: u64,
+    requests: u32,
+    tokens: u64,
+}
+
+/// What a key spent in one calendar period.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Spent {
+    /// Its start (ms since the epoch); a spend of an earlier period reads 0.
+    pub from_ms: u64,
+    /// Tokens of every kind.
+    pub tokens: u64,
+    /// Cost, nano-USD.
+    pub nano_usd: u64,
+}
+
+const PERIODS: [Period; 3] = [Period::Day, Period::Week, Period::Month];
+
+/// One key's meter.
+#[derive(Debug, Clone, Default)]
+pub struct KeyMeter {
+    in_flight: u32,
+    /// The last 60 seconds, by second (a ring indexed by `second % 60`).
+    seconds: Vec<Second>,
+    /// Day, week, month.
+    spent: [Spent; 3],
+}
+
+impl KeyMeter {
+    fn minute(&self, now_ms: u64) -> (u32, u64) {
+        let now_s = now_ms / 1000;
+        self.seconds.iter().filter(|s| s.at_s + 60 > now_s).fold((0, 0), |(r, t), s| (r + s.requests, t + s.tokens))
+    }
+
+    fn second(&mut self, now_ms: u64) -> &mut Second {
+        if self.seconds.is_empty() {
+            self.seconds = vec![Second::default(); 60];
+        }
+        let at_s = now_ms / 1000;
+        let slot = &mut self.seconds[(at_s % 60) as usize];
+        if slot.at_s != at_s {
+            *slot = Second { at_s, ..Second::default() };
+        }
+        slot
+    }
+
+    /// What was spent in `period` as of `now_ms` (0 once it reset).
+    pub fn spent(&self, period: Period, now_ms: u64) -> Spent {
+        let (from_ms, _) = period.around(now_ms);
+        let i = PERIODS.iter().position(|p| *p == period).unwrap_or(0);
+        match self.spent[i].from_ms == from_ms {
+            true => self.spent[i],
+            false => Spent { from_ms, ..Spent::default() },
+        }
+    }
+
+    /// Adds what a finished request spent, at `now_ms`.
+    fn add(&mut self, tokens: u64, nano_usd: u64, now_ms: u64) {
+        for (i, period) in PERIODS.iter().enumerate() {
+            let current = self.spent(*period, now_ms);
+            self.spent[i] = Spent { tokens: current.tokens + tokens, nano_usd: current.nano_usd + nano_usd, ..current };
+        }
+    }
+
+    /// Admits a request for `model` under `policy` at `now_ms`, or says why
+    /// not. Admitted, it is in flight until [`KeyMeter::settle`] or
+    /// [`KeyMeter::release`].
+    pub fn admit(&mut self, policy: &KeyPolicy, model: &str, now_ms: u64) -> Result<(), Refusal> {
+        let refuse = |limit: &str, message: String, frees_at_ms| {
+            Err(Refusal { status: 429, limit: limit.to_string(), message, frees_at_ms })
+        };
+        if !policy.allows(model) {
+            return Err(Refusal {
+                status: 403,
+                limit: "model_not_allowed".into(),
+                message: format!("this key may not use `{model}` (allowed: {})", policy.models.join(", ")),
+                frees_at_ms: None,
+            });
+        }
+        if let Some(max) = policy.max_in_flight
+            && self.in_flight >= max
+        {
+            return refuse("max_in_flight", format!("this key has {max} requests in flight, its limit"), None);
+        }
+        let (requests, tokens) = self.minute(now_ms);
+        let next_second = (now_ms / 1000 + 1) * 1000;
+        if let Some(max) = policy.requests_per_minute
+            && requests >= max
+        {
+            return refuse(
+                "requests_per_minute",
+                format!("this key sent {max} requests in the last minute, its limit"),
+                Some(next_second),
+            );
+        }
+        if let Some(max) = policy.tokens_per_minute
+            && tokens >= max
+        {
+            let msg = format!("this key used {tokens} tokens in the last minute; its limit is {max}");
+            return refuse("tokens_per_minute", msg, Some(next_second));
+        }
+        for b in &policy.budgets {
+            let spent = self.spent(b.period, now_ms);
+            let (over, limit, what) = match b.amount {
+                Amount::Tokens(max) => (spent.tokens >= max, "tokens", format!("{} of {max} tokens", spent.tokens)),
+                Amount::NanoUsd(max) => (
+                    spent.nano_usd >= max,
+                    "usd",
+                    format!("${:.4} of ${:.4}", spent.nano_usd as f64 / 1e9, max as f64 / 1e9),
+                ),
+            };
+            if over {
+                let resets = b.period.around(now_ms).1;
+                let msg = format!(
+                    "this key's {} budget is spent ({what}); it resets at {}",
+                    b.period.name(),
+                    super::calendar::rfc3339(resets)
+                );
+                return refuse(&format!("budget_{}_{limit}", b.period.name()), msg, Some(resets));
+            }
+        }
+        self.in_flight += 1;
+        self.second(now_ms).requests += 1;
+        Ok(())
+    }
+
+    /// An admitted request ended, having used `tokens` costing `nano_usd`.
+    pub fn settle(&mut self, tokens: u64, nano_usd: u64, now_ms: u64) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.second(now_ms).tokens += tokens;
+        self.add(tokens, nano_usd, now_ms);
+    }
+
+    /// An admitted request ended before it could be settled (its task was
+    /// dropped): no longer in flight.
+    pub fn release(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+}
+
+/// Every key's meter, shared by the gateway's requests (and kept across
+/// reloads: a reload does not reset what a key spent).
+#[derive(Debug, Default)]
+pub struct Meters {
+    keys: Mutex<HashMap<String, KeyMeter>>,
+}
+
+impl Meters {
+    /// Admits a request of `key` (see [`KeyMeter::admit`]); the lease ends
+    /// it.
+    pub fn admit(
+        self: &Arc<Self>,
+        key: &str,
+        policy: &KeyPolicy,
+        model: &str,
+        now_ms: u64,
+    ) -> Result<KeyLease, Refusal> {
+        self.keys.lock().entry(key.to_string()).or_default().admit(policy, model, now_ms)?;
+        Ok(KeyLease { meters: self.clone(), key: key.to_string(), open: true })
+    }
+
+    /// Sets what `key`'s finished requests spent in `period` so far (the
+    /// ledger's sums, when a gateway starts).
+    pub fn seed(&self, key: &str, period: Period, tokens: u64, nano_usd: u64, now_ms: u64) {
+        let mut keys = self.keys.lock();
+        let meter = keys.entry(key.to_string()).or_default();
+        let i = PERIODS.iter().position(|p| *p == period).unwrap_or(0);
+        meter.spent[i] = Spent { from_ms: period.around(now_ms).0, tokens, nano_usd };
+    }
+
+    /// A copy of `key`'s meter.
+    pub fn meter(&self, key: &str) -> KeyMeter {
+        self.keys.lock().get(key).cloned().unwrap_or_default()
+    }
+}
+
+/// An admitted request's place on its key's meter: settled with what it used
+/// when it ends, released if it is dropped first.
+#[derive(Debug)]
+pub struct KeyLease {
+    meters: Arc<Meters>,
+    key: String,
+    open: bool,
+}
+
+impl KeyLease {
+    /// The request ended having used `tokens` costing `nano_usd`.
+    pub fn settle(mut self, tokens: u64, nano_usd: u64, now_ms: u64) {
+        self.open = false;
+        if let Some(m) = self.meters.keys.lock().get_mut(&self.key) {
+            m.settle(tokens, nano_usd, now_ms);
+        }
+    }
+}
+
+impl Drop for KeyLease {
+    fn drop(&mut self) {
+        if self.open
+            && let Some(m) = self.meters.keys.lock().get_mut(&self.key)
+        {
+            m.release();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::calendar::parse_time;
+
+    fn at(s: &str) -> u64 {
+        parse_time(s).unwrap()
+    }
+
+    #[test]
+    fn a_model_outside_the_list_is_forbidden_and_a_pattern_allows_a_family() {
+        let policy =
+            KeyPolicy { models: vec!["claude-haiku-*".into(), "claude-sonnet-4-5".into()], ..KeyPolicy::default() };
+        let mut m = KeyMeter::default();
+        assert!(m.admit(&policy, "claude-haiku-4-5-20251001", 0).is_ok());
+        assert!(m.admit(&policy, "claude-sonnet-4-5", 0).is_ok());
+        let refused = m.admit(&policy, "claude-opus-4-1", 0).unwrap_err();
+        assert_eq!((refused.status, refused.limit.as_str()), (403, "model_not_allowed"));
+    }
+
+    #[test]
+    fn in_flight_and_per_minute_limits_free_as_requests_end_and_time_passes() {
+        let policy = KeyPolicy { max_in_flight: Some(2), requests_per_minute: Some(3), ..KeyPolicy::default() };
+        let meters = Arc::new(Meters::default());
+        let t = at("2026-12-07T10:00:00Z");
+        let a = meters.admit("k", &policy, "m", t).unwrap();
+        let b = meters.admit("k", &policy, "m", t).unwrap();
+        assert_eq!(meters.admit("k", &policy, "m", t).unwrap_err().limit, "max_in_flight");
+        a.settle(10, 0, t);
+        drop(b); // its task went away: released, not settled
+        assert_eq!(meters.meter("k").in_flight(), 0);
+        let c = meters.admit("k", &policy, "m", t + 1_000).unwrap();
+        let refused = meters.admit("k", &policy, "m", t + 2_000).unwrap_err();
+        assert_eq!((refused.limit.as_str(), refused.frees_at_ms), ("requests_per_minute", Some(t + 3_000)));
+        drop(c);
+        assert!(meters.admit("k", &policy, "m", t + 60_000).is_ok(), "the first second left the minute");
+    }
+
+    #[test]
+    fn a_budget_refuses_once_spent_and_resets_with_its_period() {
+        let policy = KeyPolicy {
+            budgets: vec![Budget { period: Period::Day, amount: Amount::NanoUsd(1_000_000_000) }],
+            ..KeyPolicy::default()
+        };
+        let meters = Arc::new(Meters::default());
+        let t = at("2026-12-07T23:00:00Z");
+        meters.seed("k", Period::Day, 0, 600_000_000, t);
+        let lease = meters.admit("k", &policy, "m", t).unwrap();
+        // In flight when the budget is reached: it ends, and overspends.
+        let other = meters.admit("k", &policy, "m", t).unwrap();
+        lease.settle(5, 500_000_000, t);
+        let refused = meters.admit("k", &policy, "m", t).unwrap_err();
+        assert_eq!(refused.limit, "budget_day_usd");
+        assert_eq!(refused.frees_at_ms, Some(at("2026-12-08")));
+        assert!(refused.message.contains("$1.1000 of $1.0000"), "{}", refused.message);
+        other.settle(5, 300_000_000, t);
+        assert_eq!(meters.meter("k").spent(Period::Day, t).nano_usd, 1_400_000_000, "overspent by what was in flight");
+        assert!(meters.admit("k", &policy, "m", at("2026-12-08T00:00:01Z")).is_ok(), "a new day");
+        assert_eq!(meters.meter("k").spent(Period::Month, at("2026-12-08")).nano_usd, 800_000_000, "settled ones only");
+    }
+
+    #[test]
+    fn tokens_per_minute_count_what_finished_requests_used() {
+        let policy = KeyPolicy { tokens_per_minute: Some(100), ..KeyPolicy::default() };
+        let mut m = KeyMeter::default();
+        m.admit(&policy, "m", 0).unwrap();
+        m.settle(120, 0, 500);
+        assert_eq!(m.admit(&policy, "m", 30_000).unwrap_err().limit, "tokens_per_minute");
+        assert!(m.admit(&policy, "m", 61_000).is_ok());
+    }
+}
