@@ -88,6 +88,10 @@ pub struct Scanner {
     carry: Vec<u8>,
     /// A line was longer than [`LINE_MAX`] and skipped.
     lost: bool,
+    /// The stream's closing `message_delta` (the final output count) was read.
+    finished: bool,
+    /// Bytes read.
+    bytes: u64,
 }
 
 const KEY: &[u8] = b"\"usage\":";
@@ -95,6 +99,7 @@ const KEY: &[u8] = b"\"usage\":";
 impl Scanner {
     /// Reads one chunk of the stream.
     pub fn push(&mut self, chunk: &[u8]) {
+        self.bytes += chunk.len() as u64;
         if self.carry.is_empty() {
             let whole = match memchr::memrchr(b'\n', chunk) {
                 Some(end) => end + 1,
@@ -129,14 +134,39 @@ impl Scanner {
 
     /// Whole lines: each `"usage":` in them parsed from its object on.
     fn lines(&mut self, bytes: &[u8]) {
-        for at in memchr::memmem::find_iter(bytes, KEY) {
+        static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+            std::sync::LazyLock::new(|| memchr::memmem::Finder::new(KEY));
+        for at in FINDER.find_iter(bytes) {
             let object = &bytes[at + KEY.len()..];
             let mut values = serde_json::Deserializer::from_slice(object).into_iter::<Fields>();
             if let Some(Ok(fields)) = values.next() {
                 self.usage.merge(&fields);
                 self.seen = true;
+                let line = memchr::memrchr(b'\n', &bytes[..at]).map_or(0, |i| i + 1);
+                if memchr::memmem::find(&bytes[line..at], b"\"message_delta\"").is_some() {
+                    self.finished = true;
+                }
             }
         }
+    }
+
+    /// Whether the stream's closing `message_delta` was read: only then is
+    /// its output count final (`message_start` says 1).
+    pub fn finished(&self) -> bool {
+        self.finished && !self.lost
+    }
+
+    /// What to charge for a stream that ended before its closing count (a
+    /// client that left, a cut): what it reported, with the output taken as
+    /// one token per 4 bytes streamed — every byte of the events' framing
+    /// counted as text, so in practice more than was generated, not less.
+    /// The usage itself once the stream [`Scanner::finished`].
+    pub fn charge(&self) -> Usage {
+        let mut u = self.usage;
+        if !self.finished() {
+            u.output_tokens = u.output_tokens.max(self.bytes / 4);
+        }
+        u
     }
 
     /// The usage read so far (the stream's, once it ended); `None` if none
@@ -213,6 +243,21 @@ mod tests {
         assert_eq!(of_message(tool).map(|u| u.input_tokens), Some(3));
         assert_eq!(of_message(br#"{"input_tokens":42}"#), None, "count_tokens is not usage");
         assert_eq!(of_message(br#"{"type":"error","error":{}}"#), None);
+    }
+
+    #[test]
+    fn a_stream_cut_before_its_closing_count_is_charged_by_its_bytes() {
+        let events = reply().events(&Chunking { text: TextPieces::Words(1), json_parts: 2 });
+        let mut s = Scanner::default();
+        let cut: String = events[..events.len() - 2].concat(); // no message_delta, no message_stop
+        s.push(cut.as_bytes());
+        assert!(!s.finished());
+        assert_eq!(s.usage().unwrap().output_tokens, 1, "message_start's early count");
+        assert_eq!(s.charge().output_tokens, cut.len() as u64 / 4);
+        assert_eq!(s.charge().input_tokens, 31);
+        s.push(events[events.len() - 2].as_bytes());
+        assert!(s.finished());
+        assert_eq!(s.charge().output_tokens, 17);
     }
 
     #[test]

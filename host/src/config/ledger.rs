@@ -98,18 +98,27 @@ pub fn check(config: &super::Config, add: &mut impl FnMut(String, String)) {
         }
     }
     for (i, key) in config.server.client_keys.iter().enumerate() {
-        for m in key.models.iter().flatten() {
-            let stars = m.matches('*').count();
-            if m.is_empty() || stars > 1 || (stars == 1 && !m.ends_with('*')) {
-                add(format!("server.client_keys[{i}].models"), format!("`{m}` is not a model name or `prefix*`"));
-            }
+        for problem in key.limits().problems() {
+            let (field, why) = problem.split_once(": ").unwrap_or(("", &problem));
+            add(format!("server.client_keys[{i}].{field}"), why.to_string());
         }
-        if key.has_budget() && config.ledger.file.as_deref() == Some("") {
+        let usd = [key.budget_usd_day, key.budget_usd_week, key.budget_usd_month].iter().any(Option::is_some);
+        let priced = prices(&config.prices);
+        for f in config.fallback.iter().filter(|f| usd && priced.of(&f.model).is_none()) {
             add(
                 format!("server.client_keys[{i}]"),
                 format!(
-                    "key `{}` has a budget, which needs the usage ledger to hold across a restart; \
-                     [ledger] file is \"\" (set a file, or remove the budget)",
+                    "key `{}` has a USD budget, and fallback `{}`'s model `{}` has no price: add it to [prices]",
+                    key.name, f.name, f.model
+                ),
+            );
+        }
+        if key.has_budget() && config.ledger.file_path.is_none() {
+            add(
+                format!("server.client_keys[{i}]"),
+                format!(
+                    "key `{}` has a budget, which needs the usage ledger to hold across a restart, \
+                     and there is none ([ledger] file is \"\", or no state directory): set a file, or remove the budget",
                     key.name
                 ),
             );

@@ -128,26 +128,25 @@ pub struct ClientKey {
 }
 
 impl ClientKey {
-    /// What the key may do.
-    pub fn policy(&self) -> crate::ledger::limits::KeyPolicy {
-        use crate::ledger::calendar::Period;
-        use crate::ledger::limits::{Amount, Budget, KeyPolicy};
-        let mut budgets = Vec::new();
-        for (period, tokens, usd) in [
-            (Period::Day, self.budget_tokens_day, self.budget_usd_day),
-            (Period::Week, self.budget_tokens_week, self.budget_usd_week),
-            (Period::Month, self.budget_tokens_month, self.budget_usd_month),
-        ] {
-            budgets.extend(tokens.map(|t| Budget { period, amount: Amount::Tokens(t) }));
-            budgets.extend(usd.map(|u| Budget { period, amount: Amount::NanoUsd((u * 1e9).round() as u64) }));
-        }
-        KeyPolicy {
-            models: self.models.clone().unwrap_or_default(),
+    /// What the key may do, as written.
+    pub fn limits(&self) -> crate::ledger::keys::KeyLimits {
+        crate::ledger::keys::KeyLimits {
+            models: self.models.clone(),
             max_in_flight: self.max_in_flight,
             requests_per_minute: self.requests_per_minute,
             tokens_per_minute: self.tokens_per_minute,
-            budgets,
+            budget_tokens_day: self.budget_tokens_day,
+            budget_tokens_week: self.budget_tokens_week,
+            budget_tokens_month: self.budget_tokens_month,
+            budget_usd_day: self.budget_usd_day,
+            budget_usd_week: self.budget_usd_week,
+            budget_usd_month: self.budget_usd_month,
         }
+    }
+
+    /// What the key may do.
+    pub fn policy(&self) -> crate::ledger::limits::KeyPolicy {
+        self.limits().policy()
     }
 
     /// Whether the key has a budget (which needs the usage ledger, to

@@ -295,14 +295,11 @@ impl Gateway {
         tokio::spawn(async move { p.save(&gw, false).await });
     }
 
-    /// What each key with limits spent this day, week and month before this
-    /// start, from the ledger: a budget holds across a restart.
+    /// What each key spent this day, week and month before this start, from
+    /// the ledger: a budget holds across a restart (and one a reload adds
+    /// later counts it too).
     async fn seed_meters(&self) -> Result<()> {
         let Some(ledger) = &self.ledger else { return Ok(()) };
-        let generation = self.generation();
-        if generation.client_keys.limited().next().is_none() {
-            return Ok(());
-        }
         let now = self.clock.now_ms();
         for period in [Period::Day, Period::Week, Period::Month] {
             let (from_ms, _) = period.around(now);

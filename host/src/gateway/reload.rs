@@ -259,8 +259,19 @@ impl Gateway {
     ) -> Result<u64, String> {
         let number = self.generation().number + 1;
         let started = self.clock.instant();
-        let weakens =
+        let mut weakens =
             crate::config::serving::reload_weakens(&self.generation().config, self.listening.get().copied(), &config);
+        // `[ledger]` takes effect at a restart: a budget a reload adds to a
+        // gateway running without a ledger could not hold across one.
+        if self.ledger.is_none()
+            && let Some((i, k)) = config.server.client_keys.iter().enumerate().find(|(_, k)| k.has_budget())
+        {
+            weakens.push(format!(
+                "server.client_keys[{i}]: key `{}` has a budget, and this gateway runs without a usage ledger \
+                 ([ledger] changes take effect at a restart)",
+                k.name
+            ));
+        }
         if !weakens.is_empty() {
             let message = weakens.iter().map(|w| locate(w)).collect::<Vec<_>>().join("\n");
             self.refuse_reload(trigger, &message);

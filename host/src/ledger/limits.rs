@@ -120,9 +120,26 @@ pub struct KeyMeter {
 }
 
 impl KeyMeter {
-    fn minute(&self, now_ms: u64) -> (u32, u64) {
+    /// The seconds of the last 60 s, oldest first.
+    fn window(&self, now_ms: u64) -> Vec<Second> {
         let now_s = now_ms / 1000;
-        self.seconds.iter().filter(|s| s.at_s + 60 > now_s).fold((0, 0), |(r, t), s| (r + s.requests, t + s.tokens))
+        let mut window: Vec<Second> =
+            self.seconds.iter().filter(|s| s.at_s + 60 > now_s && (s.requests > 0 || s.tokens > 0)).copied().collect();
+        window.sort_by_key(|s| s.at_s);
+        window
+    }
+
+    /// When what the last 60 s hold drops below `max` (by `count`, of each
+    /// second): as the oldest seconds leave the window.
+    fn frees_at(window: &[Second], max: u64, count: impl Fn(&Second) -> u64) -> u64 {
+        let mut held: u64 = window.iter().map(&count).sum();
+        for s in window {
+            held -= count(s);
+            if held < max {
+                return (s.at_s + 60) * 1000;
+            }
+        }
+        window.last().map_or(0, |s| (s.at_s + 60) * 1000)
     }
 
     fn second(&mut self, now_ms: u64) -> &mut Second {
@@ -175,22 +192,21 @@ impl KeyMeter {
         {
             return refuse("max_in_flight", format!("this key has {max} requests in flight, its limit"), None);
         }
-        let (requests, tokens) = self.minute(now_ms);
-        let next_second = (now_ms / 1000 + 1) * 1000;
+        let window = self.window(now_ms);
+        let (requests, tokens) = window.iter().fold((0, 0), |(r, t), s| (r + u64::from(s.requests), t + s.tokens));
         if let Some(max) = policy.requests_per_minute
-            && requests >= max
+            && requests >= u64::from(max)
         {
-            return refuse(
-                "requests_per_minute",
-                format!("this key sent {max} requests in the last minute, its limit"),
-                Some(next_second),
-            );
+            let frees = Self::frees_at(&window, u64::from(max), |s| u64::from(s.requests));
+            let msg = format!("this key sent {max} requests in the last minute, its limit");
+            return refuse("requests_per_minute", msg, Some(frees));
         }
         if let Some(max) = policy.tokens_per_minute
             && tokens >= max
         {
+            let frees = Self::frees_at(&window, max, |s| s.tokens);
             let msg = format!("this key used {tokens} tokens in the last minute; its limit is {max}");
-            return refuse("tokens_per_minute", msg, Some(next_second));
+            return refuse("tokens_per_minute", msg, Some(frees));
         }
         for b in &policy.budgets {
             let spent = self.spent(b.period, now_ms);
@@ -217,11 +233,18 @@ impl KeyMeter {
         Ok(())
     }
 
-    /// An admitted request ended, having used `tokens` costing `nano_usd`.
-    pub fn settle(&mut self, tokens: u64, nano_usd: u64, now_ms: u64) {
+    /// An admitted request ended at `now_ms`, having used `tokens` costing
+    /// `nano_usd`; its spend counts in the periods of when it arrived
+    /// (`arrived_ms`), as the ledger files it.
+    pub fn settle(&mut self, tokens: u64, nano_usd: u64, arrived_ms: u64, now_ms: u64) {
         self.in_flight = self.in_flight.saturating_sub(1);
+        self.spend(tokens, nano_usd, arrived_ms, now_ms);
+    }
+
+    /// A finished request's spend, without an in-flight place to free.
+    pub fn spend(&mut self, tokens: u64, nano_usd: u64, arrived_ms: u64, now_ms: u64) {
         self.second(now_ms).tokens += tokens;
-        self.add(tokens, nano_usd, now_ms);
+        self.add(tokens, nano_usd, arrived_ms);
     }
 
     /// An admitted request ended before it could be settled (its task was
@@ -266,6 +289,17 @@ impl Meters {
         meter.spent[i] = Spent { from_ms: period.around(now_ms).0, tokens, nano_usd };
     }
 
+    /// What a finished request of `key` (one with no limits, so no lease)
+    /// spent: kept, so a budget a reload gives the key counts it.
+    pub fn spend(&self, key: &str, tokens: u64, nano_usd: u64, arrived_ms: u64) {
+        let mut keys = self.keys.lock();
+        let meter = match keys.get_mut(key) {
+            Some(m) => m,
+            None => keys.entry(key.to_string()).or_default(),
+        };
+        meter.spend(tokens, nano_usd, arrived_ms, arrived_ms);
+    }
+
     /// A copy of `key`'s meter.
     pub fn meter(&self, key: &str) -> KeyMeter {
         self.keys.lock().get(key).cloned().unwrap_or_default()
@@ -282,11 +316,12 @@ pub struct KeyLease {
 }
 
 impl KeyLease {
-    /// The request ended having used `tokens` costing `nano_usd`.
-    pub fn settle(mut self, tokens: u64, nano_usd: u64, now_ms: u64) {
+    /// The request (arrived at `arrived_ms`) ended at `now_ms` having used
+    /// `tokens` costing `nano_usd`.
+    pub fn settle(mut self, tokens: u64, nano_usd: u64, arrived_ms: u64, now_ms: u64) {
         self.open = false;
         if let Some(m) = self.meters.keys.lock().get_mut(&self.key) {
-            m.settle(tokens, nano_usd, now_ms);
+            m.settle(tokens, nano_usd, arrived_ms, now_ms);
         }
     }
 }
@@ -329,13 +364,15 @@ mod tests {
         let a = meters.admit("k", &policy, "m", t).unwrap();
         let b = meters.admit("k", &policy, "m", t).unwrap();
         assert_eq!(meters.admit("k", &policy, "m", t).unwrap_err().limit, "max_in_flight");
-        a.settle(10, 0, t);
+        a.settle(10, 0, t, t);
         drop(b); // its task went away: released, not settled
         assert_eq!(meters.meter("k").in_flight(), 0);
         let c = meters.admit("k", &policy, "m", t + 1_000).unwrap();
         let refused = meters.admit("k", &policy, "m", t + 2_000).unwrap_err();
-        assert_eq!((refused.limit.as_str(), refused.frees_at_ms), ("requests_per_minute", Some(t + 3_000)));
+        // Two requests at t, one at t+1 s: under the limit once t's leave.
+        assert_eq!((refused.limit.as_str(), refused.frees_at_ms), ("requests_per_minute", Some(t + 60_000)));
         drop(c);
+        assert!(meters.admit("k", &policy, "m", t + 59_999).is_err());
         assert!(meters.admit("k", &policy, "m", t + 60_000).is_ok(), "the first second left the minute");
     }
 
@@ -351,12 +388,12 @@ mod tests {
         let lease = meters.admit("k", &policy, "m", t).unwrap();
         // In flight when the budget is reached: it ends, and overspends.
         let other = meters.admit("k", &policy, "m", t).unwrap();
-        lease.settle(5, 500_000_000, t);
+        lease.settle(5, 500_000_000, t, t);
         let refused = meters.admit("k", &policy, "m", t).unwrap_err();
         assert_eq!(refused.limit, "budget_day_usd");
         assert_eq!(refused.frees_at_ms, Some(at("2026-12-08")));
         assert!(refused.message.contains("$1.1000 of $1.0000"), "{}", refused.message);
-        other.settle(5, 300_000_000, t);
+        other.settle(5, 300_000_000, t, t);
         assert_eq!(meters.meter("k").spent(Period::Day, t).nano_usd, 1_400_000_000, "overspent by what was in flight");
         assert!(meters.admit("k", &policy, "m", at("2026-12-08T00:00:01Z")).is_ok(), "a new day");
         assert_eq!(meters.meter("k").spent(Period::Month, at("2026-12-08")).nano_usd, 800_000_000, "settled ones only");
@@ -367,8 +404,9 @@ mod tests {
         let policy = KeyPolicy { tokens_per_minute: Some(100), ..KeyPolicy::default() };
         let mut m = KeyMeter::default();
         m.admit(&policy, "m", 0).unwrap();
-        m.settle(120, 0, 500);
-        assert_eq!(m.admit(&policy, "m", 30_000).unwrap_err().limit, "tokens_per_minute");
+        m.settle(120, 0, 500, 500);
+        let refused = m.admit(&policy, "m", 30_000).unwrap_err();
+        assert_eq!((refused.limit.as_str(), refused.frees_at_ms), ("tokens_per_minute", Some(60_000)));
         assert!(m.admit(&policy, "m", 61_000).is_ok());
     }
 }

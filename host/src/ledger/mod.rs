@@ -18,12 +18,14 @@
 //! asks the store, so it counts every request answered before it.
 //!
 //! - [`calendar`]: UTC days, weeks and months;
+//! - [`keys`]: client keys managed at run time, kept in the store;
 //! - [`limits`]: what one key may do, and the meter holding it to that;
 //! - [`prices`]: what a request's usage cost, by model;
 //! - [`sqlite`]: the embedded store (a file, WAL);
 //! - [`report`]: the questions a report asks and its rows.
 
 pub mod calendar;
+pub mod keys;
 pub mod limits;
 pub mod prices;
 pub mod report;
@@ -38,6 +40,8 @@ use poolgate_wire::usage::Usage;
 use serde::Serialize;
 
 pub use report::{Query, Row};
+
+pub use keys::KeyRecord;
 
 /// One answered request, as the ledger keeps it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -78,6 +82,10 @@ pub trait Store: Send {
     fn append(&mut self, entries: &[Entry]) -> anyhow::Result<()>;
     /// Answers `query`.
     fn report(&mut self, query: &Query) -> anyhow::Result<Vec<Row>>;
+    /// Every key managed at run time (revoked ones included).
+    fn keys(&mut self) -> anyhow::Result<Vec<KeyRecord>>;
+    /// Adds `key`, or replaces the one of its name.
+    fn put_key(&mut self, key: &KeyRecord) -> anyhow::Result<()>;
     /// What the store is, for `/status` (never a password).
     fn describe(&self) -> String;
 }
@@ -108,12 +116,31 @@ pub struct Tuning {
     pub queue_max: usize,
 }
 
-type Reply = tokio::sync::oneshot::Sender<anyhow::Result<Vec<Row>>>;
+type Reply<T> = tokio::sync::oneshot::Sender<anyhow::Result<T>>;
+
+/// What the writer is asked besides writing entries (after writing them).
+enum Ask {
+    Report(Query, Reply<Vec<Row>>),
+    Keys(Reply<Vec<KeyRecord>>),
+    PutKey(Box<KeyRecord>, Reply<()>),
+}
+
+impl Ask {
+    /// Answers it from `store`, or with `down` when the store is failing.
+    fn answer(self, store: &mut dyn Store, down: Option<&str>) {
+        let refused = || anyhow::anyhow!("the ledger's store is down: {}", down.unwrap_or_default());
+        match self {
+            Ask::Report(q, reply) => drop(reply.send(if down.is_some() { Err(refused()) } else { store.report(&q) })),
+            Ask::Keys(reply) => drop(reply.send(if down.is_some() { Err(refused()) } else { store.keys() })),
+            Ask::PutKey(k, reply) => drop(reply.send(if down.is_some() { Err(refused()) } else { store.put_key(&k) })),
+        }
+    }
+}
 
 #[derive(Default)]
 struct Shared {
     queue: VecDeque<Entry>,
-    reports: Vec<(Query, Reply)>,
+    asks: Vec<Ask>,
     health: Health,
     stop: bool,
 }
@@ -141,6 +168,12 @@ impl Ledger {
     /// Queues `entry` (the request path: a lock for a push, no I/O).
     pub fn push(&self, entry: Entry) {
         let mut s = self.shared.0.lock();
+        if s.stop {
+            // A request that ended after the last write at shutdown.
+            s.health.dropped += 1;
+            tracing::warn!(request = entry.request, key = %entry.key, "usage ledger: an entry came after the ledger stopped; dropped");
+            return;
+        }
         if s.queue.len() >= self.queue_max {
             s.health.dropped += 1;
             return;
@@ -157,13 +190,27 @@ impl Ledger {
     /// Answers `query` after writing what is queued (an error when the
     /// store cannot).
     pub async fn report(&self, query: Query) -> anyhow::Result<Vec<Row>> {
+        self.ask(|tx| Ask::Report(query, tx)).await
+    }
+
+    /// Every key managed at run time.
+    pub async fn keys(&self) -> anyhow::Result<Vec<KeyRecord>> {
+        self.ask(Ask::Keys).await
+    }
+
+    /// Adds a key managed at run time, or replaces the one of its name.
+    pub async fn put_key(&self, key: KeyRecord) -> anyhow::Result<()> {
+        self.ask(|tx| Ask::PutKey(Box::new(key), tx)).await
+    }
+
+    async fn ask<T>(&self, ask: impl FnOnce(Reply<T>) -> Ask) -> anyhow::Result<T> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         {
             let mut s = self.shared.0.lock();
             if s.stop {
                 anyhow::bail!("the ledger is stopped");
             }
-            s.reports.push((query, tx));
+            s.asks.push(ask(tx));
         }
         self.shared.1.notify_one();
         rx.await.map_err(|_| anyhow::anyhow!("the ledger's writer stopped"))?
@@ -188,20 +235,21 @@ impl Drop for Ledger {
 
 /// The writer: waits until `flush` after its last write (machine time: the
 /// flush interval bounds what a crash loses, which is real time) (or for a report,
-/// or the stop), writes everything queued in one append, answers reports.
+/// or the stop), writes everything queued in one append, answers what it
+/// was asked (reports, keys).
 fn write_loop(mut store: Box<dyn Store>, shared: &(Mutex<Shared>, Condvar), tuning: Tuning) {
     let (flush, queue_max) = (tuning.flush, tuning.queue_max.max(1));
     let (lock, wake) = shared;
     let mut next_write = crate::clock::machine_instant() + flush;
     let mut backoff = flush;
     loop {
-        let (batch, reports, stop) = {
+        let (batch, asks, stop) = {
             let mut s = lock.lock();
-            while !s.stop && s.reports.is_empty() && crate::clock::machine_instant() < next_write {
+            while !s.stop && s.asks.is_empty() && crate::clock::machine_instant() < next_write {
                 wake.wait_until(&mut s, next_write);
             }
             let batch: Vec<Entry> = s.queue.drain(..).collect();
-            (batch, std::mem::take(&mut s.reports), s.stop)
+            (batch, std::mem::take(&mut s.asks), s.stop)
         };
         let written = batch.is_empty() || append(&mut *store, &batch, lock);
         if written {
@@ -212,15 +260,9 @@ fn write_loop(mut store: Box<dyn Store>, shared: &(Mutex<Shared>, Condvar), tuni
             backoff = (backoff * 2).min(Duration::from_secs(30));
             next_write = crate::clock::machine_instant() + backoff;
         }
-        for (query, reply) in reports {
-            let answer = match written {
-                true => store.report(&query),
-                false => Err(anyhow::anyhow!(
-                    "the ledger's store is down: {}",
-                    lock.lock().health.down.clone().unwrap_or_default()
-                )),
-            };
-            let _ = reply.send(answer);
+        let down = (!written).then(|| lock.lock().health.down.clone().unwrap_or_default());
+        for ask in asks {
+            ask.answer(&mut *store, down.as_deref());
         }
         if stop {
             let left = lock.lock().queue.len();
@@ -291,6 +333,12 @@ mod tests {
         fn describe(&self) -> String {
             "memory".into()
         }
+        fn keys(&mut self) -> anyhow::Result<Vec<KeyRecord>> {
+            Ok(Vec::new())
+        }
+        fn put_key(&mut self, _: &KeyRecord) -> anyhow::Result<()> {
+            Ok(())
+        }
     }
 
     fn entry(request: u64) -> Entry {
@@ -314,7 +362,9 @@ mod tests {
         let (kept, down): (Arc<Mutex<Vec<Entry>>>, Arc<std::sync::atomic::AtomicBool>) =
             (Arc::default(), Arc::default());
         down.store(true, std::sync::atomic::Ordering::SeqCst);
-        let tuning = Tuning { flush: Duration::from_millis(1), queue_max: 5 };
+        // A flush interval longer than the test: the writer tries the store
+        // only when the report asks, and not again until the stop.
+        let tuning = Tuning { flush: Duration::from_secs(3600), queue_max: 5 };
         let ledger = Ledger::start(Box::new(Memory { kept: kept.clone(), down: down.clone() }), tuning);
         for i in 0..8 {
             ledger.push(entry(i));

@@ -135,10 +135,10 @@ pub fn csv(by: &[Dim], rows: &[Row]) -> String {
 }
 
 /// One CSV field: quoted when it holds a comma, a quote or a line break; a
-/// leading `=`, `+`, `-` or `@` is prefixed with `'` so a spreadsheet never
-/// runs a key's name as a formula.
+/// leading `=`, `+`, `-`, `@`, tab or carriage return is prefixed with `'`
+/// so a spreadsheet never runs a key's name as a formula.
 fn field(s: &str) -> String {
-    let s = match s.starts_with(['=', '+', '-', '@']) && s != "-" {
+    let s = match s.starts_with(['=', '+', '-', '@', '\t', '\r']) && s != "-" {
         true => format!("'{s}"),
         false => s.to_string(),
     };
@@ -152,7 +152,7 @@ mod tests {
     #[test]
     fn csv_quotes_what_needs_it_and_never_starts_a_formula() {
         let row = Row {
-            group: BTreeMap::from([("key", "a,\"b\"".to_string()), ("model", "=cmd()".to_string())]),
+            group: BTreeMap::from([("key", "a,\"b\"".to_string()), ("model", "\t=cmd()".to_string())]),
             requests: 2,
             output_tokens: 5,
             cost_nano_usd: 1_500_000_000,
@@ -161,7 +161,7 @@ mod tests {
         let text = csv(&[Dim::Key, Dim::Model], &[row]);
         let lines: Vec<&str> = text.split("\r\n").collect();
         assert!(lines[0].starts_with("key,model,requests,"));
-        assert_eq!(lines[1], "\"a,\"\"b\"\"\",'=cmd(),2,0,5,0,0,1.500000000,0,0");
+        assert_eq!(lines[1], "\"a,\"\"b\"\"\",'\t=cmd(),2,0,5,0,0,1.500000000,0,0");
     }
 
     #[test]

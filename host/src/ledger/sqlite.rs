@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use rusqlite::{Connection, params};
 
 use super::report::{Dim, Query, Row};
-use super::{Entry, Store};
+use super::{Entry, KeyRecord, Store};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS usage (
@@ -35,6 +35,11 @@ CREATE TABLE IF NOT EXISTS usage (
 );
 CREATE INDEX IF NOT EXISTS usage_by_key ON usage (key, at_ms);
 CREATE INDEX IF NOT EXISTS usage_by_time ON usage (at_ms);
+CREATE TABLE IF NOT EXISTS keys (
+    name TEXT PRIMARY KEY,
+    sha256 TEXT NOT NULL UNIQUE,
+    record TEXT NOT NULL
+);
 ";
 
 /// The SQLite store.
@@ -108,15 +113,23 @@ impl Store for Sqlite {
             true => String::new(),
             false => format!(" GROUP BY {0} ORDER BY {0}", groups.join(", ")),
         };
+        // One key: its own form of the query, so SQLite reads the
+        // (key, at_ms) index instead of every key's rows in the range.
+        let key = if q.key.is_some() { "key = ?3 AND " } else { "" };
         let sql = format!(
             "SELECT {select}COUNT(*), TOTAL(input_tokens), TOTAL(output_tokens), TOTAL(cache_read_tokens), \
              TOTAL(cache_creation_tokens), TOTAL(COALESCE(cost_nano, 0)), \
              TOTAL(cost_nano IS NULL AND usage_known), TOTAL(NOT usage_known) \
-             FROM usage WHERE at_ms >= ?1 AND at_ms < ?2 AND (?3 IS NULL OR key = ?3){group_by}"
+             FROM usage WHERE {key}at_ms >= ?1 AND at_ms < ?2{group_by}"
         );
         let mut stmt = self.conn.prepare_cached(&sql)?;
         let n = q.by.len();
-        let rows = stmt.query_map(params![q.from_ms as i64, q.to_ms.min(i64::MAX as u64) as i64, q.key], |r| {
+        let (from, to) = (q.from_ms.min(i64::MAX as u64) as i64, q.to_ms.min(i64::MAX as u64) as i64);
+        let bound: Vec<&dyn rusqlite::ToSql> = match &q.key {
+            Some(k) => vec![&from, &to, k],
+            None => vec![&from, &to],
+        };
+        let rows = stmt.query_map(bound.as_slice(), |r| {
             let mut row = Row::default();
             for (i, d) in q.by.iter().enumerate() {
                 row.group.insert(d.name(), r.get::<_, String>(i)?);
@@ -141,6 +154,31 @@ impl Store for Sqlite {
 
     fn describe(&self) -> String {
         format!("sqlite {}", self.path.display())
+    }
+
+    fn keys(&mut self) -> Result<Vec<KeyRecord>> {
+        let mut stmt = self.conn.prepare_cached("SELECT name, record FROM keys ORDER BY name")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (name, record) = row?;
+            out.push(
+                serde_json::from_str(&record).with_context(|| format!("key `{name}` in the store is unreadable"))?,
+            );
+        }
+        Ok(out)
+    }
+
+    fn put_key(&mut self, key: &KeyRecord) -> Result<()> {
+        let record = serde_json::to_string(key)?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO keys (name, sha256, record) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (name) DO UPDATE SET sha256 = excluded.sha256, record = excluded.record",
+            )?
+            .execute(params![key.name, key.sha256, record])
+            .with_context(|| format!("cannot store key `{}`", key.name))?;
+        Ok(())
     }
 }
 

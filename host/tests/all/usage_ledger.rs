@@ -90,14 +90,16 @@ async fn usage_per_key_is_what_the_mock_reported_to_the_token_on_every_route() {
     assert_eq!(seen.cache_read_input_tokens, alice.cache_read_input_tokens);
     assert!(0 < seen.output_tokens && seen.output_tokens < alice.output_tokens, "{seen:?} {alice:?}");
 
-    // Each key's own view, this UTC day: to the token, every request counted.
+    // Each key's own view, this UTC month (a run that crosses midnight stays
+    // in one month but for one second a month): to the token, every request
+    // counted.
     let mine = own_usage(&gw, "alice-key").await;
     assert_eq!((mine["key"].as_str(), mine["team"].as_str()), (Some("alice"), Some("core")));
-    let day = &mine["usage"][0];
-    assert_eq!(day["period"], "day");
-    assert_eq!(tokens(day), alice, "{mine}");
-    assert_eq!(day["requests"], 15, "five requests a round, count_tokens included");
-    assert!(day["cost_usd"].as_f64().unwrap() > 0.0);
+    let month = &mine["usage"][2];
+    assert_eq!(month["period"], "month");
+    assert_eq!(tokens(month), alice, "{mine}");
+    assert_eq!(month["requests"], 15, "five requests a round, count_tokens included");
+    assert!(month["cost_usd"].as_f64().unwrap() > 0.0);
     assert_eq!(tokens(&own_usage(&gw, "bob-key").await["usage"][2]), bob, "bob's month");
     assert_eq!(bob_seen["requests"], 10);
 
@@ -182,8 +184,13 @@ async fn a_sigkill_loses_no_entry_answered_a_flush_interval_before_and_a_stop_lo
 
     let mut gw = gateway_on(&mock, &ledger, 200);
     send(&gw, 12).await;
-    // Answered more than the flush interval before the kill.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Once the writer committed them (within a flush interval of the last
+    // answer, on an idle machine): written entries survive a SIGKILL.
+    support::eventually("the 12 entries written", Duration::from_secs(10), async || {
+        let h = support::admin_json(&gw.url, "/status", ADMIN).await["ledger"].clone();
+        h["written"] == 12 && h["queued"] == 0
+    })
+    .await;
     gw.signal("KILL");
     assert!(gw.wait(Duration::from_secs(10)).is_some());
     drop(gw);
@@ -222,4 +229,25 @@ async fn a_gateway_without_a_ledger_says_so_and_a_bad_report_says_why() {
         let body: Value = r.json().await.unwrap();
         assert!(body["error"]["message"].as_str().unwrap().contains(says), "{body}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_before_its_closing_count_is_charged_an_estimate_and_flagged() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-a").push(poolgate_mock_upstream::Step::ResetMidStream { after_events: 5 });
+    let gw = Gateway::start(&config(&mock.base_url(), &[("a", "KEY_A")], &keys("flush_ms = 100")), &env());
+    let r = Gateway::client()
+        .post(format!("{}/v1/messages", gw.url))
+        .header("x-api-key", "bob-key")
+        .json(&support::message("claude-sonnet-4-5", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let _ = r.bytes().await;
+    let report = support::admin_json(&gw.url, "/admin/usage?key=bob", ADMIN).await;
+    let row = &report["rows"][0];
+    assert_eq!((row["requests"].as_u64(), row["usage_unknown"].as_u64()), (Some(1), Some(1)), "{report}");
+    assert!(row["output_tokens"].as_u64().unwrap() > 1, "more than message_start's early count: {report}");
+    assert!(row["input_tokens"].as_u64().unwrap() > 0, "{report}");
 }

@@ -173,10 +173,21 @@ impl Finish {
             ms: record.duration_ms,
         });
         let entry = self.entry(&record);
-        if let Some(lease) = self.key_lease.take() {
-            lease.settle(entry.usage.total(), entry.cost_nano.unwrap_or(0), gateway.clock.now_ms());
+        // Every key's spend is metered (by when the request arrived, as the
+        // ledger files it), so a budget a reload adds counts what was
+        // already spent; a key with limits also frees its in-flight place.
+        let (tokens, nano, now) = (entry.usage.total(), entry.cost_nano.unwrap_or(0), gateway.clock.now_ms());
+        match self.key_lease.take() {
+            Some(lease) => lease.settle(tokens, nano, entry.at_ms, now),
+            None if record.client.is_some() && tokens > 0 => {
+                gateway.meters.spend(&entry.key, tokens, nano, entry.at_ms)
+            }
+            None => {}
         }
-        gateway.metrics.usage(&entry.key, &entry.model, &entry.usage, entry.cost_nano);
+        // Only a model an account answered for names a metrics label (a
+        // client may name any model; 32 label values at most).
+        let answered = entry.usage_known && entry.usage.total() > 0;
+        gateway.metrics.usage(&entry.key, if answered { &entry.model } else { "other" }, &entry.usage, entry.cost_nano);
         if let Some(ledger) = &gateway.ledger {
             ledger.push(entry);
         }
@@ -213,7 +224,7 @@ impl Finish {
             status: record.status,
             outcome: record.outcome.as_str().to_string(),
             usage,
-            usage_known: record.usage.is_some() || !metered,
+            usage_known: (record.usage.is_some() && !record.usage_estimated) || !metered,
             cost_nano: self.generation.prices.cost_nano(served_model, &usage),
         }
     }

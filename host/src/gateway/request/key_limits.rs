@@ -31,6 +31,18 @@ pub fn admit(
     let Some(key) = incoming.client.as_deref() else { return Ok(None) };
     let Some(policy) = generation.client_keys.policy(key) else { return Ok(None) };
     let now = gw.clock.now_ms();
+    // A USD budget cannot count what has no price: such a model would
+    // spend it without end.
+    let usd = policy.budgets.iter().any(|b| matches!(b.amount, Amount::NanoUsd(_)));
+    if usd && generation.prices.of(model).is_none() {
+        let refusal = Refusal {
+            status: 403,
+            limit: "model_not_priced".into(),
+            message: format!("this key has a USD budget and `{model}` has no price in [prices], so it cannot count it"),
+            frees_at_ms: None,
+        };
+        return Err(Box::new(incoming.dialect.whole(response(&refusal, now))));
+    }
     match gw.meters.admit(key, policy, model, now) {
         Ok(lease) => Ok(Some(lease)),
         Err(refusal) => {

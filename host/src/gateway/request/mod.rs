@@ -219,6 +219,7 @@ impl Exchange {
             outcome: Ending::Pending,
             duration_ms: 0,
             usage: None,
+            usage_estimated: false,
         };
         let family = model_family(&record.model);
         Ok(Exchange {

@@ -167,6 +167,10 @@ pub struct RequestRecord {
     /// none for an answer that reported none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<poolgate_wire::usage::Usage>,
+    /// Whether `usage` is an estimate: a stream that ended before its
+    /// closing count, charged by its bytes (`Scanner::charge`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub usage_estimated: bool,
 }
 
 /// Why an account ranked ahead of the one tried did not take the request.

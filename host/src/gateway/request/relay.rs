@@ -134,11 +134,14 @@ impl Meter {
         }
     }
 
-    fn usage(&self) -> Option<Usage> {
+    /// What the answer used, and whether that is an estimate (a stream that
+    /// ended before its closing count is charged by its bytes).
+    fn usage(&self) -> (Option<Usage>, bool) {
         match self {
-            Meter::Stream(s) => s.usage(),
-            Meter::Body(b) => poolgate_wire::usage::of_message(b),
-            Meter::Off => None,
+            Meter::Stream(s) if s.finished() => (s.usage(), false),
+            Meter::Stream(s) => (s.usage().map(|_| s.charge()), s.usage().is_some()),
+            Meter::Body(b) => (poolgate_wire::usage::of_message(b), false),
+            Meter::Off => (None, false),
         }
     }
 }
@@ -195,7 +198,7 @@ impl Relay {
 
     fn finish(&mut self, ending: Ending) {
         if let Some(mut f) = self.finish.take() {
-            f.record.usage = self.meter.usage();
+            (f.record.usage, f.record.usage_estimated) = self.meter.usage();
             f.complete(ending);
         }
     }
@@ -242,7 +245,7 @@ impl Drop for Relay {
     /// is kept with the record (its `Finish` ends it as `client_gone`).
     fn drop(&mut self) {
         if let Some(f) = &mut self.finish {
-            f.record.usage = self.meter.usage();
+            (f.record.usage, f.record.usage_estimated) = self.meter.usage();
         }
     }
 }
