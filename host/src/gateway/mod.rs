@@ -52,6 +52,7 @@ use crate::config::Config;
 use crate::learned::AccountBook;
 use crate::learned::accounts::AccountState;
 use crate::ledger::calendar::Period;
+use crate::ledger::limits::Spent;
 use crate::ledger::report::Dim;
 use crate::metrics::Metrics;
 use crate::policy::{MemoryState, PolicyEngine, StateStore};
@@ -145,7 +146,7 @@ pub struct Gateway {
     pub meters: Arc<crate::ledger::limits::Meters>,
     /// This process's name in ledger entries (`[state] replica`, else host
     /// and process id): with the request id, unique across replicas.
-    pub replica: String,
+    pub replica: Arc<str>,
 }
 
 impl Gateway {
@@ -222,7 +223,8 @@ impl Gateway {
             .clone()
             .map(|p| Arc::new(persist::Persist::new(p, Duration::from_millis(state.file_write_ms))));
         let ledger = open_ledger(&first.config)?;
-        let replica = first.config.state.replica.clone().unwrap_or_else(crate::shared::redis::replica_name);
+        let replica: Arc<str> =
+            first.config.state.replica.clone().unwrap_or_else(crate::shared::redis::replica_name).into();
         let gateway = Arc::new(Gateway {
             current: ArcSwap::from_pointee(first),
             book,
@@ -307,7 +309,14 @@ impl Gateway {
             let rows = ledger.report(query).await.map_err(|e| anyhow::anyhow!("ledger.file: {e:#}"))?;
             for row in rows {
                 let key = row.group.get("key").map_or("", String::as_str);
-                self.meters.seed(key, period, row.tokens(), row.cost_nano_usd, now);
+                let usage = poolgate_wire::usage::Usage {
+                    input_tokens: row.input_tokens,
+                    output_tokens: row.output_tokens,
+                    cache_read_input_tokens: row.cache_read_input_tokens,
+                    cache_creation_input_tokens: row.cache_creation_input_tokens,
+                };
+                let spent = Spent { from_ms: 0, requests: row.requests, usage, nano_usd: row.cost_nano_usd };
+                self.meters.seed(key, period, spent, now);
             }
         }
         Ok(())

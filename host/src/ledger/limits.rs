@@ -21,6 +21,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use poolgate_wire::usage::Usage;
+
 use super::calendar::Period;
 
 /// A budget: at most this much per calendar period (UTC).
@@ -101,10 +103,19 @@ struct Second {
 pub struct Spent {
     /// Its start (ms since the epoch); a spend of an earlier period reads 0.
     pub from_ms: u64,
-    /// Tokens of every kind.
-    pub tokens: u64,
+    /// Requests answered.
+    pub requests: u64,
+    /// Tokens by kind.
+    pub usage: Usage,
     /// Cost, nano-USD.
     pub nano_usd: u64,
+}
+
+impl Spent {
+    /// Tokens of every kind.
+    pub fn tokens(&self) -> u64 {
+        self.usage.total()
+    }
 }
 
 const PERIODS: [Period; 3] = [Period::Day, Period::Week, Period::Month];
@@ -164,11 +175,23 @@ impl KeyMeter {
         }
     }
 
-    /// Adds what a finished request spent, at `now_ms`.
-    fn add(&mut self, tokens: u64, nano_usd: u64, now_ms: u64) {
+    /// Adds what a request that arrived at `at_ms` spent, to the periods it
+    /// falls in (one that arrived before a period's start leaves it alone).
+    fn add(&mut self, usage: &Usage, nano_usd: u64, at_ms: u64) {
         for (i, period) in PERIODS.iter().enumerate() {
-            let current = self.spent(*period, now_ms);
-            self.spent[i] = Spent { tokens: current.tokens + tokens, nano_usd: current.nano_usd + nano_usd, ..current };
+            let from_ms = period.around(at_ms).0;
+            let current = &mut self.spent[i];
+            if current.from_ms < from_ms {
+                *current = Spent { from_ms, ..Spent::default() };
+            }
+            if current.from_ms == from_ms {
+                current.requests += 1;
+                current.usage.input_tokens += usage.input_tokens;
+                current.usage.output_tokens += usage.output_tokens;
+                current.usage.cache_read_input_tokens += usage.cache_read_input_tokens;
+                current.usage.cache_creation_input_tokens += usage.cache_creation_input_tokens;
+                current.nano_usd += nano_usd;
+            }
         }
     }
 
@@ -211,7 +234,7 @@ impl KeyMeter {
         for b in &policy.budgets {
             let spent = self.spent(b.period, now_ms);
             let (over, limit, what) = match b.amount {
-                Amount::Tokens(max) => (spent.tokens >= max, "tokens", format!("{} of {max} tokens", spent.tokens)),
+                Amount::Tokens(max) => (spent.tokens() >= max, "tokens", format!("{} of {max} tokens", spent.tokens())),
                 Amount::NanoUsd(max) => (
                     spent.nano_usd >= max,
                     "usd",
@@ -233,18 +256,18 @@ impl KeyMeter {
         Ok(())
     }
 
-    /// An admitted request ended at `now_ms`, having used `tokens` costing
+    /// An admitted request ended at `now_ms`, having used `usage` costing
     /// `nano_usd`; its spend counts in the periods of when it arrived
     /// (`arrived_ms`), as the ledger files it.
-    pub fn settle(&mut self, tokens: u64, nano_usd: u64, arrived_ms: u64, now_ms: u64) {
+    pub fn settle(&mut self, usage: &Usage, nano_usd: u64, arrived_ms: u64, now_ms: u64) {
         self.in_flight = self.in_flight.saturating_sub(1);
-        self.spend(tokens, nano_usd, arrived_ms, now_ms);
+        self.spend(usage, nano_usd, arrived_ms, now_ms);
     }
 
     /// A finished request's spend, without an in-flight place to free.
-    pub fn spend(&mut self, tokens: u64, nano_usd: u64, arrived_ms: u64, now_ms: u64) {
-        self.second(now_ms).tokens += tokens;
-        self.add(tokens, nano_usd, arrived_ms);
+    pub fn spend(&mut self, usage: &Usage, nano_usd: u64, arrived_ms: u64, now_ms: u64) {
+        self.second(now_ms).tokens += usage.total();
+        self.add(usage, nano_usd, arrived_ms);
     }
 
     /// An admitted request ended before it could be settled (its task was
@@ -282,22 +305,23 @@ impl Meters {
 
     /// Sets what `key`'s finished requests spent in `period` so far (the
     /// ledger's sums, when a gateway starts).
-    pub fn seed(&self, key: &str, period: Period, tokens: u64, nano_usd: u64, now_ms: u64) {
+    pub fn seed(&self, key: &str, period: Period, spent: Spent, now_ms: u64) {
         let mut keys = self.keys.lock();
         let meter = keys.entry(key.to_string()).or_default();
         let i = PERIODS.iter().position(|p| *p == period).unwrap_or(0);
-        meter.spent[i] = Spent { from_ms: period.around(now_ms).0, tokens, nano_usd };
+        meter.spent[i] = Spent { from_ms: period.around(now_ms).0, ..spent };
     }
 
     /// What a finished request of `key` (one with no limits, so no lease)
-    /// spent: kept, so a budget a reload gives the key counts it.
-    pub fn spend(&self, key: &str, tokens: u64, nano_usd: u64, arrived_ms: u64) {
+    /// spent: kept, so a budget a reload gives the key counts it, and
+    /// `/v1/usage` reads it.
+    pub fn spend(&self, key: &str, usage: &Usage, nano_usd: u64, arrived_ms: u64) {
         let mut keys = self.keys.lock();
         let meter = match keys.get_mut(key) {
             Some(m) => m,
             None => keys.entry(key.to_string()).or_default(),
         };
-        meter.spend(tokens, nano_usd, arrived_ms, arrived_ms);
+        meter.spend(usage, nano_usd, arrived_ms, arrived_ms);
     }
 
     /// A copy of `key`'s meter.
@@ -317,11 +341,11 @@ pub struct KeyLease {
 
 impl KeyLease {
     /// The request (arrived at `arrived_ms`) ended at `now_ms` having used
-    /// `tokens` costing `nano_usd`.
-    pub fn settle(mut self, tokens: u64, nano_usd: u64, arrived_ms: u64, now_ms: u64) {
+    /// `usage` costing `nano_usd`.
+    pub fn settle(mut self, usage: &Usage, nano_usd: u64, arrived_ms: u64, now_ms: u64) {
         self.open = false;
         if let Some(m) = self.meters.keys.lock().get_mut(&self.key) {
-            m.settle(tokens, nano_usd, arrived_ms, now_ms);
+            m.settle(usage, nano_usd, arrived_ms, now_ms);
         }
     }
 }
@@ -345,6 +369,10 @@ mod tests {
         parse_time(s).unwrap()
     }
 
+    fn tok(output_tokens: u64) -> Usage {
+        Usage { output_tokens, ..Usage::default() }
+    }
+
     #[test]
     fn a_model_outside_the_list_is_forbidden_and_a_pattern_allows_a_family() {
         let policy =
@@ -364,7 +392,7 @@ mod tests {
         let a = meters.admit("k", &policy, "m", t).unwrap();
         let b = meters.admit("k", &policy, "m", t).unwrap();
         assert_eq!(meters.admit("k", &policy, "m", t).unwrap_err().limit, "max_in_flight");
-        a.settle(10, 0, t, t);
+        a.settle(&tok(10), 0, t, t);
         drop(b); // its task went away: released, not settled
         assert_eq!(meters.meter("k").in_flight(), 0);
         let c = meters.admit("k", &policy, "m", t + 1_000).unwrap();
@@ -384,16 +412,16 @@ mod tests {
         };
         let meters = Arc::new(Meters::default());
         let t = at("2026-12-07T23:00:00Z");
-        meters.seed("k", Period::Day, 0, 600_000_000, t);
+        meters.seed("k", Period::Day, Spent { nano_usd: 600_000_000, ..Spent::default() }, t);
         let lease = meters.admit("k", &policy, "m", t).unwrap();
         // In flight when the budget is reached: it ends, and overspends.
         let other = meters.admit("k", &policy, "m", t).unwrap();
-        lease.settle(5, 500_000_000, t, t);
+        lease.settle(&tok(5), 500_000_000, t, t);
         let refused = meters.admit("k", &policy, "m", t).unwrap_err();
         assert_eq!(refused.limit, "budget_day_usd");
         assert_eq!(refused.frees_at_ms, Some(at("2026-12-08")));
         assert!(refused.message.contains("$1.1000 of $1.0000"), "{}", refused.message);
-        other.settle(5, 300_000_000, t, t);
+        other.settle(&tok(5), 300_000_000, t, t);
         assert_eq!(meters.meter("k").spent(Period::Day, t).nano_usd, 1_400_000_000, "overspent by what was in flight");
         assert!(meters.admit("k", &policy, "m", at("2026-12-08T00:00:01Z")).is_ok(), "a new day");
         assert_eq!(meters.meter("k").spent(Period::Month, at("2026-12-08")).nano_usd, 800_000_000, "settled ones only");
@@ -404,7 +432,7 @@ mod tests {
         let policy = KeyPolicy { tokens_per_minute: Some(100), ..KeyPolicy::default() };
         let mut m = KeyMeter::default();
         m.admit(&policy, "m", 0).unwrap();
-        m.settle(120, 0, 500, 500);
+        m.settle(&tok(120), 0, 500, 500);
         let refused = m.admit(&policy, "m", 30_000).unwrap_err();
         assert_eq!((refused.limit.as_str(), refused.frees_at_ms), ("tokens_per_minute", Some(60_000)));
         assert!(m.admit(&policy, "m", 61_000).is_ok());

@@ -44,20 +44,20 @@ pub use report::{Query, Row};
 pub use keys::KeyRecord;
 
 /// One answered request, as the ledger keeps it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Entry {
     /// When the request arrived, ms since the Unix epoch.
     pub at_ms: u64,
     /// The gateway's request id (with `replica`, unique).
     pub request: u64,
-    /// The replica that answered.
-    pub replica: String,
+    /// The replica that answered (shared by every entry of the process).
+    pub replica: Arc<str>,
     /// The client key's name (`-` for a gateway without keys).
     pub key: String,
     /// The key's team tag (empty: none).
     pub team: String,
     /// `messages`, `count_tokens`, `chat_completions`, `models`.
-    pub api: String,
+    pub api: &'static str,
     /// The model asked for.
     pub model: String,
     /// The account that served, or the fallback (`fallback:<name>/<model>`);
@@ -66,7 +66,7 @@ pub struct Entry {
     /// The status the client got.
     pub status: u16,
     /// How the request ended (`complete`, `parked`, `client_gone`, …).
-    pub outcome: String,
+    pub outcome: &'static str,
     /// The tokens the answer reported (zero when it reported none).
     pub usage: Usage,
     /// Whether the answer reported its usage (a cut stream may not have).

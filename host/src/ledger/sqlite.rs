@@ -2,8 +2,11 @@
 //!
 //! WAL with `synchronous = NORMAL`: a committed batch survives the process
 //! being killed (SIGKILL included); only a power loss may take the last
-//! commits. Entries are keyed by (replica, request), and a batch written
-//! twice (a commit whose acknowledgement was lost) is written once.
+//! commits.
+//!
+//! Written for the cost of a write: a rowid table (rows append at the
+//! B-tree's right edge) with one index, on time — reports ask a range of
+//! time; a key's own figures are answered from its meter, not from here.
 
 use std::path::{Path, PathBuf};
 
@@ -30,10 +33,8 @@ CREATE TABLE IF NOT EXISTS usage (
     cache_read_tokens INTEGER NOT NULL,
     cache_creation_tokens INTEGER NOT NULL,
     usage_known INTEGER NOT NULL,
-    cost_nano INTEGER,
-    PRIMARY KEY (replica, request)
+    cost_nano INTEGER
 );
-CREATE INDEX IF NOT EXISTS usage_by_key ON usage (key, at_ms);
 CREATE INDEX IF NOT EXISTS usage_by_time ON usage (at_ms);
 CREATE TABLE IF NOT EXISTS keys (
     name TEXT PRIMARY KEY,
@@ -78,14 +79,14 @@ impl Store for Sqlite {
         let tx = self.conn.transaction()?;
         {
             let mut insert = tx.prepare_cached(
-                "INSERT OR IGNORE INTO usage VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+                "INSERT INTO usage VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
             )?;
             for e in entries {
                 let u = &e.usage;
                 insert.execute(params![
                     e.at_ms as i64,
                     e.request as i64,
-                    e.replica,
+                    &*e.replica,
                     e.key,
                     e.team,
                     e.api,
@@ -113,8 +114,6 @@ impl Store for Sqlite {
             true => String::new(),
             false => format!(" GROUP BY {0} ORDER BY {0}", groups.join(", ")),
         };
-        // One key: its own form of the query, so SQLite reads the
-        // (key, at_ms) index instead of every key's rows in the range.
         let key = if q.key.is_some() { "key = ?3 AND " } else { "" };
         let sql = format!(
             "SELECT {select}COUNT(*), TOTAL(input_tokens), TOTAL(output_tokens), TOTAL(cache_read_tokens), \
@@ -195,11 +194,11 @@ mod tests {
             replica: "r".into(),
             key: key.into(),
             team: "core".into(),
-            api: "messages".into(),
+            api: "messages",
             model: model.into(),
             account: "a1".into(),
             status: 200,
-            outcome: "complete".into(),
+            outcome: "complete",
             usage: Usage { input_tokens: 10, output_tokens: output, ..Usage::default() },
             usage_known: true,
             cost_nano: (model != "unpriced").then_some(output * 1_000),
@@ -208,12 +207,11 @@ mod tests {
 
     #[test]
     fn entries_are_kept_across_an_open_and_summed_by_group() {
-        let dir = tempdir();
+        let dir = tempdir("entries");
         let path = dir.join("ledger.sqlite");
         let mut store = Sqlite::open(&path).unwrap();
         let batch: Vec<Entry> = (0..30).map(|i| entry(i, ["alice", "bob"][i as usize % 2], "m", i)).collect();
         store.append(&batch).unwrap();
-        store.append(&batch[..5]).unwrap(); // written twice: kept once
         store.append(&[entry(100, "alice", "unpriced", 7)]).unwrap();
         drop(store);
         let mut store = Sqlite::open(&path).unwrap();
@@ -233,8 +231,32 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    fn tempdir() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("poolgate-ledger-{}-{}", std::process::id(), line!()));
+    #[test]
+    fn keys_are_kept_by_name_and_replaced_whole() {
+        let dir = tempdir("keys");
+        let mut store = Sqlite::open(&dir.join("keys.sqlite")).unwrap();
+        let mut key = KeyRecord {
+            name: "ci".into(),
+            sha256: "aa".into(),
+            team: Some("build".into()),
+            owner: None,
+            expires_ms: None,
+            revoked_ms: None,
+            created_ms: 1,
+            limits: crate::ledger::keys::KeyLimits { budget_usd_day: Some(5.0), ..Default::default() },
+        };
+        store.put_key(&key).unwrap();
+        key.revoked_ms = Some(2);
+        store.put_key(&key).unwrap();
+        let mut other = key.clone();
+        other.name = "bot".into();
+        assert!(store.put_key(&other).is_err(), "a second key with the same hash");
+        assert_eq!(store.keys().unwrap(), [key]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn tempdir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("poolgate-ledger-{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }

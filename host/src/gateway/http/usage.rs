@@ -2,8 +2,10 @@
 //! (`GET /v1/usage`, with its client key), an operator any report
 //! (`GET /admin/usage`, with the admin token), as JSON or CSV.
 //!
-//! Both ask the ledger, which first writes what is queued: an answer counts
-//! every request answered before it was asked.
+//! A key's own usage is read from its meter (seeded from the ledger at
+//! start, kept as each request ends): a status line polling it costs no
+//! query. A report asks the ledger, which first writes what is queued. Both
+//! count every request answered before they were asked.
 
 use axum::extract::{Query as QueryString, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -30,19 +32,19 @@ async fn ask(ledger: &crate::ledger::Ledger, query: Query) -> Result<Vec<Row>, B
 }
 
 /// A period's totals as a client reads them.
-fn period_json(period: Period, (from, to): (u64, u64), row: Option<&Row>) -> serde_json::Value {
-    let row = row.cloned().unwrap_or_default();
+fn period_json(period: Period, (from, to): (u64, u64), spent: &crate::ledger::limits::Spent) -> serde_json::Value {
+    let u = &spent.usage;
     serde_json::json!({
         "period": period.name(),
         "from": rfc3339(from),
         "resets_at": rfc3339(to),
-        "requests": row.requests,
-        "input_tokens": row.input_tokens,
-        "output_tokens": row.output_tokens,
-        "cache_read_input_tokens": row.cache_read_input_tokens,
-        "cache_creation_input_tokens": row.cache_creation_input_tokens,
-        "tokens": row.tokens(),
-        "cost_usd": report::usd(row.cost_nano_usd),
+        "requests": spent.requests,
+        "input_tokens": u.input_tokens,
+        "output_tokens": u.output_tokens,
+        "cache_read_input_tokens": u.cache_read_input_tokens,
+        "cache_creation_input_tokens": u.cache_creation_input_tokens,
+        "tokens": u.total(),
+        "cost_usd": report::usd(spent.nano_usd),
     })
 }
 
@@ -63,17 +65,17 @@ pub async fn client_usage(State(s): State<AppState>, headers: HeaderMap) -> Resp
     let team = g.client_keys.team(&key).map(str::to_string);
     let budgets = budgets(&s, g.client_keys.policy(&key), &key);
     drop(g);
-    let Some(ledger) = s.gateway.ledger.as_deref() else { return no_ledger() };
-    let now = s.gateway.clock.now_ms();
-    let mut periods = Vec::new();
-    for period in [Period::Day, Period::Week, Period::Month] {
-        let (from, to) = period.around(now);
-        let query = Query { from_ms: from, to_ms: to, key: Some(key.clone()), by: Vec::new() };
-        match ask(ledger, query).await {
-            Ok(rows) => periods.push(period_json(period, (from, to), rows.first())),
-            Err(r) => return *r,
-        }
+    if s.gateway.ledger.is_none() {
+        return no_ledger();
     }
+    // From the key's meter: what admission checks, seeded from the ledger
+    // at start and kept as each request ends (no query per status line).
+    let now = s.gateway.clock.now_ms();
+    let meter = s.gateway.meters.meter(&key);
+    let periods: Vec<serde_json::Value> = [Period::Day, Period::Week, Period::Month]
+        .into_iter()
+        .map(|p| period_json(p, p.around(now), &meter.spent(p, now)))
+        .collect();
     json(&serde_json::json!({ "key": key, "team": team, "now": rfc3339(now), "usage": periods, "budgets": budgets }))
 }
 
@@ -93,8 +95,8 @@ fn budgets(s: &AppState, policy: Option<&crate::ledger::limits::KeyPolicy>, key:
             let resets_at = rfc3339(b.period.around(now).1);
             match b.amount {
                 Amount::Tokens(max) => serde_json::json!({
-                    "period": b.period.name(), "unit": "tokens", "limit": max, "spent": spent.tokens,
-                    "remaining": max.saturating_sub(spent.tokens), "resets_at": resets_at,
+                    "period": b.period.name(), "unit": "tokens", "limit": max, "spent": spent.tokens(),
+                    "remaining": max.saturating_sub(spent.tokens()), "resets_at": resets_at,
                 }),
                 Amount::NanoUsd(max) => serde_json::json!({
                     "period": b.period.name(), "unit": "usd", "limit": usd(max), "spent": usd(spent.nano_usd),

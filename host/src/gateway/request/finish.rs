@@ -174,15 +174,13 @@ impl Finish {
         });
         let entry = self.entry(&record);
         // Every key's spend is metered (by when the request arrived, as the
-        // ledger files it), so a budget a reload adds counts what was
-        // already spent; a key with limits also frees its in-flight place.
-        let (tokens, nano, now) = (entry.usage.total(), entry.cost_nano.unwrap_or(0), gateway.clock.now_ms());
+        // ledger files it): `/v1/usage` reads it, and a budget a reload adds
+        // counts what was already spent; a key with limits also frees its
+        // in-flight place.
+        let (nano, now) = (entry.cost_nano.unwrap_or(0), gateway.clock.now_ms());
         match self.key_lease.take() {
-            Some(lease) => lease.settle(tokens, nano, entry.at_ms, now),
-            None if record.client.is_some() && tokens > 0 => {
-                gateway.meters.spend(&entry.key, tokens, nano, entry.at_ms)
-            }
-            None => {}
+            Some(lease) => lease.settle(&entry.usage, nano, entry.at_ms, now),
+            None => gateway.meters.spend(&entry.key, &entry.usage, nano, entry.at_ms),
         }
         // Only a model an account answered for names a metrics label (a
         // client may name any model; 32 label values at most).
@@ -218,11 +216,11 @@ impl Finish {
             replica: self.gateway.replica.clone(),
             key,
             team,
-            api: record.api.to_string(),
+            api: record.api,
             model: record.model.clone(),
             account,
             status: record.status,
-            outcome: record.outcome.as_str().to_string(),
+            outcome: record.outcome.as_str(),
             usage,
             usage_known: (record.usage.is_some() && !record.usage_estimated) || !metered,
             cost_nano: self.generation.prices.cost_nano(served_model, &usage),

@@ -85,7 +85,7 @@ pub fn budget_headers(gw: &Gateway, generation: &Generation, key: Option<&str>, 
     for b in &policy.budgets {
         let spent = meter.spent(b.period, now);
         let (unit, left) = match b.amount {
-            Amount::Tokens(max) => ("tokens", max.saturating_sub(spent.tokens).to_string()),
+            Amount::Tokens(max) => ("tokens", max.saturating_sub(spent.tokens()).to_string()),
             Amount::NanoUsd(max) => ("usd", format!("{:.4}", max.saturating_sub(spent.nano_usd) as f64 / 1e9)),
         };
         let name = format!("x-poolgate-budget-{}-{unit}", b.period.name());

@@ -112,7 +112,8 @@ const METERED_BODY_MAX: usize = 8 << 20;
 /// stream's events as they pass, a JSON body at its end.
 enum Meter {
     Stream(Scanner),
-    Body(Vec<u8>),
+    /// A JSON body's chunks (shared, not copied) and their length.
+    Body(Vec<Bytes>, usize),
     Off,
 }
 
@@ -121,15 +122,18 @@ impl Meter {
         match (sse, (200..300).contains(&status)) {
             (_, false) => Meter::Off,
             (true, true) => Meter::Stream(Scanner::default()),
-            (false, true) => Meter::Body(Vec::new()),
+            (false, true) => Meter::Body(Vec::new(), 0),
         }
     }
 
-    fn push(&mut self, chunk: &[u8]) {
+    fn push(&mut self, chunk: &Bytes) {
         match self {
             Meter::Stream(s) => s.push(chunk),
-            Meter::Body(b) if b.len() + chunk.len() <= METERED_BODY_MAX => b.extend_from_slice(chunk),
-            Meter::Body(_) => *self = Meter::Off,
+            Meter::Body(parts, len) if *len + chunk.len() <= METERED_BODY_MAX => {
+                *len += chunk.len();
+                parts.push(chunk.clone());
+            }
+            Meter::Body(..) => *self = Meter::Off,
             Meter::Off => {}
         }
     }
@@ -140,7 +144,8 @@ impl Meter {
         match self {
             Meter::Stream(s) if s.finished() => (s.usage(), false),
             Meter::Stream(s) => (s.usage().map(|_| s.charge()), s.usage().is_some()),
-            Meter::Body(b) => (poolgate_wire::usage::of_message(b), false),
+            Meter::Body(parts, _) if parts.len() == 1 => (poolgate_wire::usage::of_message(&parts[0]), false),
+            Meter::Body(parts, _) => (poolgate_wire::usage::of_message(&parts.concat()), false),
             Meter::Off => (None, false),
         }
     }

@@ -15,6 +15,10 @@ use prometheus_client::metrics::gauge::Gauge as GaugeMetric;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+mod usage;
+pub use usage::MODEL_LABELS_MAX;
+use usage::{KeyModel, KeyModelKind, UsageTable};
+
 /// The labels of one gauge value: (name, value) pairs.
 pub type Labels = Vec<(&'static str, Text)>;
 
@@ -150,29 +154,14 @@ struct AccountResult {
     result: Text,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KeyModelKind {
-    key: Text,
-    model: Text,
-    kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KeyModel {
-    key: Text,
-    model: Text,
-}
-
-/// The most distinct `model` label values per process: a client may name any
-/// model, so past this many the rest are counted as `other`.
-pub const MODEL_LABELS_MAX: usize = 32;
-
 /// The gateway's metrics.
 pub struct Metrics {
     client_tokens: Family<KeyModelKind, Counter>,
     client_cost: Family<KeyModel, Counter<f64, std::sync::atomic::AtomicU64>>,
     client_requests: Family<KeyModel, Counter>,
-    models_seen: parking_lot::Mutex<std::collections::HashSet<String>>,
+    /// The usage counters of each (key, model) seen, resolved once: a
+    /// request's end finds them with one lookup and no allocation.
+    usage_handles: parking_lot::Mutex<UsageTable>,
     registry: Registry,
     requests: Family<AccountStatus, Counter>,
     attempts: Family<AccountAttempt, Counter>,
@@ -203,7 +192,7 @@ impl Default for Metrics {
             client_tokens: Family::default(),
             client_cost: Family::default(),
             client_requests: Family::default(),
-            models_seen: Default::default(),
+            usage_handles: Default::default(),
             registry: Registry::default(),
             requests: Family::default(),
             attempts: Family::default(),
@@ -347,55 +336,6 @@ impl Metrics {
 }
 
 impl Metrics {
-    /// Usage by client key and model, as the ledger counts it.
-    fn register_usage(&mut self) {
-        let r = &mut self.registry;
-        r.register(
-            "poolgate_client_requests",
-            "Requests answered, by client key and model (at most 32 model values; the rest are \"other\")",
-            self.client_requests.clone(),
-        );
-        r.register(
-            "poolgate_client_tokens",
-            "Tokens answers reported, by client key, model and kind (input, output, cache_read, cache_creation)",
-            self.client_tokens.clone(),
-        );
-        r.register(
-            "poolgate_client_cost_usd",
-            "What answers cost at the configured prices, USD, by client key and model",
-            self.client_cost.clone(),
-        );
-    }
-
-    /// A request's usage, by the client key's name and the model asked for.
-    pub fn usage(&self, key: &str, model: &str, usage: &poolgate_wire::usage::Usage, cost_nano: Option<u64>) {
-        let model = {
-            let mut seen = self.models_seen.lock();
-            if seen.contains(model) || (seen.len() < MODEL_LABELS_MAX && seen.insert(model.to_string())) {
-                model
-            } else {
-                "other"
-            }
-        };
-        let km = KeyModel { key: key.into(), model: model.into() };
-        self.client_requests.get_or_create(&km).inc();
-        for (kind, n) in [
-            ("input", usage.input_tokens),
-            ("output", usage.output_tokens),
-            ("cache_read", usage.cache_read_input_tokens),
-            ("cache_creation", usage.cache_creation_input_tokens),
-        ] {
-            if n > 0 {
-                self.client_tokens
-                    .get_or_create(&KeyModelKind { key: key.into(), model: model.into(), kind })
-                    .inc_by(n);
-            }
-        }
-        if let Some(nano) = cost_nano.filter(|c| *c > 0) {
-            self.client_cost.get_or_create(&km).inc_by(nano as f64 / 1e9);
-        }
-    }
-
     /// A client request ended.
     pub fn request(&self, account: &str, status: u16) {
         self.requests.get_or_create(&AccountStatus { account: account.into(), status }).inc();
