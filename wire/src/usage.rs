@@ -61,12 +61,26 @@ impl Usage {
 
 /// The top-level `usage` of a JSON Messages answer; `None` when the body is
 /// not one (an error, a `count_tokens` answer, not JSON).
+///
+/// Anthropic writes `usage` last, after the content: the last `"usage":` of
+/// the body is read first, without parsing (or UTF-8-checking) the content
+/// before it. Only when that is not a usage object is the whole body parsed.
 pub fn of_message(body: &[u8]) -> Option<Usage> {
     #[derive(Deserialize)]
     struct Answer {
         usage: Option<Fields>,
     }
-    let fields = serde_json::from_slice::<Answer>(body).ok()?.usage?;
+    let last = memchr::memmem::rfind(body, KEY).and_then(|at| {
+        let object = &body[at + KEY.len()..];
+        let mut values = serde_json::Deserializer::from_slice(object).into_iter::<Fields>();
+        let fields = values.next()?.ok()?;
+        // The last member of the top-level object: only its `}` follows.
+        (object[values.byte_offset()..].trim_ascii() == b"}").then_some(fields)
+    });
+    let fields = match last {
+        Some(f) => f,
+        None => serde_json::from_slice::<Answer>(body).ok()?.usage?,
+    };
     let mut usage = Usage::default();
     usage.merge(&fields);
     Some(usage)
@@ -241,6 +255,9 @@ mod tests {
         assert_eq!(of_message(body.as_bytes()), Some(want));
         let tool = br#"{"content":[{"type":"tool_use","input":{"usage":{"input_tokens":7}}}],"usage":{"input_tokens":3,"output_tokens":4}}"#;
         assert_eq!(of_message(tool).map(|u| u.input_tokens), Some(3));
+        // Not in Anthropic's order, a tool's "usage" last: the whole body is read.
+        let first = br#"{"usage":{"input_tokens":3,"output_tokens":4},"content":[{"type":"tool_use","input":{"usage":{"input_tokens":7,"output_tokens":1}}}]}"#;
+        assert_eq!(of_message(first).map(|u| u.input_tokens), Some(3));
         assert_eq!(of_message(br#"{"input_tokens":42}"#), None, "count_tokens is not usage");
         assert_eq!(of_message(br#"{"type":"error","error":{}}"#), None);
     }

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod check;
 mod demo;
+mod keys;
 mod login;
 mod plugin;
 mod rank;
@@ -127,6 +128,16 @@ enum Command {
     /// Manage account credentials (import an existing Claude Code login).
     #[command(subcommand)]
     Accounts(login::AccountsCommand),
+    /// Manage client keys at run time: create, list, update, revoke.
+    ///
+    /// Keys live in the usage ledger the config names, hashed; a running
+    /// gateway reads them within 2 s. Limits and budgets as in
+    /// [[server.client_keys]] (docs/keys.md); the same over /admin/keys.
+    ///
+    /// Example:
+    ///   poolgate keys create ci --team build --budget-usd-day 20 --config poolgate.toml
+    #[command(subcommand, verbatim_doc_comment)]
+    Keys(keys::Command),
 }
 
 /// Entry point of the binary.
@@ -167,6 +178,7 @@ pub fn main() -> ExitCode {
         Command::Plugin(cmd) => plugin::run(cmd),
         Command::Login(args) => login::login(args),
         Command::Accounts(login::AccountsCommand::Import(args)) => login::import(args),
+        Command::Keys(cmd) => keys::run(cmd),
     };
     match result {
         Ok(code) => code,

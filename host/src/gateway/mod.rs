@@ -19,7 +19,8 @@
 //!   ([`request::record`]). **The chain is called in `request::Exchange::rank`.**
 //! - Beside them, what a running gateway holds across requests:
 //!   [`generation`] (one loaded configuration, swapped atomically; its
-//!   client keys and admin token are [`auth`]'s), [`reload`]
+//!   client keys and admin token are [`auth`]'s; [`keys`] adds those
+//!   managed at run time), [`reload`]
 //!   (a new generation built beside the running one; a newer reload
 //!   supersedes one still loading), [`watch`] (what triggers one), [`change`]
 //!   (what it changed, in words), [`lifecycle`] (the shutdown as requests see
@@ -32,6 +33,7 @@ pub mod auth;
 pub mod change;
 pub mod generation;
 pub mod http;
+pub mod keys;
 pub mod lifecycle;
 pub mod persist;
 pub mod reload;
@@ -144,6 +146,8 @@ pub struct Gateway {
     /// this day, week and month (kept across reloads; seeded from the
     /// ledger at start).
     pub meters: Arc<crate::ledger::limits::Meters>,
+    /// The client keys managed at run time (read from the ledger's store).
+    pub runtime_keys: ArcSwap<keys::RuntimeKeys>,
     /// This process's name in ledger entries (`[state] replica`, else host
     /// and process id): with the request id, unique across replicas.
     pub replica: Arc<str>,
@@ -247,8 +251,13 @@ impl Gateway {
             ledger,
             replica,
             meters: Arc::default(),
+            runtime_keys: ArcSwap::default(),
         });
         gateway.seed_meters().await?;
+        if gateway.ledger.is_some() {
+            keys::refresh(&gateway).await.map_err(|e| anyhow::anyhow!("ledger.file: {e:#}"))?;
+            keys::spawn_refresh(Arc::downgrade(&gateway));
+        }
         gateway.share_seats(&gateway.generation());
         // What this gateway learned before a restart, before it serves and
         // before replicas merge their records into it.

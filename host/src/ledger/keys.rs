@@ -143,6 +143,108 @@ impl KeyRecord {
     }
 }
 
+impl KeyLimits {
+    /// These limits with every field `over` states put over them.
+    pub fn merged(&self, over: &KeyLimits) -> KeyLimits {
+        KeyLimits {
+            models: over.models.clone().or_else(|| self.models.clone()),
+            max_in_flight: over.max_in_flight.or(self.max_in_flight),
+            requests_per_minute: over.requests_per_minute.or(self.requests_per_minute),
+            tokens_per_minute: over.tokens_per_minute.or(self.tokens_per_minute),
+            budget_tokens_day: over.budget_tokens_day.or(self.budget_tokens_day),
+            budget_tokens_week: over.budget_tokens_week.or(self.budget_tokens_week),
+            budget_tokens_month: over.budget_tokens_month.or(self.budget_tokens_month),
+            budget_usd_day: over.budget_usd_day.or(self.budget_usd_day),
+            budget_usd_week: over.budget_usd_week.or(self.budget_usd_week),
+            budget_usd_month: over.budget_usd_month.or(self.budget_usd_month),
+        }
+    }
+}
+
+/// What creating or changing a key says about it (every field optional on
+/// a change: what is left out stays).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeySpec {
+    /// Its name (creating only).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// A team tag.
+    #[serde(default)]
+    pub team: Option<String>,
+    /// Who holds it.
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// When it expires: ms since the epoch, `YYYY-MM-DD` or RFC 3339.
+    #[serde(default)]
+    pub expires: Option<String>,
+    /// Its limits.
+    #[serde(default, flatten)]
+    pub limits: KeyLimits,
+}
+
+/// A new key from `spec` at `now_ms`, and its secret (shown once); refused,
+/// with why, when its name is taken (by a key in `existing` or a config
+/// key in `reserved`) or a field is wrong.
+pub fn create(
+    spec: &KeySpec,
+    existing: &[KeyRecord],
+    reserved: &[String],
+    now_ms: u64,
+) -> Result<(KeyRecord, String), String> {
+    let name = spec.name.clone().ok_or("a key needs a name")?;
+    if !valid_name(&name) {
+        return Err(format!("`{name}` is not a key name: 1 to 64 of letters, digits, - _ . @"));
+    }
+    if name == "-" || reserved.contains(&name) || existing.iter().any(|k| k.name == name) {
+        return Err(format!("a key named `{name}` exists already"));
+    }
+    let secret = new_secret().map_err(|e| format!("cannot make a key: {e:#}"))?;
+    let record = KeyRecord {
+        name,
+        sha256: hex_digest(&secret),
+        team: None,
+        owner: None,
+        expires_ms: None,
+        revoked_ms: None,
+        created_ms: now_ms,
+        limits: KeyLimits::default(),
+    };
+    Ok((change(&record, spec)?, secret))
+}
+
+/// `key` changed as `spec` says (its name and secret stay).
+pub fn change(key: &KeyRecord, spec: &KeySpec) -> Result<KeyRecord, String> {
+    if spec.name.as_ref().is_some_and(|n| *n != key.name) {
+        return Err("a key's name cannot change (create another, revoke this one)".into());
+    }
+    let limits = key.limits.merged(&spec.limits);
+    let problems = limits.problems();
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
+    let expires_ms = match &spec.expires {
+        Some(t) => Some(
+            super::calendar::parse_time(t)
+                .ok_or_else(|| format!("expires `{t}` is not a time (ms since the epoch, YYYY-MM-DD or RFC 3339)"))?,
+        ),
+        None => key.expires_ms,
+    };
+    Ok(KeyRecord {
+        team: spec.team.clone().or_else(|| key.team.clone()),
+        owner: spec.owner.clone().or_else(|| key.owner.clone()),
+        expires_ms,
+        limits,
+        ..key.clone()
+    })
+}
+
+/// The SHA-256 of `secret`, hex (as the store keeps keys).
+pub fn hex_digest(secret: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(secret.as_bytes()))
+}
+
 /// A new key: `pg-` and 32 random bytes in hex.
 pub fn new_secret() -> anyhow::Result<String> {
     Ok(format!("pg-{}", crate::random::random_hex(32)?))
@@ -174,6 +276,31 @@ mod tests {
         assert_eq!(k.refused(1_764_547_200_000).unwrap(), "this client key expired at 2025-12-01T00:00:00Z");
         k.revoked_ms = Some(5_000);
         assert!(k.refused(0).unwrap().contains("revoked at 1970-01-01T00:00:05Z"));
+    }
+
+    #[test]
+    fn a_key_is_created_once_by_name_and_changed_field_by_field() {
+        let spec = KeySpec {
+            name: Some("ci".into()),
+            team: Some("build".into()),
+            limits: KeyLimits { budget_usd_day: Some(5.0), ..KeyLimits::default() },
+            ..KeySpec::default()
+        };
+        let (key, secret) = create(&spec, &[], &[], 7).unwrap();
+        assert_eq!((key.sha256.clone(), key.created_ms, key.team.as_deref()), (hex_digest(&secret), 7, Some("build")));
+        assert!(create(&spec, std::slice::from_ref(&key), &[], 8).unwrap_err().contains("exists already"));
+        assert!(create(&spec, &[], &["ci".into()], 8).unwrap_err().contains("exists already"), "a config key's name");
+        let more = KeySpec {
+            expires: Some("2027-01-01".into()),
+            limits: KeyLimits { max_in_flight: Some(2), ..KeyLimits::default() },
+            ..KeySpec::default()
+        };
+        let changed = change(&key, &more).unwrap();
+        assert_eq!((changed.limits.budget_usd_day, changed.limits.max_in_flight), (Some(5.0), Some(2)));
+        assert_eq!(changed.expires_ms, Some(1_798_761_600_000));
+        assert_eq!(changed.sha256, key.sha256);
+        let bad = KeySpec { expires: Some("soon".into()), ..KeySpec::default() };
+        assert!(change(&key, &bad).unwrap_err().contains("`soon`"));
     }
 
     #[test]

@@ -39,6 +39,7 @@ mod replicas;
 mod request_edges;
 mod routing;
 mod runtime_faults;
+mod runtime_keys;
 mod sdk_client;
 mod serve_faults;
 mod simulate;

@@ -16,11 +16,13 @@
 //! - [`sd_notify`]: tells systemd the gateway is ready, reloading or
 //!   stopping.
 //! - [`signals`]: SIGTERM and SIGINT, and the shutdown each asks for.
+//! - [`keys`]: `/admin/keys`, client keys managed at run time.
 //! - [`usage`]: the usage ledger's answers — a key's own usage, an
 //!   operator's reports.
 
 pub mod conn;
 pub mod handlers;
+pub mod keys;
 pub mod routes;
 pub mod sd_notify;
 pub mod server;

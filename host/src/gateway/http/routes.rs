@@ -42,6 +42,9 @@ pub fn router(state: AppState) -> Router {
         .route("/status", get(status))
         .route("/admin/decisions", get(decisions))
         .route("/admin/usage", get(super::usage::admin_usage))
+        .route("/admin/keys", get(super::keys::list).post(super::keys::create))
+        .route("/admin/keys/{name}", post(super::keys::change))
+        .route("/admin/keys/{name}/{action}", post(super::keys::act))
         .route("/admin/reload", post(reload))
         .route("/admin/accounts/{id}/{action}", post(account_action))
         .fallback(not_found)
@@ -63,20 +66,9 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
     };
     let refuse = |reason, r, client: Option<&str>| early.refuse_from(&gw, reason, client, dialect.whole(r));
     let generation = gw.generation();
-    let client = if generation.client_keys.is_empty() {
-        None
-    } else {
-        match generation.client_keys.check(&headers) {
-            Some(name) => Some(name.to_string()),
-            None => {
-                let r = final_error(
-                    StatusCode::UNAUTHORIZED,
-                    ErrorType::Authentication,
-                    "poolgate: invalid or missing client key (send it as x-api-key or Authorization: Bearer)",
-                );
-                return refuse("client_key", r, None);
-            }
-        }
+    let client = match crate::gateway::keys::identify(&gw, &generation, &headers) {
+        Ok(client) => client,
+        Err(r) => return refuse("client_key", *r, None),
     };
     if method == Method::POST
         && let Some(refused) = not_json(&headers)

@@ -52,18 +52,12 @@ fn period_json(period: Period, (from, to): (u64, u64), spent: &crate::ledger::li
 /// Monday) and month. Without client keys, the whole gateway's (key `-`).
 pub async fn client_usage(State(s): State<AppState>, headers: HeaderMap) -> Response {
     let g = s.gateway.generation();
-    let key = match g.client_keys.is_empty() {
-        true => "-".to_string(),
-        false => match g.client_keys.check(&headers) {
-            Some(name) => name.to_string(),
-            None => {
-                let msg = "poolgate: invalid or missing client key (send it as x-api-key or Authorization: Bearer)";
-                return final_error(StatusCode::UNAUTHORIZED, ErrorType::Authentication, msg);
-            }
-        },
+    let key = match crate::gateway::keys::identify(&s.gateway, &g, &headers) {
+        Ok(key) => key.unwrap_or_else(|| "-".to_string()),
+        Err(r) => return *r,
     };
-    let team = g.client_keys.team(&key).map(str::to_string);
-    let budgets = budgets(&s, g.client_keys.policy(&key), &key);
+    let team = crate::gateway::keys::team(&s.gateway, &g, &key);
+    let budgets = budgets(&s, crate::gateway::keys::policy(&s.gateway, &g, &key).as_ref(), &key);
     drop(g);
     if s.gateway.ledger.is_none() {
         return no_ledger();

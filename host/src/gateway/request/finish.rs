@@ -195,7 +195,7 @@ impl Finish {
     /// The ledger's entry for the request `record` describes.
     fn entry(&self, record: &RequestRecord) -> crate::ledger::Entry {
         let key = record.client.clone().unwrap_or_else(|| "-".into());
-        let team = self.generation.client_keys.team(&key).unwrap_or_default().to_string();
+        let team = crate::gateway::keys::team(&self.gateway, &self.generation, &key).unwrap_or_default();
         let account = match (&record.fallback, self.account_answers) {
             (Some(f), _) => format!("fallback:{f}"),
             (None, true) => record.account.clone().unwrap_or_default(),

@@ -29,7 +29,7 @@ pub fn admit(
     model: &str,
 ) -> Result<Option<KeyLease>, Box<Response>> {
     let Some(key) = incoming.client.as_deref() else { return Ok(None) };
-    let Some(policy) = generation.client_keys.policy(key) else { return Ok(None) };
+    let Some(policy) = crate::gateway::keys::policy(gw, generation, key) else { return Ok(None) };
     let now = gw.clock.now_ms();
     // A USD budget cannot count what has no price: such a model would
     // spend it without end.
@@ -43,7 +43,7 @@ pub fn admit(
         };
         return Err(Box::new(incoming.dialect.whole(response(&refusal, now))));
     }
-    match gw.meters.admit(key, policy, model, now) {
+    match gw.meters.admit(key, &policy, model, now) {
         Ok(lease) => Ok(Some(lease)),
         Err(refusal) => {
             let mut r = incoming.dialect.whole(response(&refusal, now));
@@ -76,7 +76,9 @@ fn response(refusal: &Refusal, now_ms: u64) -> Response {
 /// the answer's start, never below 0) and `…-reset` (RFC 3339). Nothing for
 /// a key without budgets.
 pub fn budget_headers(gw: &Gateway, generation: &Generation, key: Option<&str>, headers: &mut http::HeaderMap) {
-    let Some((key, policy)) = key.and_then(|k| Some((k, generation.client_keys.policy(k)?))) else { return };
+    let Some((key, policy)) = key.and_then(|k| Some((k, crate::gateway::keys::policy(gw, generation, k)?))) else {
+        return;
+    };
     if policy.budgets.is_empty() {
         return;
     }
