@@ -41,15 +41,7 @@ impl LedgerConfig {
     /// `config_path`: a path given is relative to the config's directory;
     /// `""` is none; unset is `ledger-<hash>.sqlite` in the state directory.
     pub fn locate_file(&mut self, config_path: &Path) {
-        self.file_path = match self.file.as_deref() {
-            Some("") => None,
-            Some(f) => {
-                let f = Path::new(f);
-                Some(if f.is_relative() { config_path.parent().unwrap_or(Path::new(".")).join(f) } else { f.into() })
-            }
-            None => super::state::default_dir()
-                .map(|d| d.join(super::state::per_config_name("ledger", config_path, "sqlite"))),
-        };
+        self.file_path = super::state::locate(self.file.as_deref(), config_path, Some("ledger"), "sqlite");
     }
 }
 
@@ -98,11 +90,12 @@ pub fn check(config: &super::Config, add: &mut impl FnMut(String, String)) {
         }
     }
     for (i, key) in config.server.client_keys.iter().enumerate() {
-        for problem in key.limits().problems() {
+        for problem in key.limits.problems() {
             let (field, why) = problem.split_once(": ").unwrap_or(("", &problem));
             add(format!("server.client_keys[{i}].{field}"), why.to_string());
         }
-        let usd = [key.budget_usd_day, key.budget_usd_week, key.budget_usd_month].iter().any(Option::is_some);
+        let l = &key.limits;
+        let usd = [l.budget_usd_day, l.budget_usd_week, l.budget_usd_month].iter().any(Option::is_some);
         let priced = prices(&config.prices);
         for f in config.fallback.iter().filter(|f| usd && priced.of(&f.model).is_none()) {
             add(

@@ -260,16 +260,18 @@ mod tests {
             sha256: Some("s".into()),
             key_env: Some("e".into()),
             team: Some("t".into()),
-            models: Some(vec!["m*".into()]),
-            max_in_flight: Some(1),
-            requests_per_minute: Some(1),
-            tokens_per_minute: Some(1),
-            budget_tokens_day: Some(1),
-            budget_tokens_week: Some(1),
-            budget_tokens_month: Some(1),
-            budget_usd_day: Some(1.0),
-            budget_usd_week: Some(1.0),
-            budget_usd_month: Some(1.0),
+            limits: crate::ledger::keys::KeyLimits {
+                models: Some(vec!["m*".into()]),
+                max_in_flight: Some(1),
+                requests_per_minute: Some(1),
+                tokens_per_minute: Some(1),
+                budget_tokens_day: Some(1),
+                budget_tokens_week: Some(1),
+                budget_tokens_month: Some(1),
+                budget_usd_day: Some(1.0),
+                budget_usd_week: Some(1.0),
+                budget_usd_month: Some(1.0),
+            },
         });
         config.ledger.file = Some("ledger.sqlite".into());
         config.prices.insert(

@@ -79,9 +79,13 @@ pub enum LogFormat {
 }
 
 /// One `[[server.client_keys]]` entry. The key itself is never in the file: give
-/// its SHA-256, or the environment variable that holds it.
+/// its SHA-256, or the environment variable that holds it. Its limits are
+/// written beside its name (`budget_usd_day = 20`), as a run-time key's are.
+///
+/// Unknown keys are refused by the shape pass (`validate::shape`, against
+/// `schema::CLIENT_KEY`) before serde reads the entry: serde's own
+/// `deny_unknown_fields` does not combine with the flattened limits.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ClientKey {
     /// A name for logs and metrics (never the key).
     pub name: String,
@@ -94,59 +98,15 @@ pub struct ClientKey {
     /// A team tag: the usage ledger's reports group keys by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub team: Option<String>,
-    /// The models the key may ask for (names or `prefix*`); unset: any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub models: Option<Vec<String>>,
-    /// Most requests of the key in flight at once.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_in_flight: Option<u32>,
-    /// Most requests the key may start in any 60 s.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub requests_per_minute: Option<u32>,
-    /// Most tokens (every kind) the key's answers may use in any 60 s.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tokens_per_minute: Option<u64>,
-    /// Budgets in tokens (every kind) per UTC day, week (from Monday) and
-    /// month.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget_tokens_day: Option<u64>,
-    /// See `budget_tokens_day`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget_tokens_week: Option<u64>,
-    /// See `budget_tokens_day`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget_tokens_month: Option<u64>,
-    /// Budgets in USD (at `[prices]`) per UTC day, week and month.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget_usd_day: Option<f64>,
-    /// See `budget_usd_day`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget_usd_week: Option<f64>,
-    /// See `budget_usd_day`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget_usd_month: Option<f64>,
+    /// What the key may do: models, rates, budgets (every one optional).
+    #[serde(flatten)]
+    pub limits: crate::ledger::keys::KeyLimits,
 }
 
 impl ClientKey {
-    /// What the key may do, as written.
-    pub fn limits(&self) -> crate::ledger::keys::KeyLimits {
-        crate::ledger::keys::KeyLimits {
-            models: self.models.clone(),
-            max_in_flight: self.max_in_flight,
-            requests_per_minute: self.requests_per_minute,
-            tokens_per_minute: self.tokens_per_minute,
-            budget_tokens_day: self.budget_tokens_day,
-            budget_tokens_week: self.budget_tokens_week,
-            budget_tokens_month: self.budget_tokens_month,
-            budget_usd_day: self.budget_usd_day,
-            budget_usd_week: self.budget_usd_week,
-            budget_usd_month: self.budget_usd_month,
-        }
-    }
-
     /// What the key may do.
     pub fn policy(&self) -> crate::ledger::limits::KeyPolicy {
-        self.limits().policy()
+        self.limits.policy()
     }
 
     /// Whether the key has a budget (which needs the usage ledger, to

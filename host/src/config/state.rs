@@ -106,15 +106,8 @@ impl StateConfig {
     /// replica that restarts reads it back before it serves, so a file would
     /// only hold it twice.
     pub fn locate_file(&mut self, config_path: &Path) {
-        self.file_path = match self.file.as_deref() {
-            Some("") => None,
-            Some(f) => {
-                let f = Path::new(f);
-                Some(if f.is_relative() { config_path.parent().unwrap_or(Path::new(".")).join(f) } else { f.into() })
-            }
-            None if self.shared() => None,
-            None => default_dir().map(|d| d.join(default_name(config_path))),
-        };
+        let default = (!self.shared()).then_some("state");
+        self.file_path = locate(self.file.as_deref(), config_path, default, "json");
     }
 
     /// The URL with its password replaced, for logs and `/status`.
@@ -134,11 +127,19 @@ pub fn default_dir() -> Option<PathBuf> {
     systemd.or_else(|| dirs::state_dir().or_else(dirs::cache_dir).map(|d| d.join("poolgate")))
 }
 
-/// `state-<16 hex digits>.json`, of the SHA-256 of the config file's
-/// absolute path: one file per configuration, however many gateways share
-/// the directory.
-fn default_name(config_path: &Path) -> String {
-    per_config_name("state", config_path, "json")
+/// Where a file of this configuration's (`file`: the config's setting) is:
+/// `""` none; a path, relative to the config file's directory; unset,
+/// `<what>-<hash>.<ext>` in the state directory ([`per_config_name`]) — or
+/// none where `what` is `None`.
+pub fn locate(file: Option<&str>, config_path: &Path, what: Option<&str>, ext: &str) -> Option<PathBuf> {
+    match file {
+        Some("") => None,
+        Some(f) => {
+            let f = Path::new(f);
+            Some(if f.is_relative() { config_path.parent().unwrap_or(Path::new(".")).join(f) } else { f.into() })
+        }
+        None => default_dir().zip(what).map(|(d, what)| d.join(per_config_name(what, config_path, ext))),
+    }
 }
 
 /// `<what>-<16 hex digits>.<ext>`: a file name of this configuration's own

@@ -13,9 +13,9 @@ use super::calendar::Period;
 use super::limits::{Amount, Budget, KeyPolicy};
 
 /// What a key may do, as it is written (in the config's `[[server.client_keys]]`
-/// and in the store): every field optional.
+/// and in the store): every field optional. Flattened into the structs that
+/// carry it, so it does not deny unknown fields itself: they do.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct KeyLimits {
     /// The models it may ask for: names or `prefix*`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -162,9 +162,9 @@ impl KeyLimits {
 }
 
 /// What creating or changing a key says about it (every field optional on
-/// a change: what is left out stays).
+/// a change: what is left out stays). A field it does not know is refused
+/// ([`KeySpec::parse`]): a misspelt budget must not pass as no budget.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct KeySpec {
     /// Its name (creating only).
     #[serde(default)]
@@ -181,6 +181,25 @@ pub struct KeySpec {
     /// Its limits.
     #[serde(default, flatten)]
     pub limits: KeyLimits,
+}
+
+impl KeySpec {
+    /// The fields of a JSON object, refusing any it does not know (serde's
+    /// `deny_unknown_fields` does not combine with the flattened limits).
+    pub fn parse(json: &[u8]) -> Result<KeySpec, String> {
+        let value: serde_json::Value = serde_json::from_slice(json).map_err(|e| e.to_string())?;
+        let limits = ["models", "max_in_flight", "requests_per_minute", "tokens_per_minute"]
+            .into_iter()
+            .chain(["budget_tokens_day", "budget_tokens_week", "budget_tokens_month"])
+            .chain(["budget_usd_day", "budget_usd_week", "budget_usd_month"]);
+        let fields: Vec<&str> = ["name", "team", "owner", "expires"].into_iter().chain(limits).collect();
+        if let Some(unknown) =
+            value.as_object().into_iter().flat_map(|o| o.keys()).find(|k| !fields.contains(&k.as_str()))
+        {
+            return Err(format!("unknown field `{unknown}`; known: {}", fields.join(", ")));
+        }
+        serde_json::from_value(value).map_err(|e| e.to_string())
+    }
 }
 
 /// A new key from `spec` at `now_ms`, and its secret (shown once); refused,
@@ -301,6 +320,14 @@ mod tests {
         assert_eq!(changed.sha256, key.sha256);
         let bad = KeySpec { expires: Some("soon".into()), ..KeySpec::default() };
         assert!(change(&key, &bad).unwrap_err().contains("`soon`"));
+    }
+
+    #[test]
+    fn a_spec_with_a_field_it_does_not_know_is_refused() {
+        let spec = KeySpec::parse(br#"{"name":"ci","budget_usd_day":5,"models":["claude-*"]}"#).unwrap();
+        assert_eq!((spec.limits.budget_usd_day, spec.name.as_deref()), (Some(5.0), Some("ci")));
+        let refused = KeySpec::parse(br#"{"name":"ci","budget_usd_daily":5}"#).unwrap_err();
+        assert!(refused.starts_with("unknown field `budget_usd_daily`"), "{refused}");
     }
 
     #[test]

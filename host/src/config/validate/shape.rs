@@ -130,28 +130,10 @@ impl Walker<'_> {
             return;
         };
         for (i, item) in items.iter().enumerate() {
-            let here = format!("{path}[{i}]");
-            self.index.insert(here.clone(), self.lines.line(item.span().start));
-            match item.get_ref().as_table() {
-                Some(t) => {
-                    for key in required {
-                        if t.get(*key).is_none() {
-                            self.push(&here, item.span(), format!("missing `{key}`"));
-                        }
-                    }
-                    self.table(&here, t, fields);
-                }
-                None => self.push(
-                    &here,
-                    item.span(),
-                    format!("expected a table ([[{path}]]), found {}", item.get_ref().type_str()),
-                ),
-            }
+            self.entry(&format!("{path}[{i}]"), item, fields, required, &format!("a table ([[{path}]])"));
         }
     }
-}
 
-impl Walker<'_> {
     /// A table of the operator's names (`[path."name"]`): each entry is
     /// located, checked for the `required` keys and walked.
     fn named(&mut self, path: &str, span: Range<usize>, v: &DeValue<'_>, fields: &'static [Field], required: &[&str]) {
@@ -160,20 +142,28 @@ impl Walker<'_> {
             return;
         };
         for (name, item) in entries {
-            let here = format!("{path}.\"{}\"", name.get_ref());
-            self.index.insert(here.clone(), self.lines.line(item.span().start));
-            match item.get_ref().as_table() {
-                Some(t) => {
-                    for key in required {
-                        if t.get(*key).is_none() {
-                            self.push(&here, item.span(), format!("missing `{key}`"));
-                        }
-                    }
-                    self.table(&here, t, fields);
-                }
-                None => self.push(&here, item.span(), format!("expected a table, found {}", item.get_ref().type_str())),
-            }
+            self.entry(&format!("{path}.\"{}\"", name.get_ref()), item, fields, required, "a table");
         }
+    }
+
+    /// One entry of [`Walker::tables`] or [`Walker::named`] at `here`.
+    fn entry(
+        &mut self,
+        here: &str,
+        item: &Spanned<DeValue<'_>>,
+        fields: &'static [Field],
+        required: &[&str],
+        what: &str,
+    ) {
+        self.index.insert(here.to_string(), self.lines.line(item.span().start));
+        let Some(t) = item.get_ref().as_table() else {
+            self.push(here, item.span(), format!("expected {what}, found {}", item.get_ref().type_str()));
+            return;
+        };
+        for key in required.iter().filter(|k| t.get(**k).is_none()) {
+            self.push(here, item.span(), format!("missing `{key}`"));
+        }
+        self.table(here, t, fields);
     }
 }
 

@@ -75,13 +75,13 @@ pub async fn list(State(s): State<AppState>, headers: HeaderMap) -> Response {
         .server
         .client_keys
         .iter()
-        .map(|k| serde_json::json!({ "name": k.name, "source": "config", "team": k.team, "limits": k.limits() }));
+        .map(|k| serde_json::json!({ "name": k.name, "source": "config", "team": k.team, "limits": k.limits }));
     let keys: Vec<serde_json::Value> = config.chain(records.iter().map(|k| shown(k, now))).collect();
     json(&serde_json::json!({ "keys": keys }))
 }
 
 fn spec(body: &Bytes) -> Result<KeySpec, Box<Response>> {
-    serde_json::from_slice(body).map_err(|e| {
+    KeySpec::parse(body).map_err(|e| {
         Box::new(refused(StatusCode::BAD_REQUEST, ErrorType::InvalidRequest, &format!("the key's fields: {e}")))
     })
 }
