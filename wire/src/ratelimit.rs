@@ -169,8 +169,9 @@ pub fn rfc3339(epoch_s: u64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
 }
 
-/// Howard Hinnant's days-to-civil algorithm: avoids a date crate for one format.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
+/// The date (year, month, day) of a day counted from 1970-01-01: Howard
+/// Hinnant's days-to-civil algorithm, which avoids a date crate.
+pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);

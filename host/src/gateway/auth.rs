@@ -50,11 +50,6 @@ impl ClientKeys {
         self.policies.get(name)
     }
 
-    /// The names of the keys with limits.
-    pub fn limited(&self) -> impl Iterator<Item = &str> {
-        self.policies.keys().map(String::as_str)
-    }
-
     /// With team tags: (key name, team).
     pub fn with_teams(self, teams: std::collections::HashMap<String, String>) -> ClientKeys {
         ClientKeys { teams, ..self }

@@ -62,18 +62,7 @@ pub fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// The date of a day counted from 1970-01-01.
-pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
+pub use poolgate_wire::ratelimit::civil_from_days;
 
 /// A time as an operator writes it in a query: ms since the epoch, a date
 /// (`2026-12-01`, its 00:00 UTC) or RFC 3339 (`2026-12-01T09:30:00Z`).
@@ -97,7 +86,7 @@ pub fn parse_time(s: &str) -> Option<u64> {
 
 /// `YYYY-MM-DDTHH:MM:SSZ` of a time in ms (to the second).
 pub fn rfc3339(ms: u64) -> String {
-    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)).to_string()
+    poolgate_wire::ratelimit::rfc3339(ms / 1000)
 }
 
 #[cfg(test)]

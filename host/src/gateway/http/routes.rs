@@ -437,9 +437,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
     let instances = per_stage(&|st| st.pool.live as f64);
     let observe_queued = per_stage(&|st| st.pool.observe_queued as f64);
     let observe_dropped = per_stage(&|st| st.pool.observe_dropped as f64);
-    let health = gw.ledger.as_ref().map(|l| l.health());
-    let ledger = |f: &dyn Fn(&crate::ledger::Health) -> f64| health.iter().map(|h| (Vec::new(), f(h))).collect();
-    let text = gw.metrics.render(&[
+    let mut gauges = vec![
         ("poolgate_in_flight", "Requests in flight, by account.", in_flight),
         ("poolgate_account_cooling", "1 while the account is cooling down.", cooling),
         ("poolgate_stage_breaker_open", "1 while a chain stage is bypassed by its breaker.", breakers),
@@ -477,6 +475,21 @@ async fn metrics(State(s): State<AppState>) -> Response {
             vec![(Vec::new(), gw.lifecycle.connection_limit(g.config.server.max_connections) as f64)],
         ),
         (
+            "poolgate_state_backend_up",
+            "1 while this replica is in step with the shared state backend (always 1 for memory).",
+            vec![(Vec::new(), if gw.shared.status().connected { 1.0 } else { 0.0 })],
+        ),
+    ];
+    gauges.extend(ledger_gauges(gw.ledger.as_ref().map(|l| l.health())));
+    let text = gw.metrics.render(&gauges);
+    ([(http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
+}
+
+/// The usage ledger's gauges (none without a ledger).
+fn ledger_gauges(health: Option<crate::ledger::Health>) -> Vec<crate::metrics::Gauge<'static>> {
+    let ledger = |f: &dyn Fn(&crate::ledger::Health) -> f64| health.iter().map(|h| (Vec::new(), f(h))).collect();
+    vec![
+        (
             "poolgate_ledger_up",
             "1 while the usage ledger's store takes writes (absent without a ledger).",
             ledger(&|h| if h.down.is_none() { 1.0 } else { 0.0 }),
@@ -488,11 +501,5 @@ async fn metrics(State(s): State<AppState>) -> Response {
              that only grows).",
             ledger(&|h| h.dropped as f64),
         ),
-        (
-            "poolgate_state_backend_up",
-            "1 while this replica is in step with the shared state backend (always 1 for memory).",
-            vec![(Vec::new(), if gw.shared.status().connected { 1.0 } else { 0.0 })],
-        ),
-    ]);
-    ([(http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
+    ]
 }
