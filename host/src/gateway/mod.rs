@@ -53,9 +53,6 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::learned::AccountBook;
 use crate::learned::accounts::AccountState;
-use crate::ledger::calendar::Period;
-use crate::ledger::limits::Spent;
-use crate::ledger::report::Dim;
 use crate::metrics::Metrics;
 use crate::policy::{MemoryState, PolicyEngine, StateStore};
 pub use generation::Generation;
@@ -81,14 +78,18 @@ fn pooled_client(config: &Config) -> Result<Arc<request::upstream::Upstream>> {
 
 /// The usage ledger `[ledger]` asks for: its file opened (and created) now,
 /// so a start that cannot keep usage refuses to start, naming the file.
-fn open_ledger(config: &Config) -> Result<Option<Arc<crate::ledger::Ledger>>> {
+fn open_ledger(
+    config: &Config,
+    meters: &Arc<crate::ledger::limits::Meters>,
+    clock: &Clock,
+) -> Result<Option<Arc<crate::ledger::Ledger>>> {
     let Some(path) = &config.ledger.file_path else { return Ok(None) };
     let store = crate::ledger::sqlite::Sqlite::open(path).map_err(|e| anyhow::anyhow!("ledger.file: {e:#}"))?;
     let tuning = crate::ledger::Tuning {
         flush: Duration::from_millis(config.ledger.flush_ms),
         queue_max: config.ledger.queue_max,
     };
-    Ok(Some(crate::ledger::Ledger::start(Box::new(store), tuning)))
+    Ok(Some(crate::ledger::Ledger::start(Box::new(store), tuning, meters.clone(), clock.clone())))
 }
 
 /// What a gateway is assembled from besides its configuration.
@@ -226,7 +227,8 @@ impl Gateway {
             .file_path
             .clone()
             .map(|p| Arc::new(persist::Persist::new(p, Duration::from_millis(state.file_write_ms))));
-        let ledger = open_ledger(&first.config)?;
+        let meters = Arc::default();
+        let ledger = open_ledger(&first.config, &meters, &clock)?;
         let replica: Arc<str> =
             first.config.state.replica.clone().unwrap_or_else(crate::shared::redis::replica_name).into();
         let gateway = Arc::new(Gateway {
@@ -250,10 +252,15 @@ impl Gateway {
             clock,
             ledger,
             replica,
-            meters: Arc::default(),
+            meters,
             runtime_keys: ArcSwap::default(),
         });
-        gateway.seed_meters().await?;
+        // What each key spent this day, week and month before this start:
+        // a budget holds across a restart (and one a reload adds later
+        // counts it too).
+        if let Some(l) = &gateway.ledger {
+            l.read_totals().await.map_err(|e| anyhow::anyhow!("ledger.file: {e:#}"))?;
+        }
         if gateway.ledger.is_some() {
             keys::refresh(&gateway).await.map_err(|e| anyhow::anyhow!("ledger.file: {e:#}"))?;
             keys::spawn_refresh(Arc::downgrade(&gateway));
@@ -304,31 +311,6 @@ impl Gateway {
         let Some(p) = self.persist.clone() else { return };
         let gw = self.clone();
         tokio::spawn(async move { p.save(&gw, false).await });
-    }
-
-    /// What each key spent this day, week and month before this start, from
-    /// the ledger: a budget holds across a restart (and one a reload adds
-    /// later counts it too).
-    async fn seed_meters(&self) -> Result<()> {
-        let Some(ledger) = &self.ledger else { return Ok(()) };
-        let now = self.clock.now_ms();
-        for period in [Period::Day, Period::Week, Period::Month] {
-            let (from_ms, _) = period.around(now);
-            let query = crate::ledger::Query { from_ms, to_ms: u64::MAX, key: None, by: vec![Dim::Key] };
-            let rows = ledger.report(query).await.map_err(|e| anyhow::anyhow!("ledger.file: {e:#}"))?;
-            for row in rows {
-                let key = row.group.get("key").map_or("", String::as_str);
-                let usage = poolgate_wire::usage::Usage {
-                    input_tokens: row.input_tokens,
-                    output_tokens: row.output_tokens,
-                    cache_read_input_tokens: row.cache_read_input_tokens,
-                    cache_creation_input_tokens: row.cache_creation_input_tokens,
-                };
-                let spent = Spent { from_ms: 0, requests: row.requests, usage, nano_usd: row.cost_nano_usd };
-                self.meters.seed(key, period, spent, now);
-            }
-        }
-        Ok(())
     }
 
     /// Writes what the ledger holds and stops its writer (at shutdown, after

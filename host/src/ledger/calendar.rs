@@ -21,7 +21,15 @@ pub enum Period {
     Month,
 }
 
+/// Every period, in the order meters keep them.
+pub const PERIODS: [Period; 3] = [Period::Day, Period::Week, Period::Month];
+
 impl Period {
+    /// The period named `name` (`day`, `week`, `month`).
+    pub fn named(name: &str) -> Option<Period> {
+        PERIODS.into_iter().find(|p| p.name() == name)
+    }
+
     /// Its name (`day`, `week`, `month`).
     pub fn name(self) -> &'static str {
         match self {

@@ -23,7 +23,8 @@ use serde::Serialize;
 
 use poolgate_wire::usage::Usage;
 
-use super::calendar::Period;
+use super::SpendRow;
+use super::calendar::{PERIODS, Period};
 
 /// A budget: at most this much per calendar period (UTC).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -116,9 +117,38 @@ impl Spent {
     pub fn tokens(&self) -> u64 {
         self.usage.total()
     }
-}
 
-const PERIODS: [Period; 3] = [Period::Day, Period::Week, Period::Month];
+    /// Counts one more request, which used `usage` costing `nano_usd`.
+    pub fn add(&mut self, usage: &Usage, nano_usd: u64) {
+        self.requests += 1;
+        self.usage.input_tokens += usage.input_tokens;
+        self.usage.output_tokens += usage.output_tokens;
+        self.usage.cache_read_input_tokens += usage.cache_read_input_tokens;
+        self.usage.cache_creation_input_tokens += usage.cache_creation_input_tokens;
+        self.nano_usd += nano_usd;
+    }
+
+    /// `self` and `other` together (same period).
+    fn plus(mut self, other: &Spent) -> Spent {
+        self.combine(other, u64::saturating_add);
+        self
+    }
+
+    /// Takes `other` away (never below 0).
+    fn minus(&mut self, other: &Spent) {
+        self.combine(other, u64::saturating_sub);
+    }
+
+    fn combine(&mut self, o: &Spent, f: fn(u64, u64) -> u64) {
+        self.requests = f(self.requests, o.requests);
+        self.usage.input_tokens = f(self.usage.input_tokens, o.usage.input_tokens);
+        self.usage.output_tokens = f(self.usage.output_tokens, o.usage.output_tokens);
+        self.usage.cache_read_input_tokens = f(self.usage.cache_read_input_tokens, o.usage.cache_read_input_tokens);
+        self.usage.cache_creation_input_tokens =
+            f(self.usage.cache_creation_input_tokens, o.usage.cache_creation_input_tokens);
+        self.nano_usd = f(self.nano_usd, o.nano_usd);
+    }
+}
 
 /// One key's meter.
 #[derive(Debug, Clone, Default)]
@@ -126,8 +156,12 @@ pub struct KeyMeter {
     in_flight: u32,
     /// The last 60 seconds, by second (a ring indexed by `second % 60`).
     seconds: Vec<Second>,
-    /// Day, week, month.
-    spent: [Spent; 3],
+    /// Day, week, month: what the ledger's store held for the key when it
+    /// was last read — every replica's written entries.
+    written: [Spent; 3],
+    /// Day, week, month: what this replica's requests spent since their
+    /// entries were written (or that has no store to go to).
+    pending: [Spent; 3],
 }
 
 impl KeyMeter {
@@ -165,14 +199,13 @@ impl KeyMeter {
         slot
     }
 
-    /// What was spent in `period` as of `now_ms` (0 once it reset).
+    /// What was spent in `period` as of `now_ms` (0 once it reset): what
+    /// the store held when last read, and what this replica spent since.
     pub fn spent(&self, period: Period, now_ms: u64) -> Spent {
         let (from_ms, _) = period.around(now_ms);
         let i = PERIODS.iter().position(|p| *p == period).unwrap_or(0);
-        match self.spent[i].from_ms == from_ms {
-            true => self.spent[i],
-            false => Spent { from_ms, ..Spent::default() },
-        }
+        let of = |s: &Spent| if s.from_ms == from_ms { *s } else { Spent { from_ms, ..Spent::default() } };
+        of(&self.written[i]).plus(&of(&self.pending[i]))
     }
 
     /// Adds what a request that arrived at `at_ms` spent, to the periods it
@@ -180,17 +213,12 @@ impl KeyMeter {
     fn add(&mut self, usage: &Usage, nano_usd: u64, at_ms: u64) {
         for (i, period) in PERIODS.iter().enumerate() {
             let from_ms = period.around(at_ms).0;
-            let current = &mut self.spent[i];
+            let current = &mut self.pending[i];
             if current.from_ms < from_ms {
                 *current = Spent { from_ms, ..Spent::default() };
             }
             if current.from_ms == from_ms {
-                current.requests += 1;
-                current.usage.input_tokens += usage.input_tokens;
-                current.usage.output_tokens += usage.output_tokens;
-                current.usage.cache_read_input_tokens += usage.cache_read_input_tokens;
-                current.usage.cache_creation_input_tokens += usage.cache_creation_input_tokens;
-                current.nano_usd += nano_usd;
+                current.add(usage, nano_usd);
             }
         }
     }
@@ -303,13 +331,32 @@ impl Meters {
         Ok(KeyLease { meters: self.clone(), key: key.to_string(), open: true })
     }
 
-    /// Sets what `key`'s finished requests spent in `period` so far (the
-    /// ledger's sums, when a gateway starts).
-    pub fn seed(&self, key: &str, period: Period, spent: Spent, now_ms: u64) {
+    /// The store was read: `totals` is what it holds for the periods in
+    /// force at `now_ms` (every replica's entries), and `written` what this
+    /// replica wrote to it since it was last read — spend no longer pending
+    /// here, since the totals count it.
+    pub fn written(&self, written: &[SpendRow], totals: &[SpendRow], now_ms: u64) {
+        let slot = |p: Period| PERIODS.iter().position(|q| *q == p).unwrap_or(0);
         let mut keys = self.keys.lock();
-        let meter = keys.entry(key.to_string()).or_default();
-        let i = PERIODS.iter().position(|p| *p == period).unwrap_or(0);
-        meter.spent[i] = Spent { from_ms: period.around(now_ms).0, ..spent };
+        for row in written {
+            if let Some(m) = keys.get_mut(&row.key) {
+                let pending = &mut m.pending[slot(row.period)];
+                if pending.from_ms == row.from_ms {
+                    pending.minus(&row.spent);
+                }
+            }
+        }
+        let starts = PERIODS.map(|p| p.around(now_ms).0);
+        for m in keys.values_mut() {
+            m.written = starts.map(|from_ms| Spent { from_ms, ..Spent::default() });
+        }
+        for row in totals.iter().filter(|r| starts[slot(r.period)] == r.from_ms) {
+            let m = match keys.get_mut(&row.key) {
+                Some(m) => m,
+                None => keys.entry(row.key.clone()).or_default(),
+            };
+            m.written[slot(row.period)] = Spent { from_ms: row.from_ms, ..row.spent };
+        }
     }
 
     /// What a finished request of `key` (one with no limits, so no lease)
@@ -412,7 +459,8 @@ mod tests {
         };
         let meters = Arc::new(Meters::default());
         let t = at("2026-12-07T23:00:00Z");
-        meters.seed("k", Period::Day, Spent { nano_usd: 600_000_000, ..Spent::default() }, t);
+        let day = Spent { from_ms: at("2026-12-07"), nano_usd: 600_000_000, ..Spent::default() };
+        meters.written(&[], &[SpendRow { key: "k".into(), period: Period::Day, from_ms: day.from_ms, spent: day }], t);
         let lease = meters.admit("k", &policy, "m", t).unwrap();
         // In flight when the budget is reached: it ends, and overspends.
         let other = meters.admit("k", &policy, "m", t).unwrap();

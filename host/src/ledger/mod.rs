@@ -43,6 +43,11 @@ pub use report::{Query, Row};
 
 pub use keys::KeyRecord;
 
+use calendar::Period;
+use limits::{Meters, Spent};
+
+use crate::clock::Clock;
+
 /// One answered request, as the ledger keeps it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Entry {
@@ -88,6 +93,50 @@ pub trait Store: Send {
     fn put_key(&mut self, key: &KeyRecord) -> anyhow::Result<()>;
     /// What the store is, for `/status` (never a password).
     fn describe(&self) -> String;
+    /// What every key spent in each period that began at or after
+    /// `since_ms`, summed over every entry written (by any replica): the
+    /// totals budgets are held to. `append` keeps them in step with the
+    /// entries, in the same transaction ([`spend_rows`]).
+    fn spend(&mut self, since_ms: u64) -> anyhow::Result<Vec<SpendRow>>;
+    /// Whether other replicas write to it too (then its totals are read
+    /// every flush, not only after this replica wrote).
+    fn shared(&self) -> bool {
+        false
+    }
+}
+
+/// What one key spent in one calendar period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpendRow {
+    /// The client key.
+    pub key: String,
+    /// The period.
+    pub period: Period,
+    /// When it began, ms since the epoch.
+    pub from_ms: u64,
+    /// What was spent in it (`spent.from_ms` is `from_ms`).
+    pub spent: Spent,
+}
+
+/// `entries` summed by key, period and the period's start (each entry in the
+/// day, week and month it arrived in): what an append adds to the totals.
+pub fn spend_rows(entries: &[Entry]) -> Vec<SpendRow> {
+    let mut sums: std::collections::BTreeMap<(&str, u8, u64), Spent> = std::collections::BTreeMap::new();
+    for e in entries {
+        for (i, period) in calendar::PERIODS.iter().enumerate() {
+            let from_ms = period.around(e.at_ms).0;
+            let s = sums.entry((e.key.as_str(), i as u8, from_ms)).or_insert(Spent { from_ms, ..Spent::default() });
+            s.add(&e.usage, e.cost_nano.unwrap_or(0));
+        }
+    }
+    sums.into_iter()
+        .map(|((key, i, from_ms), spent)| SpendRow {
+            key: key.to_string(),
+            period: calendar::PERIODS[i as usize],
+            from_ms,
+            spent,
+        })
+        .collect()
 }
 
 /// How the ledger is doing, for `/status` and `/metrics`.
@@ -121,6 +170,7 @@ type Reply<T> = tokio::sync::oneshot::Sender<anyhow::Result<T>>;
 /// What the writer is asked besides writing entries (after writing them).
 enum Ask {
     Report(Query, Reply<Vec<Row>>),
+    Spend(Reply<()>),
     Keys(Reply<Vec<KeyRecord>>),
     PutKey(Box<KeyRecord>, Reply<()>),
 }
@@ -130,6 +180,8 @@ impl Ask {
     fn answer(self, store: &mut dyn Store, down: Option<&str>) {
         let refused = || anyhow::anyhow!("the ledger's store is down: {}", down.unwrap_or_default());
         match self {
+            // Answered by the writer, which holds the meters.
+            Ask::Spend(reply) => drop(reply.send(down.map_or(Ok(()), |d| Err(anyhow::anyhow!("{d}"))))),
             Ask::Report(q, reply) => drop(reply.send(if down.is_some() { Err(refused()) } else { store.report(&q) })),
             Ask::Keys(reply) => drop(reply.send(if down.is_some() { Err(refused()) } else { store.keys() })),
             Ask::PutKey(k, reply) => drop(reply.send(if down.is_some() { Err(refused()) } else { store.put_key(&k) })),
@@ -154,13 +206,17 @@ pub struct Ledger {
 
 impl Ledger {
     /// Starts the writer thread over `store`.
-    pub fn start(store: Box<dyn Store>, tuning: Tuning) -> Arc<Ledger> {
+    /// Starts the writer thread over `store`; it keeps `meters` in step with
+    /// the store's totals ([`Meters::written`]), reading the time from
+    /// `clock`.
+    pub fn start(store: Box<dyn Store>, tuning: Tuning, meters: Arc<Meters>, clock: Clock) -> Arc<Ledger> {
         let health = Health { store: store.describe(), ..Health::default() };
         let shared = Arc::new((Mutex::new(Shared { health, ..Shared::default() }), Condvar::new()));
         let for_writer = shared.clone();
+        let totals = Totals { meters, clock, unread: Vec::new() };
         let writer = std::thread::Builder::new()
             .name("poolgate-ledger".into())
-            .spawn(move || write_loop(store, &for_writer, tuning))
+            .spawn(move || write_loop(store, &for_writer, tuning, totals))
             .expect("a thread can be started");
         Arc::new(Ledger { shared, queue_max: tuning.queue_max.max(1), writer: Mutex::new(Some(writer)) })
     }
@@ -191,6 +247,13 @@ impl Ledger {
     /// store cannot).
     pub async fn report(&self, query: Query) -> anyhow::Result<Vec<Row>> {
         self.ask(|tx| Ask::Report(query, tx)).await
+    }
+
+    /// Writes what is queued and reads the store's totals into the meters
+    /// now (at start, before the first request is admitted); an error when
+    /// the store cannot be read.
+    pub async fn read_totals(&self) -> anyhow::Result<()> {
+        self.ask(Ask::Spend).await
     }
 
     /// Every key managed at run time.
@@ -233,11 +296,40 @@ impl Drop for Ledger {
     }
 }
 
+/// What the writer keeps the meters in step with.
+struct Totals {
+    meters: Arc<Meters>,
+    clock: Clock,
+    /// What this replica wrote since the store's totals were last read.
+    unread: Vec<SpendRow>,
+}
+
+impl Totals {
+    /// Reads the store's totals for the periods in force into the meters;
+    /// the error when the store could not answer (the meters keep counting
+    /// what was written as pending until a read succeeds).
+    fn read(&mut self, store: &mut dyn Store) -> Result<(), String> {
+        let now = self.clock.now_ms();
+        let since = calendar::PERIODS.iter().map(|p| p.around(now).0).min().unwrap_or(0);
+        match store.spend(since) {
+            Ok(totals) => {
+                self.meters.written(&std::mem::take(&mut self.unread), &totals, now);
+                Ok(())
+            }
+            Err(e) => {
+                let why = format!("cannot read the spend totals: {e:#}");
+                tracing::warn!(error = %why, "usage ledger: budgets count this replica's own spend meanwhile");
+                Err(why)
+            }
+        }
+    }
+}
+
 /// The writer: waits until `flush` after its last write (machine time: the
 /// flush interval bounds what a crash loses, which is real time) (or for a report,
-/// or the stop), writes everything queued in one append, answers what it
-/// was asked (reports, keys).
-fn write_loop(mut store: Box<dyn Store>, shared: &(Mutex<Shared>, Condvar), tuning: Tuning) {
+/// or the stop), writes everything queued in one append, reads the totals
+/// budgets are held to, answers what it was asked (reports, keys).
+fn write_loop(mut store: Box<dyn Store>, shared: &(Mutex<Shared>, Condvar), tuning: Tuning, mut totals: Totals) {
     let (flush, queue_max) = (tuning.flush, tuning.queue_max.max(1));
     let (lock, wake) = shared;
     let mut next_write = crate::clock::machine_instant() + flush;
@@ -252,15 +344,24 @@ fn write_loop(mut store: Box<dyn Store>, shared: &(Mutex<Shared>, Condvar), tuni
             (batch, std::mem::take(&mut s.asks), s.stop)
         };
         let written = batch.is_empty() || append(&mut *store, &batch, lock);
+        let mut down = None;
         if written {
             backoff = flush;
             next_write = crate::clock::machine_instant() + flush;
+            totals.unread.extend(spend_rows(&batch));
+            let asked = asks.iter().any(|a| matches!(a, Ask::Spend(_)));
+            if (!batch.is_empty() || asked || store.shared())
+                && let Err(why) = totals.read(&mut *store)
+                && asked
+            {
+                down = Some(why);
+            }
         } else {
             requeue(lock, batch, queue_max);
             backoff = (backoff * 2).min(Duration::from_secs(30));
             next_write = crate::clock::machine_instant() + backoff;
+            down = Some(lock.lock().health.down.clone().unwrap_or_default());
         }
-        let down = (!written).then(|| lock.lock().health.down.clone().unwrap_or_default());
         for ask in asks {
             ask.answer(&mut *store, down.as_deref());
         }
@@ -339,6 +440,13 @@ mod tests {
         fn put_key(&mut self, _: &KeyRecord) -> anyhow::Result<()> {
             Ok(())
         }
+        fn spend(&mut self, _: u64) -> anyhow::Result<Vec<SpendRow>> {
+            Ok(spend_rows(&self.kept.lock()))
+        }
+    }
+
+    fn start(store: Memory, tuning: Tuning) -> Arc<Ledger> {
+        Ledger::start(Box::new(store), tuning, Arc::default(), Clock::manual(0))
     }
 
     fn entry(request: u64) -> Entry {
@@ -349,7 +457,7 @@ mod tests {
     async fn a_report_counts_every_entry_pushed_before_it() {
         let (kept, down) = (Arc::default(), Arc::default());
         let tuning = Tuning { flush: Duration::from_secs(3600), queue_max: 100 };
-        let ledger = Ledger::start(Box::new(Memory { kept, down }), tuning);
+        let ledger = start(Memory { kept, down }, tuning);
         for i in 0..7 {
             ledger.push(entry(i));
         }
@@ -365,7 +473,7 @@ mod tests {
         // A flush interval longer than the test: the writer tries the store
         // only when the report asks, and not again until the stop.
         let tuning = Tuning { flush: Duration::from_secs(3600), queue_max: 5 };
-        let ledger = Ledger::start(Box::new(Memory { kept: kept.clone(), down: down.clone() }), tuning);
+        let ledger = start(Memory { kept: kept.clone(), down: down.clone() }, tuning);
         for i in 0..8 {
             ledger.push(entry(i));
         }
@@ -379,5 +487,42 @@ mod tests {
         let order: Vec<u64> = kept.lock().iter().map(|e| e.request).collect();
         assert_eq!(order, [0, 1, 2, 3, 4], "written in order once the store is back");
         assert_eq!(ledger.health().down, None);
+    }
+
+    #[tokio::test]
+    async fn the_meters_count_each_entry_once_whether_pending_written_or_another_replicas() {
+        let (kept, down): (Arc<Mutex<Vec<Entry>>>, _) = (Arc::default(), Arc::default());
+        let t = 1_764_547_200_000; // 2025-12-01T00:00Z
+        let meters: Arc<Meters> = Arc::default();
+        let tuning = Tuning { flush: Duration::from_secs(3600), queue_max: 100 };
+        let store = Memory { kept: kept.clone(), down };
+        let ledger = Ledger::start(Box::new(store), tuning, meters.clone(), Clock::manual(t));
+        let spent = |e: &Entry| (e.usage, e.cost_nano.unwrap_or(0), e.at_ms);
+        let ours = |request, output_tokens| Entry {
+            request,
+            at_ms: t,
+            key: "k".into(),
+            usage: Usage { output_tokens, ..Usage::default() },
+            cost_nano: Some(output_tokens * 10),
+            ..Entry::default()
+        };
+        for (i, tokens) in [(1, 5), (2, 7)] {
+            let e = ours(i, tokens);
+            let (usage, nano, at) = spent(&e);
+            meters.spend(&e.key, &usage, nano, at);
+            ledger.push(e);
+        }
+        assert_eq!(meters.meter("k").spent(Period::Day, t).tokens(), 12, "pending before the write");
+        // Another replica's entry, written to the shared store.
+        kept.lock().push(Entry { replica: "other".into(), ..ours(9, 100) });
+        ledger.read_totals().await.unwrap();
+        let day = meters.meter("k").spent(Period::Day, t);
+        assert_eq!((day.tokens(), day.requests, day.nano_usd), (112, 3, 1_120), "written once, with the other's");
+        let e = ours(3, 1);
+        meters.spend(&e.key, &e.usage, 10, t);
+        ledger.push(e);
+        assert_eq!(meters.meter("k").spent(Period::Month, t).tokens(), 113, "pending on top of the totals");
+        ledger.read_totals().await.unwrap();
+        assert_eq!(meters.meter("k").spent(Period::Week, t).tokens(), 113);
     }
 }

@@ -6,15 +6,20 @@
 //!
 //! Written for the cost of a write: a rowid table (rows append at the
 //! B-tree's right edge) with one index, on time — reports ask a range of
-//! time; a key's own figures are answered from its meter, not from here.
+//! time. Budgets read `spend`, each key's totals per day, week and month,
+//! added to in the transaction that appends the entries (so the two never
+//! disagree); a ledger written before `spend` existed is summed into it
+//! once, when it is opened.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use rusqlite::{Connection, params};
 
+use super::calendar::Period;
+use super::limits::Spent;
 use super::report::{Dim, Query, Row};
-use super::{Entry, KeyRecord, Store};
+use super::{Entry, KeyRecord, SpendRow, Store};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS usage (
@@ -36,6 +41,19 @@ CREATE TABLE IF NOT EXISTS usage (
     cost_nano INTEGER
 );
 CREATE INDEX IF NOT EXISTS usage_by_time ON usage (at_ms);
+CREATE TABLE IF NOT EXISTS spend (
+    key TEXT NOT NULL,
+    period TEXT NOT NULL,
+    from_ms INTEGER NOT NULL,
+    requests INTEGER NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    cache_read_tokens INTEGER NOT NULL,
+    cache_creation_tokens INTEGER NOT NULL,
+    cost_nano INTEGER NOT NULL,
+    PRIMARY KEY (key, period, from_ms)
+);
+CREATE INDEX IF NOT EXISTS spend_by_start ON spend (from_ms);
 CREATE TABLE IF NOT EXISTS keys (
     name TEXT PRIMARY KEY,
     sha256 TEXT NOT NULL UNIQUE,
@@ -60,8 +78,74 @@ impl Sqlite {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA).with_context(|| format!("cannot set up the ledger {}", path.display()))?;
-        Ok(Sqlite { conn, path: path.to_path_buf() })
+        let mut store = Sqlite { conn, path: path.to_path_buf() };
+        store.sum_older_entries().with_context(|| format!("cannot sum the ledger {}", path.display()))?;
+        Ok(store)
     }
+
+    /// Fills `spend` from `usage` when only the entries are there (a ledger
+    /// from before `spend`).
+    fn sum_older_entries(&mut self) -> Result<()> {
+        let count = |table: &str| -> Result<i64> {
+            Ok(self
+                .conn
+                .query_row(&format!("SELECT COUNT(*) FROM (SELECT 1 FROM {table} LIMIT 1)"), [], |r| r.get(0))?)
+        };
+        if count("spend")? > 0 || count("usage")? == 0 {
+            return Ok(());
+        }
+        let mut stmt = self.conn.prepare(
+            "SELECT at_ms, key, input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens, cost_nano FROM usage",
+        )?;
+        let entries = stmt
+            .query_map([], |r| {
+                Ok(Entry {
+                    at_ms: r.get::<_, i64>(0)? as u64,
+                    key: r.get(1)?,
+                    usage: poolgate_wire::usage::Usage {
+                        input_tokens: r.get::<_, i64>(2)? as u64,
+                        output_tokens: r.get::<_, i64>(3)? as u64,
+                        cache_read_input_tokens: r.get::<_, i64>(4)? as u64,
+                        cache_creation_input_tokens: r.get::<_, i64>(5)? as u64,
+                    },
+                    cost_nano: r.get::<_, Option<i64>>(6)?.map(|c| c as u64),
+                    ..Entry::default()
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<Entry>>>()?;
+        drop(stmt);
+        let tx = self.conn.transaction()?;
+        add_spend(&tx, &super::spend_rows(&entries))?;
+        tx.commit()?;
+        Ok(())
+    }
+}
+
+/// Adds `rows` to the totals in `spend`.
+fn add_spend(tx: &rusqlite::Transaction<'_>, rows: &[SpendRow]) -> Result<()> {
+    let mut upsert = tx.prepare_cached(
+        "INSERT INTO spend VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+         ON CONFLICT (key, period, from_ms) DO UPDATE SET requests = requests + excluded.requests, \
+         input_tokens = input_tokens + excluded.input_tokens, output_tokens = output_tokens + excluded.output_tokens, \
+         cache_read_tokens = cache_read_tokens + excluded.cache_read_tokens, \
+         cache_creation_tokens = cache_creation_tokens + excluded.cache_creation_tokens, \
+         cost_nano = cost_nano + excluded.cost_nano",
+    )?;
+    for row in rows {
+        let (s, u) = (&row.spent, &row.spent.usage);
+        upsert.execute(params![
+            row.key,
+            row.period.name(),
+            row.from_ms as i64,
+            s.requests as i64,
+            u.input_tokens as i64,
+            u.output_tokens as i64,
+            u.cache_read_input_tokens as i64,
+            u.cache_creation_input_tokens as i64,
+            s.nano_usd as i64,
+        ])?;
+    }
+    Ok(())
 }
 
 fn column(d: Dim) -> &'static str {
@@ -103,6 +187,7 @@ impl Store for Sqlite {
                 ])?;
             }
         }
+        add_spend(&tx, &super::spend_rows(entries))?;
         tx.commit()?;
         Ok(())
     }
@@ -153,6 +238,36 @@ impl Store for Sqlite {
 
     fn describe(&self) -> String {
         format!("sqlite {}", self.path.display())
+    }
+
+    fn spend(&mut self, since_ms: u64) -> Result<Vec<SpendRow>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT key, period, from_ms, requests, input_tokens, output_tokens, cache_read_tokens, \
+             cache_creation_tokens, cost_nano FROM spend WHERE from_ms >= ?1",
+        )?;
+        let rows = stmt.query_map([since_ms.min(i64::MAX as u64) as i64], |r| {
+            let int = |i: usize| r.get::<_, i64>(i).map(|v| v as u64);
+            let from_ms = int(2)?;
+            let usage = poolgate_wire::usage::Usage {
+                input_tokens: int(4)?,
+                output_tokens: int(5)?,
+                cache_read_input_tokens: int(6)?,
+                cache_creation_input_tokens: int(7)?,
+            };
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                Spent { from_ms, requests: int(3)?, usage, nano_usd: int(8)? },
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (key, period, spent) = row?;
+            let period =
+                Period::named(&period).with_context(|| format!("a spend row of `{key}` names period `{period}`"))?;
+            out.push(SpendRow { key, period, from_ms: spent.from_ms, spent });
+        }
+        Ok(out)
     }
 
     fn keys(&mut self) -> Result<Vec<KeyRecord>> {
@@ -228,6 +343,38 @@ mod tests {
         assert_eq!(days, ["2025-12-01", "2025-12-02"]);
         let none = Query { from_ms: 0, to_ms: 1, key: None, by: vec![] };
         assert!(store.report(&none).unwrap().is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn spend_totals_follow_the_entries_and_an_older_ledger_is_summed_once() {
+        let dir = tempdir("spend");
+        let path = dir.join("ledger.sqlite");
+        let mut store = Sqlite::open(&path).unwrap();
+        store.append(&(0..30).map(|i| entry(i, "alice", "m", 1)).collect::<Vec<_>>()).unwrap();
+        let totals = |store: &mut Sqlite| {
+            let mut rows: Vec<(Period, u64, u64, u64)> = (store.spend(0).unwrap().into_iter())
+                .map(|r| (r.period, r.from_ms, r.spent.requests, r.spent.tokens()))
+                .collect();
+            rows.sort_by_key(|r| (r.0.name(), r.1));
+            rows
+        };
+        let day = 24 * 3_600_000;
+        let want = vec![
+            (Period::Day, 1_764_547_200_000, 24, 24 * 11),
+            (Period::Day, 1_764_547_200_000 + day, 6, 6 * 11),
+            (Period::Month, 1_764_547_200_000, 30, 30 * 11),
+            (Period::Week, 1_764_547_200_000, 30, 30 * 11), // 2025-12-01 was a Monday
+        ];
+        assert_eq!(totals(&mut store), want);
+        assert!(store.spend(1_764_547_200_000 + 1).unwrap().iter().all(|r| r.from_ms > 1_764_547_200_000));
+        // A ledger from before `spend`: summed when opened, and only once.
+        store.conn.execute_batch("DELETE FROM spend").unwrap();
+        drop(store);
+        let mut store = Sqlite::open(&path).unwrap();
+        assert_eq!(totals(&mut store), want);
+        drop(store);
+        assert_eq!(totals(&mut Sqlite::open(&path).unwrap()), want);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
