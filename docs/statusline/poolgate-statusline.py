@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Claude Code status line for a key behind poolgate: what the key used today
-and what is left of its budgets, from the gateway's GET /v1/usage.
+and what is left of its budgets, and the quota of the pool it draws on, from
+the gateway's GET /v1/usage.
 
 Install (Python 3, standard library only):
 
@@ -15,7 +16,7 @@ ANTHROPIC_BASE_URL, and ANTHROPIC_API_KEY or ANTHROPIC_AUTH_TOKEN. Claude Code
 passes the session's JSON on stdin; only the model's name is used. Prints one
 line, e.g.:
 
-    Sonnet 4.5 · poolgate alice · today 1.2M tok $3.41 · day $1.59 left · month 8.1M tok left
+    Sonnet 4.5 · poolgate alice · today 1.2M tok $3.41 · day $1.59 left · pool 5h 40% 7d 27%
 """
 
 import json
@@ -43,6 +44,12 @@ def line(session, usage):
     for b in usage.get("budgets", []):
         left = f"${b['remaining']:.2f}" if b["unit"] == "usd" else f"{short(b['remaining'])} tok"
         parts.append(f"{b['period']} {left} left")
+    pool = usage.get("pool") or {}
+    windows = [w for w in pool.get("windows", []) if w.get("window") in ("5h", "7d")]
+    if windows:
+        used = " ".join(f"{w['window']} {w['utilization'] * 100:.0f}%" for w in windows)
+        warn = "" if pool.get("status") in (None, "allowed") else f" {pool['status']}"
+        parts.append(f"pool{warn} {used}")
     return " · ".join(parts)
 
 

@@ -26,7 +26,7 @@ pub use cooldowns::CooldownConfig;
 pub use fallback::FallbackConfig;
 pub use ledger::{LedgerConfig, PriceConfig};
 pub use secrets::{Credential, Resolved, ResolvedAccount, ResolvedFallback, Secret, base_prefix, digest};
-pub use server::{ClientKey, GatewayConfig, LogFormat, ServerConfig};
+pub use server::{ClientKey, GatewayConfig, LogFormat, ServerConfig, UnifiedHeaders};
 pub use state::{Backend as StateBackendKind, StateConfig, prefix_problem, redact as redact_url};
 
 use crate::policy::{self, BreakerConfig, Limits, PluginRef, PluginSpec, StageSpec};

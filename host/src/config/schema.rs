@@ -98,6 +98,7 @@ pub const GATEWAY: &[Field] = &[
     f("response_timeout_ms", Kind::Int(1, 3_600_000)),
     f("forward_headers", Kind::Strs),
     f("stream_keepalive_ms", Kind::Int(0, 240_000)),
+    f("unified_headers", Kind::OneOf(&["pool", "account"])),
 ];
 
 /// `[cooldowns]`.

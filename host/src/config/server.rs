@@ -138,6 +138,21 @@ pub struct GatewayConfig {
     /// without a byte, ms (0: none): Claude Code gives up on a gateway stream
     /// after 300 s of silence, other clients and proxies sooner.
     pub stream_keepalive_ms: u64,
+    /// What an account's answer tells the client in its
+    /// `anthropic-ratelimit-unified-*` headers: the pool's quota (`pool`,
+    /// `learned::pooled`) or the serving account's own, as sent (`account`).
+    pub unified_headers: UnifiedHeaders,
+}
+
+/// `[gateway] unified_headers`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnifiedHeaders {
+    /// The pool's windows, pooled over its seats (docs/keys.md).
+    #[default]
+    Pool,
+    /// The serving account's headers, relayed as sent.
+    Account,
 }
 
 impl Default for GatewayConfig {
@@ -150,6 +165,7 @@ impl Default for GatewayConfig {
             response_timeout_ms: 600_000,
             forward_headers: Vec::new(),
             stream_keepalive_ms: 15_000,
+            unified_headers: UnifiedHeaders::Pool,
         }
     }
 }

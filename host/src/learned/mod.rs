@@ -16,6 +16,7 @@
 pub mod accounts;
 pub mod cooldown;
 pub mod facts;
+pub mod pooled;
 pub mod quota;
 pub mod usage;
 

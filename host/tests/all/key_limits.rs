@@ -199,7 +199,7 @@ fn a_budget_without_a_ledger_is_refused_at_start_as_at_any_reload() {
 
 /// What `docs/statusline/poolgate-statusline.py` prints for `key`, given the
 /// JSON Claude Code passes it.
-fn status_line(url: &str, key: &str) -> String {
+pub(crate) fn status_line(url: &str, key: &str) -> String {
     use std::io::Write as _;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/statusline/poolgate-statusline.py");
     let mut child = std::process::Command::new("python3")

@@ -43,6 +43,7 @@ mod runtime_keys;
 mod sdk_client;
 mod serve_faults;
 mod simulate;
+mod unified_pool;
 mod unserved;
 mod usage_ledger;
 mod walkthrough;

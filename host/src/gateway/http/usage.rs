@@ -2,9 +2,10 @@
 //! (`GET /v1/usage`, with its client key), an operator any report
 //! (`GET /admin/usage`, with the admin token), as JSON or CSV.
 //!
-//! A key's own usage is read from its meter (seeded from the ledger at
-//! start, kept as each request ends): a status line polling it costs no
-//! query. A report asks the ledger, which first writes what is queued. Both
+//! A key's own usage is read from its meter (the ledger's totals, read after
+//! each write, and what this replica answered since): a status line polling
+//! it costs no query. It comes with the pool's quota, as the unified
+//! headers of an answer describe it (`request::unified`). A report asks the ledger, which first writes what is queued. Both
 //! count every request answered before they were asked.
 
 use axum::extract::{Query as QueryString, State};
@@ -58,19 +59,24 @@ pub async fn client_usage(State(s): State<AppState>, headers: HeaderMap) -> Resp
     };
     let team = crate::gateway::keys::team(&s.gateway, &g, &key);
     let budgets = budgets(&s, crate::gateway::keys::policy(&s.gateway, &g, &key).as_ref(), &key);
+    let pool = crate::gateway::request::unified::pool_quota(&g, s.gateway.clock.now_ms());
+    let pool = pool.as_ref().map(crate::gateway::request::unified::pool_json);
     drop(g);
     if s.gateway.ledger.is_none() {
         return no_ledger();
     }
-    // From the key's meter: what admission checks, seeded from the ledger
-    // at start and kept as each request ends (no query per status line).
+    // From the key's meter: what admission checks (no query per status
+    // line).
     let now = s.gateway.clock.now_ms();
     let meter = s.gateway.meters.meter(&key);
     let periods: Vec<serde_json::Value> = [Period::Day, Period::Week, Period::Month]
         .into_iter()
         .map(|p| period_json(p, p.around(now), &meter.spent(p, now)))
         .collect();
-    json(&serde_json::json!({ "key": key, "team": team, "now": rfc3339(now), "usage": periods, "budgets": budgets }))
+    let answer = serde_json::json!({
+        "key": key, "team": team, "now": rfc3339(now), "usage": periods, "budgets": budgets, "pool": pool,
+    });
+    json(&answer)
 }
 
 /// The key's budgets as its meter holds them (what admission checks): the

@@ -125,6 +125,9 @@ impl Finish {
         if !record.attempts.is_empty() {
             h.insert("x-poolgate-attempts", HeaderValue::from(record.attempts.len()));
         }
+        if self.account_answers && record.fallback.is_none() {
+            super::unified::pool_headers(&self.generation, h, self.gateway.clock.now_ms());
+        }
         super::key_limits::budget_headers(&self.gateway, &self.generation, record.client.as_deref(), h);
         r
     }

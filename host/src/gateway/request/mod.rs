@@ -24,6 +24,7 @@
 //! [`attempt`] (one try on one account through [`upstream`]'s `Transport`,
 //! what it teaches, and the pure failover decision), [`relay`] and [`body`]
 //! (the response body as it streams: framing, translation, keep-alive),
+//! [`unified`] (the quota headers an account's answer carries, pooled),
 //! [`unserved`], [`fallback`] and [`errors`] (the answer when no account
 //! can serve), [`finish`] (the one end of every request) and [`record`]
 //! (the decision records it keeps).
@@ -44,6 +45,7 @@ pub mod key_limits;
 pub mod read;
 pub mod record;
 pub mod relay;
+pub mod unified;
 pub mod unserved;
 pub mod upstream;
 
