@@ -26,7 +26,7 @@ fn env() -> Vec<(&'static str, &'static str)> {
 }
 
 /// The sum of `usage`.
-fn sum(usage: &[Usage]) -> Usage {
+pub(crate) fn sum(usage: &[Usage]) -> Usage {
     usage.iter().fold(Usage::default(), |a, u| Usage {
         input_tokens: a.input_tokens + u.input_tokens,
         output_tokens: a.output_tokens + u.output_tokens,
@@ -54,7 +54,7 @@ async fn mixed_run(url: &str, key: &'static str, rounds: u32) -> Value {
     serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
 }
 
-fn tokens(v: &Value) -> Usage {
+pub(crate) fn tokens(v: &Value) -> Usage {
     let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
     Usage {
         input_tokens: n("input_tokens"),
@@ -64,7 +64,7 @@ fn tokens(v: &Value) -> Usage {
     }
 }
 
-async fn own_usage(gw: &Gateway, key: &str) -> Value {
+pub(crate) async fn own_usage(gw: &Gateway, key: &str) -> Value {
     let r = Gateway::client().get(format!("{}/v1/usage", gw.url)).header("x-api-key", key).send().await.unwrap();
     assert_eq!(r.status(), 200);
     r.json().await.unwrap()

@@ -323,7 +323,8 @@ async fn a_stream_is_relayed_as_it_arrives_byte_for_byte() {
 /// The real Claude Code CLI, through a recording tap, against the gateway
 /// and the mock: the bytes it sent — every `anthropic-*` line and the body —
 /// are what the account received, and what the account answered (the unified
-/// family, `request-id`) is what Claude Code read.
+/// family, `request-id`) is what Claude Code read; and what its key used, in
+/// the ledger, is what the mock reported, to the token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_real_claude_code_cli_through_a_recording_tap() {
     let Some(claude) = claude_cli() else {
@@ -385,4 +386,15 @@ async fn the_real_claude_code_cli_through_a_recording_tap() {
     ] {
         assert!(answered.contains(needle), "{needle} missing in what Claude Code read:\n{answered}");
     }
+    drop(taped);
+
+    // What Claude Code's key used, as the gateway's ledger counts it, is what
+    // the mock reported — to the token, cache reads and writes included.
+    let reported = crate::usage_ledger::sum(&mock.reported_usage());
+    assert!(reported.output_tokens > 0 && reported.cache_creation_input_tokens > 0, "{reported:?}");
+    let mine = crate::usage_ledger::own_usage(&gw, "dev-key").await;
+    assert_eq!(mine["key"], "dev");
+    assert_eq!(crate::usage_ledger::tokens(&mine["usage"][2]), reported, "{mine}");
+    let report = support::admin_json(&gw.url, "/admin/usage?by=key", ADMIN).await;
+    assert_eq!(crate::usage_ledger::tokens(&report["rows"][0]), reported, "{report}");
 }
