@@ -25,8 +25,9 @@ const PREFIX: &str = "anthropic-ratelimit-unified-";
 /// accounts but those an operator disabled at run time (as a config's
 /// `enabled = false` does, that takes one out of the pool).
 pub fn pool_quota(generation: &Generation, now_ms: u64) -> Option<PooledQuota> {
+    // Most answers of an API-key pool: nothing to pool, no snapshot taken.
     let snapshots: Vec<_> = (generation.accounts.iter())
-        .filter(|a| !a.state.is_runtime_disabled())
+        .filter(|a| !a.state.is_runtime_disabled() && a.state.has_unified())
         .map(|a| a.state.snapshot(&a.config, now_ms))
         .collect();
     pooled(&snapshots, now_ms)
