@@ -21,7 +21,8 @@
 //! - [`keys`]: client keys managed at run time, kept in the store;
 //! - [`limits`]: what one key may do, and the meter holding it to that;
 //! - [`prices`]: what a request's usage cost, by model;
-//! - [`sqlite`]: the embedded store (a file, WAL);
+//! - [`sqlite`]: the embedded store (a file, WAL), which keeps each batch as
+//!   one [`segment`];
 //! - [`report`]: the questions a report asks and its rows.
 
 pub mod calendar;
@@ -29,6 +30,7 @@ pub mod keys;
 pub mod limits;
 pub mod prices;
 pub mod report;
+pub mod segment;
 pub mod sqlite;
 
 use std::collections::VecDeque;

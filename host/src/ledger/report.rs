@@ -1,11 +1,14 @@
 //! The questions a usage report asks — a time range, optionally one key,
 //! grouped by any of key, team, model, account and day — and its rows, as
-//! JSON or CSV. Plain data: each store turns a [`Query`] into its own SQL.
+//! JSON or CSV. Plain data: a store answers a [`Query`] in its own SQL, or
+//! reads its entries and sums them here ([`summarize`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
+
+use super::segment::Filed;
 
 /// What a report's rows are grouped by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -85,6 +88,43 @@ impl Row {
     pub fn tokens(&self) -> u64 {
         self.input_tokens + self.output_tokens + self.cache_read_input_tokens + self.cache_creation_input_tokens
     }
+}
+
+/// The rows `query` asks for, from `entries` (any order; those outside the
+/// range or of another key are left out): one per group, in the groups'
+/// order, none for a group with no entry.
+pub fn summarize(entries: impl IntoIterator<Item = Filed>, query: &Query) -> Vec<Row> {
+    let mut groups: BTreeMap<Vec<String>, Row> = BTreeMap::new();
+    let wanted =
+        |e: &Filed| (query.from_ms..query.to_ms).contains(&e.at_ms) && query.key.as_ref().is_none_or(|k| *k == e.key);
+    for e in entries.into_iter().filter(wanted) {
+        let group: Vec<String> = (query.by.iter())
+            .map(|d| match d {
+                Dim::Key => e.key.clone(),
+                Dim::Team => e.team.clone(),
+                Dim::Model => e.model.clone(),
+                Dim::Account => e.account.clone(),
+                Dim::Day => super::calendar::rfc3339(e.at_ms)[..10].to_string(),
+            })
+            .collect();
+        let row = groups.entry(group).or_default();
+        let u = &e.usage;
+        row.requests += 1;
+        row.input_tokens += u.input_tokens;
+        row.output_tokens += u.output_tokens;
+        row.cache_read_input_tokens += u.cache_read_input_tokens;
+        row.cache_creation_input_tokens += u.cache_creation_input_tokens;
+        row.cost_nano_usd += e.cost_nano.unwrap_or(0);
+        row.unpriced += u64::from(e.cost_nano.is_none() && e.usage_known);
+        row.usage_unknown += u64::from(!e.usage_known);
+    }
+    groups
+        .into_iter()
+        .map(|(values, mut row)| {
+            row.group = query.by.iter().map(|d| d.name()).zip(values).collect();
+            row
+        })
+        .collect()
 }
 
 /// USD, from nano-USD, for people (JSON carries the exact integer too).

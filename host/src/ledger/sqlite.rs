@@ -4,12 +4,15 @@
 //! being killed (SIGKILL included); only a power loss may take the last
 //! commits.
 //!
-//! Written for the cost of a write: a rowid table (rows append at the
-//! B-tree's right edge) with one index, on time — reports ask a range of
-//! time. Budgets read `spend`, each key's totals per day, week and month,
-//! added to in the transaction that appends the entries (so the two never
-//! disagree); a ledger written before `spend` existed is summed into it
-//! once, when it is opened.
+//! Written for the cost of a write: each batch the writer hands over is one
+//! row of `usage_log`, its entries encoded as a [`segment`](super::segment)
+//! (a row per entry cost some 11,000 instructions a request; see
+//! docs/benchmarks.md), with the batch's first and last arrival times, so a
+//! report reads the batches that overlap its range and sums them in Rust.
+//! Budgets read `spend`, each key's totals per day, week and month, added to
+//! in the transaction that appends the batch (so the two never disagree).
+//! A ledger from an earlier version kept a row per entry in `usage`: it is
+//! read as it is, and summed into `spend` once, when it is opened.
 
 use std::path::{Path, PathBuf};
 
@@ -18,7 +21,8 @@ use rusqlite::{Connection, params};
 
 use super::calendar::Period;
 use super::limits::Spent;
-use super::report::{Dim, Query, Row};
+use super::report::{self, Query, Row};
+use super::segment::{self, Filed};
 use super::{Entry, KeyRecord, SpendRow, Store};
 
 const SCHEMA: &str = "
@@ -41,6 +45,13 @@ CREATE TABLE IF NOT EXISTS usage (
     cost_nano INTEGER
 );
 CREATE INDEX IF NOT EXISTS usage_by_time ON usage (at_ms);
+CREATE TABLE IF NOT EXISTS usage_log (
+    first_at_ms INTEGER NOT NULL,
+    last_at_ms INTEGER NOT NULL,
+    entries INTEGER NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS usage_log_by_time ON usage_log (last_at_ms);
 CREATE TABLE IF NOT EXISTS spend (
     key TEXT NOT NULL,
     period TEXT NOT NULL,
@@ -121,6 +132,37 @@ impl Sqlite {
     }
 }
 
+impl Sqlite {
+    /// The entries an earlier version kept a row each for, arrived in
+    /// `[from, to)`.
+    fn older_entries(&self, from: i64, to: i64) -> Result<Vec<Filed>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT at_ms, key, team, model, account, input_tokens, output_tokens, cache_read_tokens, \
+             cache_creation_tokens, usage_known, cost_nano FROM usage WHERE at_ms >= ?1 AND at_ms < ?2",
+        )?;
+        let rows = stmt.query_map(params![from, to], |r| {
+            let int = |i: usize| r.get::<_, i64>(i).map(|v| v as u64);
+            Ok(Filed {
+                at_ms: int(0)?,
+                key: r.get(1)?,
+                team: r.get(2)?,
+                model: r.get(3)?,
+                account: r.get(4)?,
+                usage: poolgate_wire::usage::Usage {
+                    input_tokens: int(5)?,
+                    output_tokens: int(6)?,
+                    cache_read_input_tokens: int(7)?,
+                    cache_creation_input_tokens: int(8)?,
+                },
+                usage_known: r.get(9)?,
+                cost_nano: r.get::<_, Option<i64>>(10)?.map(|c| c as u64),
+                ..Filed::default()
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+}
+
 /// Adds `rows` to the totals in `spend`.
 fn add_spend(tx: &rusqlite::Transaction<'_>, rows: &[SpendRow]) -> Result<()> {
     let mut upsert = tx.prepare_cached(
@@ -148,92 +190,35 @@ fn add_spend(tx: &rusqlite::Transaction<'_>, rows: &[SpendRow]) -> Result<()> {
     Ok(())
 }
 
-fn column(d: Dim) -> &'static str {
-    match d {
-        Dim::Key => "key",
-        Dim::Team => "team",
-        Dim::Model => "model",
-        Dim::Account => "account",
-        Dim::Day => "strftime('%Y-%m-%d', at_ms / 1000, 'unixepoch')",
-    }
-}
-
 impl Store for Sqlite {
     fn append(&mut self, entries: &[Entry]) -> Result<()> {
+        let (Some(first), Some(last)) = (entries.iter().map(|e| e.at_ms).min(), entries.iter().map(|e| e.at_ms).max())
+        else {
+            return Ok(());
+        };
         let tx = self.conn.transaction()?;
-        {
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO usage VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-            )?;
-            for e in entries {
-                let u = &e.usage;
-                insert.execute(params![
-                    e.at_ms as i64,
-                    e.request as i64,
-                    &*e.replica,
-                    e.key,
-                    e.team,
-                    e.api,
-                    e.model,
-                    e.account,
-                    e.status,
-                    e.outcome,
-                    u.input_tokens as i64,
-                    u.output_tokens as i64,
-                    u.cache_read_input_tokens as i64,
-                    u.cache_creation_input_tokens as i64,
-                    e.usage_known,
-                    e.cost_nano.map(|c| c as i64),
-                ])?;
-            }
-        }
+        tx.prepare_cached("INSERT INTO usage_log VALUES (?1, ?2, ?3, ?4)")?.execute(params![
+            first as i64,
+            last as i64,
+            entries.len() as i64,
+            segment::encode(entries),
+        ])?;
         add_spend(&tx, &super::spend_rows(entries))?;
         tx.commit()?;
         Ok(())
     }
 
     fn report(&mut self, q: &Query) -> Result<Vec<Row>> {
-        let groups: Vec<String> = q.by.iter().map(|d| column(*d).to_string()).collect();
-        let select = groups.iter().map(|g| format!("{g}, ")).collect::<String>();
-        let group_by = match groups.is_empty() {
-            true => String::new(),
-            false => format!(" GROUP BY {0} ORDER BY {0}", groups.join(", ")),
-        };
-        let key = if q.key.is_some() { "key = ?3 AND " } else { "" };
-        let sql = format!(
-            "SELECT {select}COUNT(*), TOTAL(input_tokens), TOTAL(output_tokens), TOTAL(cache_read_tokens), \
-             TOTAL(cache_creation_tokens), TOTAL(COALESCE(cost_nano, 0)), \
-             TOTAL(cost_nano IS NULL AND usage_known), TOTAL(NOT usage_known) \
-             FROM usage WHERE {key}at_ms >= ?1 AND at_ms < ?2{group_by}"
-        );
-        let mut stmt = self.conn.prepare_cached(&sql)?;
-        let n = q.by.len();
         let (from, to) = (q.from_ms.min(i64::MAX as u64) as i64, q.to_ms.min(i64::MAX as u64) as i64);
-        let bound: Vec<&dyn rusqlite::ToSql> = match &q.key {
-            Some(k) => vec![&from, &to, k],
-            None => vec![&from, &to],
-        };
-        let rows = stmt.query_map(bound.as_slice(), |r| {
-            let mut row = Row::default();
-            for (i, d) in q.by.iter().enumerate() {
-                row.group.insert(d.name(), r.get::<_, String>(i)?);
-            }
-            // TOTAL() is a float: exact for integers below 2^53.
-            let int = |i: usize| r.get::<_, f64>(i).map(|v| v as u64);
-            row.requests = r.get::<_, i64>(n)? as u64;
-            row.input_tokens = int(n + 1)?;
-            row.output_tokens = int(n + 2)?;
-            row.cache_read_input_tokens = int(n + 3)?;
-            row.cache_creation_input_tokens = int(n + 4)?;
-            row.cost_nano_usd = int(n + 5)?;
-            row.unpriced = int(n + 6)?;
-            row.usage_unknown = int(n + 7)?;
-            Ok(row)
-        })?;
-        let mut out: Vec<Row> = rows.collect::<rusqlite::Result<_>>()?;
-        // No entry at all: no row (a total over nothing is not a group).
-        out.retain(|r| r.requests > 0);
-        Ok(out)
+        let mut entries = self.older_entries(from, to)?;
+        let mut stmt =
+            self.conn.prepare_cached("SELECT body FROM usage_log WHERE last_at_ms >= ?1 AND first_at_ms < ?2")?;
+        let mut rows = stmt.query(params![from, to])?;
+        while let Some(row) = rows.next()? {
+            let body = row.get_ref(0)?.as_blob()?;
+            entries.extend(segment::decode(body).context("a batch in the ledger is unreadable")?);
+        }
+        Ok(report::summarize(entries, q))
     }
 
     fn describe(&self) -> String {
@@ -301,6 +286,7 @@ mod tests {
     use poolgate_wire::usage::Usage;
 
     use super::*;
+    use crate::ledger::report::Dim;
 
     fn entry(request: u64, key: &str, model: &str, output: u64) -> Entry {
         Entry {
@@ -347,7 +333,7 @@ mod tests {
     }
 
     #[test]
-    fn spend_totals_follow_the_entries_and_an_older_ledger_is_summed_once() {
+    fn spend_totals_follow_the_entries_by_period() {
         let dir = tempdir("spend");
         let path = dir.join("ledger.sqlite");
         let mut store = Sqlite::open(&path).unwrap();
@@ -368,13 +354,41 @@ mod tests {
         ];
         assert_eq!(totals(&mut store), want);
         assert!(store.spend(1_764_547_200_000 + 1).unwrap().iter().all(|r| r.from_ms > 1_764_547_200_000));
-        // A ledger from before `spend`: summed when opened, and only once.
-        store.conn.execute_batch("DELETE FROM spend").unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_ledger_of_a_row_per_entry_is_reported_and_summed_once_beside_new_batches() {
+        let dir = tempdir("older");
+        let path = dir.join("ledger.sqlite");
+        {
+            // The earlier version's only table: a row per entry.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(&SCHEMA[..SCHEMA.find("CREATE INDEX").unwrap()]).unwrap();
+            for (i, key) in ["alice", "bob", "alice"].iter().enumerate() {
+                conn.execute(
+                    "INSERT INTO usage VALUES (?1, ?2, 'r', ?3, 'core', 'messages', 'm', 'a1', 200, 'complete', \
+                     10, 5, 0, 0, 1, 1000)",
+                    params![1_764_547_200_000i64 + i as i64, i as i64, key],
+                )
+                .unwrap();
+            }
+        }
+        let mut store = Sqlite::open(&path).unwrap();
+        store.append(&[entry(1, "alice", "m", 1)]).unwrap();
+        let month: Vec<(String, u64, u64)> = (store.spend(0).unwrap().into_iter())
+            .filter(|r| r.period == Period::Month)
+            .map(|r| (r.key, r.spent.requests, r.spent.tokens()))
+            .collect();
+        assert_eq!(month, [("alice".to_string(), 3, 15 + 15 + 11), ("bob".to_string(), 1, 15)]);
+        let all = Query { from_ms: 0, to_ms: u64::MAX, key: Some("alice".into()), by: vec![Dim::Model] };
+        let rows = store.report(&all).unwrap();
+        assert_eq!((rows.len(), rows[0].requests, rows[0].tokens()), (1, 3, 41), "{rows:?}");
         drop(store);
         let mut store = Sqlite::open(&path).unwrap();
-        assert_eq!(totals(&mut store), want);
-        drop(store);
-        assert_eq!(totals(&mut Sqlite::open(&path).unwrap()), want);
+        let again: u64 =
+            store.spend(0).unwrap().iter().filter(|r| r.period == Period::Month).map(|r| r.spent.requests).sum();
+        assert_eq!(again, 4, "summed once");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
