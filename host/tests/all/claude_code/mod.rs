@@ -361,8 +361,11 @@ async fn the_real_claude_code_cli_through_a_recording_tap() {
     assert_eq!(result["is_error"], false, "{result}");
     assert!(result["result"].as_str().is_some_and(|r| r.contains("mock upstream")), "{result}");
 
-    let taped = taped.lock();
-    let sent: Vec<_> = taped.to_gateway.iter().flat_map(|c| requests_in(c)).collect();
+    let (to_gateway, to_client) = {
+        let taped = taped.lock();
+        (taped.to_gateway.clone(), taped.to_client.concat())
+    };
+    let sent: Vec<_> = to_gateway.iter().flat_map(|c| requests_in(c)).collect();
     let turns: Vec<_> = sent.iter().filter(|(line, _, _)| line.starts_with("POST /v1/messages")).collect();
     assert!(
         !turns.is_empty(),
@@ -377,7 +380,7 @@ async fn the_real_claude_code_cli_through_a_recording_tap() {
         assert_eq!(sha(&rec.body), sha(body), "the body Claude Code sent");
     }
     // What Claude Code read: the account's unified family and request id.
-    let answered = String::from_utf8_lossy(&taped.to_client.concat()).to_ascii_lowercase();
+    let answered = String::from_utf8_lossy(&to_client).to_ascii_lowercase();
     for needle in [
         "anthropic-ratelimit-unified-status: allowed",
         "anthropic-ratelimit-unified-5h-utilization: 0.42",
@@ -386,7 +389,6 @@ async fn the_real_claude_code_cli_through_a_recording_tap() {
     ] {
         assert!(answered.contains(needle), "{needle} missing in what Claude Code read:\n{answered}");
     }
-    drop(taped);
 
     // What Claude Code's key used, as the gateway's ledger counts it, is what
     // the mock reported — to the token, cache reads and writes included.
