@@ -70,7 +70,7 @@ pub fn of_message(body: &[u8]) -> Option<Usage> {
     struct Answer {
         usage: Option<Fields>,
     }
-    let last = memchr::memmem::rfind(body, KEY).and_then(|at| {
+    let last = rfind_key(body).and_then(|at| {
         let object = &body[at + KEY.len()..];
         let mut values = serde_json::Deserializer::from_slice(object).into_iter::<Fields>();
         let fields = values.next()?.ok()?;
@@ -84,6 +84,17 @@ pub fn of_message(body: &[u8]) -> Option<Usage> {
     let mut usage = Usage::default();
     usage.merge(&fields);
     Some(usage)
+}
+
+/// Where the last `"usage":` of `body` starts. From the end, colon by colon:
+/// the usage object is a body's last few dozen bytes, so this looks at a
+/// handful of colons — where a substring searcher would first be built for
+/// the key (a thousand instructions and more, on every answer).
+fn rfind_key(body: &[u8]) -> Option<usize> {
+    memchr::memrchr_iter(b':', body).find_map(|colon| {
+        let at = (colon + 1).checked_sub(KEY.len())?;
+        (body[at..=colon] == *KEY).then_some(at)
+    })
 }
 
 /// The longest line kept across chunks: an event line cut by a chunk
@@ -206,6 +217,19 @@ mod tests {
             output_tokens: 17,
             cache_read_input_tokens: 2_000,
             cache_creation_input_tokens: 300,
+        }
+    }
+
+    #[test]
+    fn the_last_key_is_found_from_the_end_as_a_substring_search_finds_it() {
+        for body in [
+            &b"\"usage\":{}"[..],
+            b"{\"a\":\"usage\":\",\"usage\":{\"x\":1},\"b\":{\"usage\":{}}}",
+            b"{\"text\":\"no key: here\"}",
+            b":",
+            b"",
+        ] {
+            assert_eq!(rfind_key(body), memchr::memmem::rfind(body, KEY), "{}", String::from_utf8_lossy(body));
         }
     }
 
