@@ -211,8 +211,14 @@ impl KeyMeter {
     /// Adds what a request that arrived at `at_ms` spent, to the periods it
     /// falls in (one that arrived before a period's start leaves it alone).
     fn add(&mut self, usage: &Usage, nano_usd: u64, at_ms: u64) {
-        for (i, period) in PERIODS.iter().enumerate() {
-            let from_ms = period.around(at_ms).0;
+        // Within the day of the last request, its week and month too: no
+        // calendar arithmetic on the request path.
+        let day = Period::Day.around(at_ms).0;
+        let starts = match self.pending[0].from_ms == day && day > 0 {
+            true => [day, self.pending[1].from_ms, self.pending[2].from_ms],
+            false => PERIODS.map(|p| p.around(at_ms).0),
+        };
+        for (i, from_ms) in starts.into_iter().enumerate() {
             let current = &mut self.pending[i];
             if current.from_ms < from_ms {
                 *current = Spent { from_ms, ..Spent::default() };
