@@ -2,6 +2,7 @@
 //! tests.
 
 pub mod hostile_components;
+pub mod postgres;
 pub mod redis;
 
 use std::io::{BufRead, BufReader};
