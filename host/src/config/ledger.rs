@@ -142,7 +142,7 @@ pub fn check(config: &super::Config, add: &mut impl FnMut(String, String)) {
                 format!("server.client_keys[{i}]"),
                 format!(
                     "key `{}` has a budget, which needs the usage ledger to hold across a restart, \
-                     and there is none ([ledger] file is \"\", or no state directory): set a file, or remove the budget",
+                     and there is none ([ledger] file is \"\", or no state directory): set a file or a url, or remove the budget",
                     key.name
                 ),
             );
