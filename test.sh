@@ -9,6 +9,7 @@
 #   the Anthropic Python SDK      PyPI: the end-to-end tests drive the gateway with it
 #   the Claude Code CLI           npm: the gateway-contract test drives the real CLI
 #   redis-server, redis-cli       Debian's packages: the replica tests share state through it
+#   postgresql                    Debian's package: the shared usage ledger's tests run it
 #
 # Every service a test needs it starts itself, on a free loopback port. Extra
 # arguments go to `cargo nextest run` (e.g. ./test.sh -E 'test(/^failover::/)').
@@ -76,6 +77,20 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
     $sudo_ systemctl disable --now redis-server >/dev/null 2>&1 || $sudo_ service redis-server stop >/dev/null 2>&1 || true
 fi
 redis-server --version
+
+step "postgresql (Debian)"
+# The ledger tests start their own servers (initdb, pg_ctl) on free loopback
+# ports; Debian keeps the programs off PATH, under /usr/lib/postgresql/*/bin.
+pg_initdb() { command -v initdb || ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -1; }
+if [ -z "$(pg_initdb)" ]; then
+    sudo_=""
+    [ "$(id -u)" -ne 0 ] && sudo_="sudo"
+    $sudo_ apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends postgresql
+    # The package starts a system cluster on 5432; the tests need none.
+    $sudo_ systemctl disable --now postgresql >/dev/null 2>&1 || $sudo_ service postgresql stop >/dev/null 2>&1 || true
+fi
+"$(pg_initdb)" --version
 
 step "format"
 cargo fmt --all --check

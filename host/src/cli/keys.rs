@@ -9,10 +9,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 
 use crate::config::Config;
-use crate::ledger::Store as _;
+use crate::ledger::Store;
 use crate::ledger::calendar::rfc3339;
 use crate::ledger::keys::{self, KeyLimits, KeySpec};
-use crate::ledger::sqlite::Sqlite;
 
 /// `poolgate keys …`.
 #[derive(clap::Subcommand)]
@@ -120,13 +119,12 @@ impl Change {
 }
 
 /// The config's ledger store and its keys' names (reserved for run-time keys).
-fn open(config: &Path) -> Result<(Sqlite, Vec<String>)> {
+fn open(config: &Path) -> Result<(Box<dyn Store>, Vec<String>)> {
     let (mut c, _) = Config::read(config)?;
     c.ledger.locate_file(config);
-    let Some(path) = c.ledger.file_path else {
+    let Some(store) = crate::ledger::open(&c.ledger)? else {
         bail!("{}: [ledger] file is \"\": run-time keys live in the usage ledger", config.display())
     };
-    let store = Sqlite::open(&path).with_context(|| format!("ledger.file {}", path.display()))?;
     Ok((store, c.server.client_keys.iter().map(|k| k.name.clone()).collect()))
 }
 

@@ -4,6 +4,8 @@
 //! The ledger file is on by default, like the state file: in the state
 //! directory, named after the config file (so two gateways on one machine
 //! never share one), never beside the config (which may be read-only).
+//! Replicas share a PostgreSQL database instead (`url`), so a budget holds
+//! over all of them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +21,9 @@ pub struct LedgerConfig {
     /// The SQLite file: unset, the default ([`LedgerConfig::locate_file`]);
     /// `""`, no ledger; else this path (relative to the config's directory).
     pub file: Option<String>,
+    /// A PostgreSQL database (`postgres://user:password@host:port/db`)
+    /// instead of the file: the store replicas share.
+    pub url: Option<String>,
     /// Longest an answered request's entry waits before it is written, ms:
     /// what a SIGKILL can lose at most.
     pub flush_ms: u64,
@@ -32,7 +37,7 @@ pub struct LedgerConfig {
 
 impl Default for LedgerConfig {
     fn default() -> Self {
-        LedgerConfig { file: None, flush_ms: 1_000, queue_max: 100_000, file_path: None }
+        LedgerConfig { file: None, url: None, flush_ms: 1_000, queue_max: 100_000, file_path: None }
     }
 }
 
@@ -40,8 +45,23 @@ impl LedgerConfig {
     /// Resolves [`LedgerConfig::file`] for a config loaded from
     /// `config_path`: a path given is relative to the config's directory;
     /// `""` is none; unset is `ledger-<hash>.sqlite` in the state directory.
+    /// With a `url`, there is no file (and one named is refused by
+    /// [`check`]).
     pub fn locate_file(&mut self, config_path: &Path) {
-        self.file_path = super::state::locate(self.file.as_deref(), config_path, Some("ledger"), "sqlite");
+        self.file_path = match self.url {
+            Some(_) => None,
+            None => super::state::locate(self.file.as_deref(), config_path, Some("ledger"), "sqlite"),
+        };
+    }
+
+    /// Whether there is a ledger: a database, or a file.
+    pub fn on(&self) -> bool {
+        self.url.is_some() || self.file_path.is_some()
+    }
+
+    /// The setting that names the store, for an error about it.
+    pub fn setting(&self) -> &'static str {
+        if self.url.is_some() { "ledger.url" } else { "ledger.file" }
     }
 }
 
@@ -84,6 +104,17 @@ pub fn prices(table: &BTreeMap<String, PriceConfig>) -> Prices {
 /// keys' limits: a model pattern is a name or `prefix*`; a budget needs the
 /// ledger (kept only in memory, it would reset with every restart).
 pub fn check(config: &super::Config, add: &mut impl FnMut(String, String)) {
+    if let Some(url) = &config.ledger.url {
+        if config.ledger.file.is_some() {
+            add(
+                "ledger.url".into(),
+                "the ledger is kept in one store: a PostgreSQL url or a SQLite file, not both (remove `file`)".into(),
+            );
+        }
+        if let Err(why) = crate::ledger::postgres::check_url(url) {
+            add("ledger.url".into(), why);
+        }
+    }
     for (pattern, p) in &config.prices {
         if let Some(why) = crate::ledger::prices::check(pattern, &p.price()) {
             add(format!("prices.\"{pattern}\""), why);
@@ -106,12 +137,12 @@ pub fn check(config: &super::Config, add: &mut impl FnMut(String, String)) {
                 ),
             );
         }
-        if key.has_budget() && config.ledger.file_path.is_none() {
+        if key.has_budget() && !config.ledger.on() {
             add(
                 format!("server.client_keys[{i}]"),
                 format!(
                     "key `{}` has a budget, which needs the usage ledger to hold across a restart, \
-                     and there is none ([ledger] file is \"\", or no state directory): set a file, or remove the budget",
+                     and there is none ([ledger] file is \"\", or no state directory): set a file or a url, or remove the budget",
                     key.name
                 ),
             );
@@ -139,6 +170,16 @@ mod tests {
         assert_ne!(a, b);
         assert!(a.file_name().unwrap().to_str().unwrap().starts_with("ledger-"));
         assert_eq!(a.extension().unwrap(), "sqlite");
+    }
+
+    #[test]
+    fn a_url_stands_for_the_file() {
+        let mut l = LedgerConfig { url: Some("postgres://u@h/db".into()), ..LedgerConfig::default() };
+        l.locate_file(Path::new("/etc/poolgate/a.toml"));
+        assert_eq!((l.file_path.as_deref(), l.on(), l.setting()), (None, true, "ledger.url"));
+        l.url = None;
+        l.locate_file(Path::new("/etc/poolgate/a.toml"));
+        assert_eq!((l.on(), l.setting()), (true, "ledger.file"));
     }
 
     #[test]

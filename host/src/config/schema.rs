@@ -215,8 +215,12 @@ pub const FALLBACK: &[Field] = &[
 ];
 
 /// `[ledger]`.
-pub const LEDGER: &[Field] =
-    &[f("file", Kind::Str), f("flush_ms", Kind::Int(10, 60_000)), f("queue_max", Kind::Int(1, 10_000_000))];
+pub const LEDGER: &[Field] = &[
+    f("file", Kind::Str),
+    f("url", Kind::Str),
+    f("flush_ms", Kind::Int(10, 60_000)),
+    f("queue_max", Kind::Int(1, 10_000_000)),
+];
 
 /// One `[prices."pattern"]`: USD per million tokens.
 pub const PRICE: &[Field] = &[
@@ -275,6 +279,7 @@ mod tests {
             },
         });
         config.ledger.file = Some("ledger.sqlite".into());
+        config.ledger.url = Some("postgres://u@h/db".into());
         config.prices.insert(
             "m*".into(),
             crate::config::PriceConfig { input: 1.0, output: 1.0, cache_read: Some(0.1), cache_write: Some(1.25) },

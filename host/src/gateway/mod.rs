@@ -76,20 +76,20 @@ fn pooled_client(config: &Config) -> Result<Arc<request::upstream::Upstream>> {
     Ok(Arc::new(request::upstream::Upstream::new(Duration::from_millis(config.gateway.connect_timeout_ms))?))
 }
 
-/// The usage ledger `[ledger]` asks for: its file opened (and created) now,
-/// so a start that cannot keep usage refuses to start, naming the file.
+/// The usage ledger `[ledger]` asks for: its database reached (or its file
+/// opened and created) now, so a start that cannot keep usage refuses to
+/// start, naming the setting.
 fn open_ledger(
     config: &Config,
     meters: &Arc<crate::ledger::limits::Meters>,
     clock: &Clock,
 ) -> Result<Option<Arc<crate::ledger::Ledger>>> {
-    let Some(path) = &config.ledger.file_path else { return Ok(None) };
-    let store = crate::ledger::sqlite::Sqlite::open(path).map_err(|e| anyhow::anyhow!("ledger.file: {e:#}"))?;
+    let Some(store) = crate::ledger::open(&config.ledger)? else { return Ok(None) };
     let tuning = crate::ledger::Tuning {
         flush: Duration::from_millis(config.ledger.flush_ms),
         queue_max: config.ledger.queue_max,
     };
-    Ok(Some(crate::ledger::Ledger::start(Box::new(store), tuning, meters.clone(), clock.clone())))
+    Ok(Some(crate::ledger::Ledger::start(store, tuning, meters.clone(), clock.clone())))
 }
 
 /// What a gateway is assembled from besides its configuration.
@@ -258,11 +258,12 @@ impl Gateway {
         // What each key spent this day, week and month before this start:
         // a budget holds across a restart (and one a reload adds later
         // counts it too).
+        let setting = gateway.generation().config.ledger.setting();
         if let Some(l) = &gateway.ledger {
-            l.read_totals().await.map_err(|e| anyhow::anyhow!("ledger.file: {e:#}"))?;
+            l.read_totals().await.map_err(|e| anyhow::anyhow!("{setting}: {e:#}"))?;
         }
         if gateway.ledger.is_some() {
-            keys::refresh(&gateway).await.map_err(|e| anyhow::anyhow!("ledger.file: {e:#}"))?;
+            keys::refresh(&gateway).await.map_err(|e| anyhow::anyhow!("{setting}: {e:#}"))?;
             keys::spawn_refresh(Arc::downgrade(&gateway));
         }
         gateway.share_seats(&gateway.generation());

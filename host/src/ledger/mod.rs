@@ -23,11 +23,13 @@
 //! - [`prices`]: what a request's usage cost, by model;
 //! - [`sqlite`]: the embedded store (a file, WAL), which keeps each batch as
 //!   one [`segment`];
+//! - [`postgres`]: the shared store, for replicas (a PostgreSQL database);
 //! - [`report`]: the questions a report asks and its rows.
 
 pub mod calendar;
 pub mod keys;
 pub mod limits;
+pub mod postgres;
 pub mod prices;
 pub mod report;
 pub mod segment;
@@ -105,6 +107,20 @@ pub trait Store: Send {
     fn shared(&self) -> bool {
         false
     }
+}
+
+/// The store `config` names — its PostgreSQL database, else its SQLite file
+/// — opened (and its tables created) now; `None` without a ledger. An error
+/// names the setting (`ledger.url`, `ledger.file`) and why, never a
+/// password.
+pub fn open(config: &crate::config::ledger::LedgerConfig) -> anyhow::Result<Option<Box<dyn Store>>> {
+    let setting = config.setting();
+    let store: Box<dyn Store> = match (&config.url, &config.file_path) {
+        (Some(url), _) => Box::new(postgres::Postgres::open(url).map_err(|e| anyhow::anyhow!("{setting}: {e:#}"))?),
+        (None, Some(path)) => Box::new(sqlite::Sqlite::open(path).map_err(|e| anyhow::anyhow!("{setting}: {e:#}"))?),
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(store))
 }
 
 /// What one key spent in one calendar period.
@@ -207,7 +223,6 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// Starts the writer thread over `store`.
     /// Starts the writer thread over `store`; it keeps `meters` in step with
     /// the store's totals ([`Meters::written`]), reading the time from
     /// `clock`.
@@ -215,7 +230,7 @@ impl Ledger {
         let health = Health { store: store.describe(), ..Health::default() };
         let shared = Arc::new((Mutex::new(Shared { health, ..Shared::default() }), Condvar::new()));
         let for_writer = shared.clone();
-        let totals = Totals { meters, clock, unread: Vec::new() };
+        let totals = Totals { meters, clock, unread: Vec::new(), failing: false };
         let writer = std::thread::Builder::new()
             .name("poolgate-ledger".into())
             .spawn(move || write_loop(store, &for_writer, tuning, totals))
@@ -304,6 +319,8 @@ struct Totals {
     clock: Clock,
     /// What this replica wrote since the store's totals were last read.
     unread: Vec<SpendRow>,
+    /// Whether the last read failed (said once, not at every flush).
+    failing: bool,
 }
 
 impl Totals {
@@ -316,11 +333,17 @@ impl Totals {
         match store.spend(since) {
             Ok(totals) => {
                 self.meters.written(&std::mem::take(&mut self.unread), &totals, now);
+                if std::mem::take(&mut self.failing) {
+                    tracing::info!("usage ledger: the spend totals are read again");
+                }
                 Ok(())
             }
             Err(e) => {
                 let why = format!("cannot read the spend totals: {e:#}");
-                tracing::warn!(error = %why, "usage ledger: budgets count this replica's own spend meanwhile");
+                // Once, not at every flush while a shared store is down.
+                if !std::mem::replace(&mut self.failing, true) {
+                    tracing::warn!(error = %why, "usage ledger: budgets count this replica's own spend meanwhile");
+                }
                 Err(why)
             }
         }

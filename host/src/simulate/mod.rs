@@ -218,7 +218,7 @@ fn simulated(config: &mut Config, keys: &Path) -> Result<Vec<String>> {
     // Never the running gateway's state file: a replay starts from nothing
     // learned and leaves nothing behind.
     (config.state.file, config.state.file_path) = (Some(String::new()), None);
-    (config.ledger.file, config.ledger.file_path) = (Some(String::new()), None);
+    (config.ledger.file, config.ledger.file_path, config.ledger.url) = (Some(String::new()), None, None);
     config.server.client_keys.clear();
     (config.server.admin_token_env, config.server.admin_token_sha256) = (None, None);
     Ok(ids)

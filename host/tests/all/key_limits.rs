@@ -9,7 +9,7 @@ use crate::bounded::OutputWithin as _;
 use poolgate_mock_upstream::MockUpstream;
 use serde_json::{Value, json};
 
-use crate::support::{self, Gateway, config, tempdir};
+use crate::support::{self, Gateway, config, messages, spent_tokens, tempdir};
 
 const ADMIN: &str = "limits-admin";
 
@@ -27,21 +27,6 @@ fn limited(mock: &MockUpstream, ledger: &std::path::Path, budget: u64) -> Gatewa
         ledger.display()
     );
     Gateway::start(&config(&mock.base_url(), &[("a", "KEY_A")], &extra), &env())
-}
-
-async fn messages(gw: &Gateway, key: &str, model: &str, stream: bool) -> reqwest::Response {
-    Gateway::client()
-        .post(format!("{}/v1/messages", gw.url))
-        .header("x-api-key", key)
-        .json(&support::message(model, stream))
-        .send()
-        .await
-        .unwrap()
-}
-
-async fn spent_tokens(gw: &Gateway, key: &str) -> u64 {
-    let r = Gateway::client().get(format!("{}/v1/usage", gw.url)).header("x-api-key", key).send().await.unwrap();
-    r.json::<Value>().await.unwrap()["usage"][0]["tokens"].as_u64().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

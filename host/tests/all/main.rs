@@ -27,6 +27,7 @@ mod hot_swap;
 mod key_limits;
 mod languages;
 mod layers;
+mod ledger_postgres;
 mod load_limits;
 mod logs;
 mod lowering;

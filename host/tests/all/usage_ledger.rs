@@ -6,11 +6,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use poolgate_mock_upstream::MockUpstream;
-use poolgate_wire::usage::Usage;
 use serde_json::Value;
 
 use crate::bounded::OutputWithin as _;
-use crate::support::{self, Gateway, config, tempdir};
+use crate::support::{self, Gateway, config, sum_usage as sum, tempdir, usage_of as tokens};
 
 const ADMIN: &str = "ledger-admin";
 
@@ -23,16 +22,6 @@ fn keys(ledger: &str) -> String {
 
 fn env() -> Vec<(&'static str, &'static str)> {
     vec![("KEY_A", "key-a"), ("ALICE", "alice-key"), ("BOB", "bob-key"), ("PG_ADMIN", ADMIN)]
-}
-
-/// The sum of `usage`.
-pub(crate) fn sum(usage: &[Usage]) -> Usage {
-    usage.iter().fold(Usage::default(), |a, u| Usage {
-        input_tokens: a.input_tokens + u.input_tokens,
-        output_tokens: a.output_tokens + u.output_tokens,
-        cache_read_input_tokens: a.cache_read_input_tokens + u.cache_read_input_tokens,
-        cache_creation_input_tokens: a.cache_creation_input_tokens + u.cache_creation_input_tokens,
-    })
 }
 
 /// `tests/e2e/usage_mixed.py` as `key`: what the Anthropic answers said.
@@ -52,16 +41,6 @@ async fn mixed_run(url: &str, key: &'static str, rounds: u32) -> Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "mixed run failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
-}
-
-pub(crate) fn tokens(v: &Value) -> Usage {
-    let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
-    Usage {
-        input_tokens: n("input_tokens"),
-        output_tokens: n("output_tokens"),
-        cache_read_input_tokens: n("cache_read_input_tokens"),
-        cache_creation_input_tokens: n("cache_creation_input_tokens"),
-    }
 }
 
 pub(crate) async fn own_usage(gw: &Gateway, key: &str) -> Value {

@@ -30,6 +30,21 @@ fn a_shared_state_backend_needs_a_redis_url_and_a_plain_prefix() {
 }
 
 #[test]
+fn a_ledger_url_is_a_postgres_url_stands_alone_and_makes_a_budget_possible() {
+    let budget = "[[server.client_keys]]\nname = \"c\"\nsha256 = \"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\"\nbudget_tokens_day = 5\n\n";
+    let p = problems(&format!("{budget}[ledger]\nfile = \"\"\nurl = \"postgres://u:pw-secret@h:notaport/db\"\n"));
+    assert!(p.iter().any(|l| l.starts_with("ledger.url@Some(8)") && l.contains("does not parse")), "{p:?}");
+    assert!(p.iter().any(|l| l.starts_with("ledger.url") && l.contains("not both")), "{p:?}");
+    assert!(!p.iter().any(|l| l.contains("pw-secret")), "the password is never repeated: {p:?}");
+    let p = problems("[ledger]\nurl = \"mysql://u@h/db\"\n");
+    assert!(p.iter().any(|l| l.starts_with("ledger.url") && l.contains("not a PostgreSQL URL")), "{p:?}");
+    for scheme in ["postgres", "postgresql"] {
+        let p = problems(&format!("{budget}[ledger]\nurl = \"{scheme}://u:pw@127.0.0.1:5432/db\"\n"));
+        assert!(p.is_empty(), "a budget on the database's ledger: {p:?}");
+    }
+}
+
+#[test]
 fn reports_every_shape_problem_at_once_with_path_and_line() {
     let text = r#"
 [server]

@@ -392,11 +392,11 @@ async fn the_real_claude_code_cli_through_a_recording_tap() {
 
     // What Claude Code's key used, as the gateway's ledger counts it, is what
     // the mock reported — to the token, cache reads and writes included.
-    let reported = crate::usage_ledger::sum(&mock.reported_usage());
+    let reported = support::sum_usage(&mock.reported_usage());
     assert!(reported.output_tokens > 0 && reported.cache_creation_input_tokens > 0, "{reported:?}");
     let mine = crate::usage_ledger::own_usage(&gw, "dev-key").await;
     assert_eq!(mine["key"], "dev");
-    assert_eq!(crate::usage_ledger::tokens(&mine["usage"][2]), reported, "{mine}");
+    assert_eq!(support::usage_of(&mine["usage"][2]), reported, "{mine}");
     let report = support::admin_json(&gw.url, "/admin/usage?by=key", ADMIN).await;
-    assert_eq!(crate::usage_ledger::tokens(&report["rows"][0]), reported, "{report}");
+    assert_eq!(support::usage_of(&report["rows"][0]), reported, "{report}");
 }

@@ -2,6 +2,7 @@
 //! tests.
 
 pub mod hostile_components;
+pub mod postgres;
 pub mod redis;
 
 use std::io::{BufRead, BufReader};
@@ -372,4 +373,44 @@ pub async fn turn(gw: &Gateway, session: &str, model: &str) -> reqwest::Response
         .send()
         .await
         .unwrap()
+}
+
+/// The sum of `usage`.
+pub fn sum_usage(usage: &[poolgate_wire::usage::Usage]) -> poolgate_wire::usage::Usage {
+    usage.iter().fold(poolgate_wire::usage::Usage::default(), |a, u| poolgate_wire::usage::Usage {
+        input_tokens: a.input_tokens + u.input_tokens,
+        output_tokens: a.output_tokens + u.output_tokens,
+        cache_read_input_tokens: a.cache_read_input_tokens + u.cache_read_input_tokens,
+        cache_creation_input_tokens: a.cache_creation_input_tokens + u.cache_creation_input_tokens,
+    })
+}
+
+/// The four token counts of a usage row or period (`/admin/usage`,
+/// `/v1/usage`).
+pub fn usage_of(v: &serde_json::Value) -> poolgate_wire::usage::Usage {
+    let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
+    poolgate_wire::usage::Usage {
+        input_tokens: n("input_tokens"),
+        output_tokens: n("output_tokens"),
+        cache_read_input_tokens: n("cache_read_input_tokens"),
+        cache_creation_input_tokens: n("cache_creation_input_tokens"),
+    }
+}
+
+/// A Messages request for `model` as the client key `key`.
+pub async fn messages(gw: &Gateway, key: &str, model: &str, stream: bool) -> reqwest::Response {
+    Gateway::client()
+        .post(format!("{}/v1/messages", gw.url))
+        .header("x-api-key", key)
+        .json(&message(model, stream))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The tokens `key` spent today, as the gateway's meter for it says
+/// (`/v1/usage`: what admission holds the key's budgets to).
+pub async fn spent_tokens(gw: &Gateway, key: &str) -> u64 {
+    let r = Gateway::client().get(format!("{}/v1/usage", gw.url)).header("x-api-key", key).send().await.unwrap();
+    r.json::<serde_json::Value>().await.unwrap()["usage"][0]["tokens"].as_u64().unwrap()
 }
