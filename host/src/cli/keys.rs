@@ -122,7 +122,8 @@ impl Change {
 fn open(config: &Path) -> Result<(Box<dyn Store>, Vec<String>)> {
     let (mut c, _) = Config::read(config)?;
     c.ledger.locate_file(config);
-    let Some(store) = crate::ledger::open(&c.ledger)? else {
+    let Some(store) = crate::ledger::open(c.ledger.url.as_deref(), c.ledger.file_path.as_deref(), c.ledger.setting())?
+    else {
         bail!("{}: [ledger] file is \"\": run-time keys live in the usage ledger", config.display())
     };
     Ok((store, c.server.client_keys.iter().map(|k| k.name.clone()).collect()))

@@ -84,7 +84,11 @@ fn open_ledger(
     meters: &Arc<crate::ledger::limits::Meters>,
     clock: &Clock,
 ) -> Result<Option<Arc<crate::ledger::Ledger>>> {
-    let Some(store) = crate::ledger::open(&config.ledger)? else { return Ok(None) };
+    let Some(store) =
+        crate::ledger::open(config.ledger.url.as_deref(), config.ledger.file_path.as_deref(), config.ledger.setting())?
+    else {
+        return Ok(None);
+    };
     let tuning = crate::ledger::Tuning {
         flush: Duration::from_millis(config.ledger.flush_ms),
         queue_max: config.ledger.queue_max,

@@ -109,13 +109,16 @@ pub trait Store: Send {
     }
 }
 
-/// The store `config` names — its PostgreSQL database, else its SQLite file
-/// — opened (and its tables created) now; `None` without a ledger. An error
-/// names the setting (`ledger.url`, `ledger.file`) and why, never a
-/// password.
-pub fn open(config: &crate::config::ledger::LedgerConfig) -> anyhow::Result<Option<Box<dyn Store>>> {
-    let setting = config.setting();
-    let store: Box<dyn Store> = match (&config.url, &config.file_path) {
+/// The store `[ledger]` names — its PostgreSQL database (`url`), else its
+/// SQLite file (`file`) — opened (and its tables created) now; `None`
+/// without a ledger. An error names `setting` (`ledger.url`, `ledger.file`)
+/// and why, never a password.
+pub fn open(
+    url: Option<&str>,
+    file: Option<&std::path::Path>,
+    setting: &str,
+) -> anyhow::Result<Option<Box<dyn Store>>> {
+    let store: Box<dyn Store> = match (url, file) {
         (Some(url), _) => Box::new(postgres::Postgres::open(url).map_err(|e| anyhow::anyhow!("{setting}: {e:#}"))?),
         (None, Some(path)) => Box::new(sqlite::Sqlite::open(path).map_err(|e| anyhow::anyhow!("{setting}: {e:#}"))?),
         (None, None) => return Ok(None),

@@ -115,13 +115,10 @@ pub struct Postgres {
 /// the password).
 pub fn check_url(url: &str) -> Result<postgres::Config, String> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-        return Err(format!(
-            "`{}` is not a PostgreSQL URL (postgres://user:password@host:port/database)",
-            crate::config::redact_url(url)
-        ));
+        return Err("is not a PostgreSQL URL (postgres://user:password@host:port/database)".into());
     }
-    postgres::Config::from_str(url)
-        .map_err(|e| format!("`{}` does not parse as a PostgreSQL URL: {e}", crate::config::redact_url(url)))
+    // The URL is not repeated: it may hold a password.
+    postgres::Config::from_str(url).map_err(|e| format!("does not parse as a PostgreSQL URL: {e}"))
 }
 
 /// `postgres://user@host:port/db`: the store named without its password.

@@ -327,13 +327,6 @@ impl AccountState {
         let _ = self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
     }
 
-    /// Whether the account has read a unified status or a subscription
-    /// window (`learned::pooled`): a cheap look, without a snapshot.
-    pub fn has_unified(&self) -> bool {
-        let l = self.learned.lock();
-        l.status != Status::Unknown || l.windows.keys().any(|k| super::pooled::is_pooled_window(k))
-    }
-
     /// The chain's view of the account at `now_ms`.
     pub fn snapshot(&self, config: &AccountConfig, now_ms: u64) -> AccountSnapshot {
         let seat = self.seat();

@@ -11,6 +11,13 @@ use crate::account::{ModelGate, Status, WindowReading};
 use crate::config::AccountConfig;
 
 impl AccountState {
+    /// Whether the account has read a unified status or a subscription
+    /// window (`learned::pooled`): a cheap look, without a snapshot.
+    pub fn has_unified(&self) -> bool {
+        let l = self.learned.lock();
+        l.status != Status::Unknown || l.windows.keys().any(|k| crate::learned::pooled::is_pooled_window(k))
+    }
+
     /// The account's state for `/status`.
     pub fn status(&self, config: &AccountConfig, now: u64) -> AccountStatus {
         let seat = self.seat();
