@@ -378,11 +378,20 @@ fn write_loop(mut store: Box<dyn Store>, shared: &(Mutex<Shared>, Condvar), tuni
             next_write = crate::clock::machine_instant() + flush;
             totals.unread.extend(spend_rows(&batch));
             let asked = asks.iter().any(|a| matches!(a, Ask::Spend(_)));
-            if (!batch.is_empty() || asked || store.shared())
-                && let Err(why) = totals.read(&mut *store)
-                && asked
-            {
-                down = Some(why);
+            if !batch.is_empty() || asked || store.shared() {
+                let read = totals.read(&mut *store);
+                // An idle replica learns its shared store is down from this
+                // read: /status and /metrics say so as for a failed write.
+                let mut s = lock.lock();
+                match &read {
+                    Err(why) => s.health.down = Some(why.clone()),
+                    Ok(()) if batch.is_empty() => s.health.down = None,
+                    Ok(()) => {}
+                }
+                drop(s);
+                if asked {
+                    down = read.err();
+                }
             }
         } else {
             requeue(lock, batch, queue_max);

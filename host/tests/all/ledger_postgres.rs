@@ -216,6 +216,13 @@ async fn a_database_that_goes_down_costs_no_request_and_gets_what_waited_when_ba
     .await;
 
     pg.stop();
+    // Idle, the replica still reads the totals every flush: it sees the
+    // store down before any entry fails to be written.
+    support::eventually("an idle replica sees the store down", Duration::from_secs(20), async || {
+        let l = status(&gw).await["ledger"].clone();
+        l["down"].is_string() && l["queued"] == 0
+    })
+    .await;
     send_alice(&gw, 5).await;
     support::eventually("the store seen down, five entries waiting", Duration::from_secs(20), async || {
         let l = status(&gw).await["ledger"].clone();
