@@ -10,6 +10,8 @@
 #   the Claude Code CLI           npm: the gateway-contract test drives the real CLI
 #   redis-server, redis-cli       Debian's packages: the replica tests share state through it
 #   postgresql                    Debian's package: the shared usage ledger's tests run it
+#   chromium                      Debian's package: the web page's test drives it headless
+#   playwright-core               npm (tests/e2e/ui/package-lock.json): what drives Chromium
 #
 # Every service a test needs it starts itself, on a free loopback port. Extra
 # arguments go to `cargo nextest run` (e.g. ./test.sh -E 'test(/^failover::/)').
@@ -91,6 +93,23 @@ if [ -z "$(pg_initdb)" ]; then
     $sudo_ systemctl disable --now postgresql >/dev/null 2>&1 || $sudo_ service postgresql stop >/dev/null 2>&1 || true
 fi
 "$(pg_initdb)" --version
+
+step "Chromium (Debian) and playwright-core (npm)"
+# host/tests/all/ui.rs drives the web page in a real browser; never a
+# browser downloaded by the test tool, always the distribution's.
+if [ ! -x /usr/bin/chromium ]; then
+    sudo_=""
+    [ "$(id -u)" -ne 0 ] && sudo_="sudo"
+    $sudo_ apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends chromium
+fi
+/usr/bin/chromium --version
+ui_lock=$(sha256sum tests/e2e/ui/package-lock.json | cut -d' ' -f1)
+if [ "$(cat tests/e2e/ui/node_modules/.installed-lock.sha256 2>/dev/null)" != "$ui_lock" ]; then
+    npm ci --prefix tests/e2e/ui --no-audit --no-fund --loglevel=error
+    echo "$ui_lock" > tests/e2e/ui/node_modules/.installed-lock.sha256
+fi
+export POOLGATE_REQUIRE_BROWSER=1
 
 step "format"
 cargo fmt --all --check

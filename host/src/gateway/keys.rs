@@ -53,6 +53,11 @@ impl RuntimeKeys {
         self.by_digest.is_empty()
     }
 
+    /// Every key's name.
+    pub fn names(&self) -> impl Iterator<Item = String> + '_ {
+        self.by_name.keys().cloned()
+    }
+
     /// The key called `name`.
     pub fn get(&self, name: &str) -> Option<&KeyRecord> {
         self.by_name.get(name).map(|(r, _)| &**r)

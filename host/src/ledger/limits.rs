@@ -377,6 +377,14 @@ impl Meters {
         meter.spend(usage, nano_usd, arrived_ms, arrived_ms);
     }
 
+    /// The keys metered so far (every key that made a request, and every
+    /// key the store's totals name), in name order.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.keys.lock().keys().cloned().collect();
+        keys.sort_unstable();
+        keys
+    }
+
     /// A copy of `key`'s meter.
     pub fn meter(&self, key: &str) -> KeyMeter {
         self.keys.lock().get(key).cloned().unwrap_or_default()

@@ -18,6 +18,8 @@ pub struct AppState {
     pub gateway: Arc<Gateway>,
     /// Reloads the configuration (absent when poolgate runs without a file).
     pub reloader: Option<Reloader>,
+    /// The web pages that may stream at once (`ui::events`).
+    pub ui_pages: Arc<tokio::sync::Semaphore>,
 }
 
 /// The refusal of an admin route without the admin token (none: go on).
@@ -38,6 +40,37 @@ pub fn admin_refused(s: &AppState, headers: &HeaderMap) -> Option<Response> {
         ));
     }
     None
+}
+
+/// What `GET /status` answers (and the web page's `status` event).
+pub fn status_value(gw: &crate::gateway::Gateway) -> serde_json::Value {
+    let g = gw.generation();
+    let now = gw.clock.now_ms();
+    let mut accounts: Vec<_> = g
+        .accounts
+        .iter()
+        .map(|a| a.state.status(&a.config, now))
+        .chain(g.disabled.iter().map(|(c, st)| st.status(c, now)))
+        .collect();
+    crate::learned::accounts::mark_shared_subscriptions(&mut accounts);
+    serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "now_ms": now,
+        "uptime_ms": now.saturating_sub(gw.started_ms),
+        "config": {
+            "generation": g.number,
+            "loaded_ms": g.loaded_ms,
+            "last_reload": *gw.last_reload.lock(),
+        },
+        "chain": g.chain.status(now),
+        "builtins_ready": gw.engine.builtins_ready(),
+        "queue_depth": gw.admission.depth(),
+        "state_backend": gw.shared.status(),
+        "state_file": gw.persist.as_ref().map(|p| p.status()),
+        "ledger": gw.ledger.as_ref().map(|l| l.health()),
+        "admin_actions": gw.admin.latest(),
+        "accounts": accounts,
+    })
 }
 
 /// `value` as pretty JSON.

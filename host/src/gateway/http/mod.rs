@@ -27,4 +27,5 @@ pub mod routes;
 pub mod sd_notify;
 pub mod server;
 pub mod signals;
+pub mod ui;
 pub mod usage;

@@ -40,6 +40,10 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
+        .route("/ui", get(super::ui::page))
+        .route("/ui/app.js", get(super::ui::script))
+        .route("/ui/app.css", get(super::ui::style))
+        .route("/ui/events", get(super::ui::events::events))
         .route("/admin/decisions", get(decisions))
         .route("/admin/usage", get(super::usage::admin_usage))
         .route("/admin/keys", get(super::keys::list).post(super::keys::create))
@@ -280,34 +284,7 @@ async fn status(State(s): State<AppState>, headers: HeaderMap) -> Response {
     if let Some(r) = admin_refused(&s, &headers) {
         return r;
     }
-    let gw = &s.gateway;
-    let g = gw.generation();
-    let now = gw.clock.now_ms();
-    let mut accounts: Vec<_> = g
-        .accounts
-        .iter()
-        .map(|a| a.state.status(&a.config, now))
-        .chain(g.disabled.iter().map(|(c, st)| st.status(c, now)))
-        .collect();
-    crate::learned::accounts::mark_shared_subscriptions(&mut accounts);
-    json(&serde_json::json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "now_ms": now,
-        "uptime_ms": now.saturating_sub(gw.started_ms),
-        "config": {
-            "generation": g.number,
-            "loaded_ms": g.loaded_ms,
-            "last_reload": *gw.last_reload.lock(),
-        },
-        "chain": g.chain.status(now),
-        "builtins_ready": gw.engine.builtins_ready(),
-        "queue_depth": gw.admission.depth(),
-        "state_backend": gw.shared.status(),
-        "state_file": gw.persist.as_ref().map(|p| p.status()),
-        "ledger": gw.ledger.as_ref().map(|l| l.health()),
-        "admin_actions": gw.admin.latest(),
-        "accounts": accounts,
-    }))
+    json(&super::handlers::status_value(&s.gateway))
 }
 
 /// The most an admin action's body may hold (a few fields of text).

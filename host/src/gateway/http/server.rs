@@ -97,7 +97,11 @@ impl Running {
         let _ = gateway.listening.set(addr);
         let reloader = reloader.map(|make| announce_reloads(make(&gateway)));
         let (stop, stopped) = watch::channel(None);
-        let state = AppState { gateway: gateway.clone(), reloader: reloader.clone() };
+        let state = AppState {
+            gateway: gateway.clone(),
+            reloader: reloader.clone(),
+            ui_pages: Arc::new(tokio::sync::Semaphore::new(super::ui::events::PAGES_MAX)),
+        };
         let task = tokio::spawn(serve(listener, state, stopped));
         Ok(Running { addr, gateway, reloader, stop, task })
     }

@@ -14,6 +14,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::handlers::{AppState, admin_refused, json};
+use crate::gateway::Gateway;
+use crate::gateway::generation::Generation;
 use crate::gateway::request::errors::{ErrorType, error, final_error};
 use crate::ledger::calendar::{Period, parse_time, rfc3339};
 use crate::ledger::report::{self, Dim, Query, Row};
@@ -57,35 +59,36 @@ pub async fn client_usage(State(s): State<AppState>, headers: HeaderMap) -> Resp
         Ok(key) => key.unwrap_or_else(|| "-".to_string()),
         Err(r) => return *r,
     };
-    let team = crate::gateway::keys::team(&s.gateway, &g, &key);
-    let budgets = budgets(&s, crate::gateway::keys::policy(&s.gateway, &g, &key).as_ref(), &key);
-    let pool = crate::gateway::request::unified::pool_quota(&g, s.gateway.clock.now_ms());
-    let pool = pool.as_ref().map(crate::gateway::request::unified::pool_json);
-    drop(g);
     if s.gateway.ledger.is_none() {
         return no_ledger();
     }
-    // From the key's meter: what admission checks (no query per status
-    // line).
-    let now = s.gateway.clock.now_ms();
-    let meter = s.gateway.meters.meter(&key);
+    let mut answer = key_usage(&s.gateway, &g, &key);
+    let pool = crate::gateway::request::unified::pool_quota(&g, s.gateway.clock.now_ms());
+    answer["pool"] = pool.as_ref().map(crate::gateway::request::unified::pool_json).into();
+    json(&answer)
+}
+
+/// `key`'s usage this day, week and month and its budgets, from its meter —
+/// what admission checks (no query per status line or page update).
+pub fn key_usage(gw: &Gateway, g: &Generation, key: &str) -> serde_json::Value {
+    let team = crate::gateway::keys::team(gw, g, key);
+    let budgets = budgets(gw, crate::gateway::keys::policy(gw, g, key).as_ref(), key);
+    let now = gw.clock.now_ms();
+    let meter = gw.meters.meter(key);
     let periods: Vec<serde_json::Value> = [Period::Day, Period::Week, Period::Month]
         .into_iter()
         .map(|p| period_json(p, p.around(now), &meter.spent(p, now)))
         .collect();
-    let answer = serde_json::json!({
-        "key": key, "team": team, "now": rfc3339(now), "usage": periods, "budgets": budgets, "pool": pool,
-    });
-    json(&answer)
+    serde_json::json!({ "key": key, "team": team, "now": rfc3339(now), "usage": periods, "budgets": budgets })
 }
 
 /// The key's budgets as its meter holds them (what admission checks): the
 /// limit, what is spent and left, when it resets.
-fn budgets(s: &AppState, policy: Option<&crate::ledger::limits::KeyPolicy>, key: &str) -> Vec<serde_json::Value> {
+fn budgets(gw: &Gateway, policy: Option<&crate::ledger::limits::KeyPolicy>, key: &str) -> Vec<serde_json::Value> {
     use crate::ledger::limits::Amount;
     let Some(policy) = policy else { return Vec::new() };
-    let now = s.gateway.clock.now_ms();
-    let meter = s.gateway.meters.meter(key);
+    let now = gw.clock.now_ms();
+    let meter = gw.meters.meter(key);
     let usd = |nano: u64| report::usd(nano);
     policy
         .budgets

@@ -325,21 +325,29 @@ pub fn reason_header(reason: &str, passed_over: &[PassedOver]) -> String {
 
 /// The last N request records.
 pub struct DecisionLog {
-    kept: Mutex<(usize, VecDeque<Arc<RequestRecord>>)>,
+    kept: Mutex<Kept>,
+}
+
+struct Kept {
+    max: usize,
+    records: VecDeque<Arc<RequestRecord>>,
+    /// Records pushed since the start (the web page asks for those after
+    /// the last it saw).
+    pushed: u64,
 }
 
 impl DecisionLog {
     /// Keeps `n` records.
     pub fn new(n: usize) -> Self {
-        DecisionLog { kept: Mutex::new((n, VecDeque::with_capacity(n.min(1024)))) }
+        DecisionLog { kept: Mutex::new(Kept { max: n, records: VecDeque::with_capacity(n.min(1024)), pushed: 0 }) }
     }
 
     /// Changes how many are kept.
     pub fn resize(&self, n: usize) {
         let mut k = self.kept.lock();
-        k.0 = n;
-        while k.1.len() > n {
-            k.1.pop_front();
+        k.max = n;
+        while k.records.len() > n {
+            k.records.pop_front();
         }
     }
 
@@ -353,18 +361,27 @@ impl DecisionLog {
             tracing::debug!(target: "poolgate::decision", request = record.id, account = record.account.as_deref().unwrap_or("-"), status = record.status, reason = %record.reason, record = %json, "record");
         }
         let mut k = self.kept.lock();
-        if k.0 == 0 {
+        if k.max == 0 {
             return;
         }
-        if k.1.len() >= k.0 {
-            k.1.pop_front();
+        if k.records.len() >= k.max {
+            k.records.pop_front();
         }
-        k.1.push_back(Arc::new(record));
+        k.records.push_back(Arc::new(record));
+        k.pushed += 1;
     }
 
     /// The newest `limit` records, newest first.
     pub fn latest(&self, limit: usize) -> Vec<Arc<RequestRecord>> {
-        self.kept.lock().1.iter().rev().take(limit).cloned().collect()
+        self.kept.lock().records.iter().rev().take(limit).cloned().collect()
+    }
+
+    /// The records pushed after the `seen`-th (those still kept), oldest
+    /// first, and how many were pushed in all.
+    pub fn after(&self, seen: u64) -> (u64, Vec<Arc<RequestRecord>>) {
+        let k = self.kept.lock();
+        let new = usize::try_from(k.pushed.saturating_sub(seen)).unwrap_or(usize::MAX).min(k.records.len());
+        (k.pushed, k.records.iter().skip(k.records.len() - new).cloned().collect())
     }
 }
 
