@@ -81,7 +81,13 @@ async fn demo(args: Args) -> Result<()> {
     let base = format!("http://{}", running.addr);
     let chain: Vec<String> =
         running.gateway.generation().chain.status(now_ms()).into_iter().map(|s| s.plugin).collect();
-    let intro = intro(&base, &sim, &chain.join(" → "), &client_key, &admin_token);
+    let mut intro = intro(&base, &sim, &chain.join(" → "), &client_key, &admin_token);
+    let ticket = running.gateway.sessions.ticket(now_ms())?;
+    let _ = writeln!(
+        intro,
+        "Watch the pool live (the link signs in once, for {} minutes):\n  {base}/ui#ticket={ticket}\n",
+        crate::gateway::sessions::TICKET_MS / 60_000
+    );
     let tty = std::io::stdout().is_terminal();
     let mut stdout = std::io::stdout();
 

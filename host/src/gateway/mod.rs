@@ -39,6 +39,7 @@ pub mod persist;
 pub mod reload;
 pub mod request;
 pub mod seat_keeper;
+pub mod sessions;
 pub mod watch;
 
 use std::sync::Arc;
@@ -143,6 +144,8 @@ pub struct Gateway {
     pub persist: Option<Arc<persist::Persist>>,
     /// The operators' actions on accounts, for `/status`.
     pub admin: admin::AdminLog,
+    /// The web page's one-time sign-in tickets and the sessions they opened.
+    pub sessions: sessions::Sessions,
     /// What every part of the gateway reads the time from.
     pub clock: Clock,
     /// The usage ledger (`[ledger]`), when there is one.
@@ -253,6 +256,7 @@ impl Gateway {
             lifecycle: Arc::default(),
             persist,
             admin: admin::AdminLog::default(),
+            sessions: sessions::Sessions::default(),
             clock,
             ledger,
             replica,

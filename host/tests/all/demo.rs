@@ -140,7 +140,22 @@ async fn a_client_pointed_where_the_demo_says_is_served_and_the_decision_printed
     let field = |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name)).unwrap().to_string();
     let (base, key) = (field("ANTHROPIC_BASE_URL="), field("ANTHROPIC_API_KEY="));
 
+    // The page's link signs in once: its ticket (in the fragment, which no
+    // server sees) is traded for a session the admin routes take.
+    let link = next_line(&mut rx, "/ui#ticket=", 10).await;
+    let ticket = link.trim().strip_prefix(&format!("{base}/ui#ticket=")).unwrap_or_else(|| panic!("{link}"));
     let client = client();
+    let sign_in =
+        async || client.post(format!("{base}/ui/sign-in")).json(&json!({ "ticket": ticket })).send().await.unwrap();
+    let r = sign_in().await;
+    assert_eq!(r.status(), 200);
+    let session = r.json::<Value>().await.unwrap()["token"].as_str().unwrap().to_string();
+    let status = client.get(format!("{base}/status")).bearer_auth(&session).send().await.unwrap();
+    assert_eq!(status.status(), 200, "the session is an admin's");
+    assert_eq!(sign_in().await.status(), 401, "a ticket works once");
+    let page = client.get(format!("{base}/ui")).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains("/ui/app.js"), "{page}");
+
     let body =
         json!({ "model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{ "role": "user", "content": "Hello" }] });
     let r = client

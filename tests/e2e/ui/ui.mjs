@@ -8,6 +8,10 @@
 // $UI_ARTIFACTS.
 //
 //   GATEWAY_URL  ADMIN_TOKEN  UI_ARTIFACTS  [CHROMIUM=/usr/bin/chromium]
+//
+// With DEMO_LINK (the link `poolgate demo --traffic` prints) instead, it
+// opens that link — signed in by its one-time ticket, which leaves the
+// address — and checks the page moves as the demo's traffic flows.
 import { chromium } from "playwright-core";
 import { createInterface } from "node:readline";
 
@@ -29,10 +33,31 @@ const browser = await chromium.launch({
   args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync"],
 });
+async function demo(page) {
+  step("the demo's link signs in, and leaves nothing in the address");
+  await page.goto(process.env.DEMO_LINK);
+  await page.locator("[data-account]").first().waitFor({ timeout: 10000 });
+  if (await page.evaluate(() => location.hash !== "")) throw new Error("the ticket stayed in the address");
+  step("the demo's pool moves live");
+  const rows = () => page.locator("#decisions tbody tr").count();
+  const before = await rows();
+  await page.waitForFunction((n) => document.querySelectorAll("#decisions tbody tr").length > n, before, { timeout: 10000 });
+  await page.waitForTimeout(1500);
+  await page.screenshot({ path: `${artifacts}/ui-demo.png`, fullPage: false });
+  console.log("DONE");
+}
+
 try {
   const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
-  page.on("dialog", (d) => d.accept());
   page.on("pageerror", (e) => { console.log(`PAGE ERROR ${e.message}`); process.exitCode = 1; });
+  if (process.env.DEMO_LINK) await demo(page);
+  else await full(page);
+} finally {
+  await browser.close();
+}
+
+async function full(page) {
+  page.on("dialog", (d) => d.accept());
   await page.goto(`${url}/ui`);
 
   step("a wrong token is refused");
@@ -86,6 +111,4 @@ try {
   if (overflow > 2) throw new Error(`the page is ${overflow}px wider than a phone`);
 
   console.log("DONE");
-} finally {
-  await browser.close();
 }

@@ -32,7 +32,7 @@ pub fn admin_refused(s: &AppState, headers: &HeaderMap) -> Option<Response> {
             "poolgate: admin routes are disabled; set server.admin_token_env (or admin_token_sha256) to enable them",
         ));
     }
-    if !g.admin.check(headers) {
+    if !g.admin.check(headers) && !s.gateway.sessions.check(headers, s.gateway.clock.now_ms()) {
         return Some(final_error(
             StatusCode::UNAUTHORIZED,
             ErrorType::Authentication,

@@ -44,6 +44,7 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/app.js", get(super::ui::script))
         .route("/ui/app.css", get(super::ui::style))
         .route("/ui/events", get(super::ui::events::events))
+        .route("/ui/sign-in", post(super::ui::sign_in))
         .route("/admin/decisions", get(decisions))
         .route("/admin/usage", get(super::usage::admin_usage))
         .route("/admin/keys", get(super::keys::list).post(super::keys::create))

@@ -168,7 +168,12 @@ function accountCard(a, now) {
   }
   if (a.oauth) {
     const o = a.oauth;
-    card.append(el("p", { class: "seat" }, `Seat: ${o.state || ""}${o.expires_at_ms ? ` · token expires in ${duration(o.expires_at_ms - now)}` : ""}${o.needs_login ? " · needs login" : ""}`));
+    const seat = [`token expires in ${duration(o.token_expires_at_ms - now)}`, `${o.refreshes} refreshes`];
+    if (o.last_refresh_ms) seat.push(`last ${duration(now - o.last_refresh_ms)} ago`);
+    if (o.needs_login) seat.push(`needs login${o.fix ? `: ${o.fix}` : ""}`);
+    if (o.last_error) seat.push(`last error: ${o.last_error}`);
+    if (o.backoff_until_ms && o.backoff_until_ms > now) seat.push(`retrying in ${duration(o.backoff_until_ms - now)}`);
+    card.append(el("p", { class: o.needs_login ? "seat cooldown" : "seat" }, `Seat: ${seat.join(" · ")}`));
   }
   if (a.organization_id) card.append(el("p", { class: "facts" }, `Organization ${a.organization_id}`));
   const toggle = a.runtime_disabled
@@ -264,6 +269,17 @@ document.addEventListener("DOMContentLoaded", () => {
     const made = await act(`Create key ${body.name}`, "POST", "/admin/keys", body);
     if (made) $("new-key-secret").textContent = `Key ${body.name}: ${made.key} — shown once; copy it now.`;
   });
+  // A sign-in link's one-time ticket (in the fragment, which no server
+  // sees): traded for a session, and taken out of the address at once.
+  const ticket = new URLSearchParams(location.hash.slice(1)).get("ticket");
+  if (ticket) {
+    history.replaceState(null, "", location.pathname);
+    fetch("/ui/sign-in", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ ticket }) })
+      .then(async (r) => {
+        if (r.ok) { sessionStorage.setItem(TOKEN, (await r.json()).token); connect(); }
+        else showSignIn("That sign-in link was used already or is too old: sign in with the admin token.");
+      });
+  }
   // Countdowns move between status events.
   setInterval(() => {
     const now = Date.now();
@@ -272,5 +288,5 @@ document.addEventListener("DOMContentLoaded", () => {
       if (at) r.textContent = `resets in ${duration(at - now)}`;
     }
   }, 1000);
-  connect();
+  if (!ticket) connect();
 });

@@ -11,7 +11,9 @@
 //! from [`events`], an SSE stream that needs the admin token, which the page
 //! keeps in the tab's session storage and sends as `Authorization` (never in
 //! a URL, where logs and history would keep it). Actions go to the admin
-//! endpoints that already exist, with the same token.
+//! endpoints that already exist, with the same token. A one-time ticket in
+//! the link `poolgate demo` prints signs in without typing the token
+//! ([`sign_in`], `gateway::sessions`).
 //!
 //! What a page costs: nothing per request. No request does anything for the
 //! page; each open page has one task that reads the gateway's state every
@@ -20,6 +22,13 @@
 //! cannot pile up tasks.
 
 pub mod events;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+
+use super::handlers::{AppState, json};
+use crate::gateway::request::errors::{ErrorType, final_error};
 
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -54,4 +63,25 @@ pub async fn script() -> Response {
 /// `GET /ui/app.css`.
 pub async fn style() -> Response {
     asset(include_str!("app.css"), "text/css; charset=utf-8")
+}
+
+/// `POST /ui/sign-in` `{"ticket": "…"}`: a one-time ticket (from the
+/// link `poolgate demo` prints) traded for a session token the admin routes
+/// accept; 401 for a ticket unknown, used or lapsed.
+pub async fn sign_in(State(s): State<AppState>, body: Bytes) -> Response {
+    #[derive(serde::Deserialize)]
+    struct Ticket {
+        ticket: String,
+    }
+    let Ok(t) = serde_json::from_slice::<Ticket>(&body) else {
+        let msg = "poolgate: the body must be {\"ticket\": \"…\"}";
+        return final_error(StatusCode::BAD_REQUEST, ErrorType::InvalidRequest, msg);
+    };
+    match s.gateway.sessions.redeem(&t.ticket, s.gateway.clock.now_ms()) {
+        Some(token) => json(&serde_json::json!({ "token": token })),
+        None => {
+            let msg = "poolgate: this sign-in link was used already or is too old; sign in with the admin token";
+            final_error(StatusCode::UNAUTHORIZED, ErrorType::Authentication, msg)
+        }
+    }
 }
