@@ -128,6 +128,8 @@ pub struct Gateway {
     next_request: AtomicU64,
     /// The last reload's outcome.
     pub last_reload: Mutex<Option<ReloadStatus>>,
+    /// The last [`reload::HISTORY`] reloads' outcomes, oldest first.
+    pub reload_history: Mutex<std::collections::VecDeque<ReloadStatus>>,
     /// The reloads: which is newest, how the last one ended.
     reloads: reload::Reloads,
     /// When the gateway started.
@@ -249,6 +251,7 @@ impl Gateway {
             http,
             next_request: AtomicU64::new(first_request_id(clock.since_epoch())),
             last_reload: Mutex::new(None),
+            reload_history: Mutex::default(),
             reloads: reload::Reloads::default(),
             started_ms: clock.now_ms(),
             shared: shared.clone(),

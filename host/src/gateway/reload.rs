@@ -47,7 +47,10 @@ impl ReloadRequest {
     }
 }
 
-/// The outcome of the last reload, for `/status`.
+/// Reloads kept in the history `/status` shows.
+pub const HISTORY: usize = 20;
+
+/// The outcome of a reload, for `/status`.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ReloadStatus {
     /// When it finished.
@@ -292,13 +295,15 @@ impl Gateway {
         match built {
             Ok(generation) => {
                 let changes = self.swap(generation);
-                *self.last_reload.lock() = Some(ReloadStatus {
+                let status = ReloadStatus {
                     at_ms: self.clock.now_ms(),
                     ok: true,
                     trigger: trigger.into(),
                     errors: Vec::new(),
                     consecutive_failures: 0,
-                });
+                };
+                self.remember_reload(&status);
+                *self.last_reload.lock() = Some(status);
                 tracing::info!(
                     target: "poolgate::reload",
                     generation = number,
@@ -342,6 +347,16 @@ impl Gateway {
         changes
     }
 
+    /// Keeps a reload's outcome in the history `/status` shows (the web
+    /// page's reload list).
+    fn remember_reload(&self, status: &ReloadStatus) {
+        let mut h = self.reload_history.lock();
+        if h.len() >= HISTORY {
+            h.pop_front();
+        }
+        h.push_back(status.clone());
+    }
+
     /// Records a reload that was refused. The running configuration stays.
     pub fn refuse_reload(&self, trigger: &str, message: &str) {
         self.metrics.reload(false);
@@ -361,12 +376,20 @@ impl Gateway {
         } else {
             tracing::error!(trigger, error = %message.trim_end(), "reload refused; the running configuration stays");
         }
-        *last = Some(ReloadStatus {
+        let status = ReloadStatus {
             at_ms: self.clock.now_ms(),
             ok: false,
             trigger: trigger.into(),
             errors,
             consecutive_failures: failures + 1,
-        });
+        };
+        // The same refusal again is one entry in the history, counted.
+        if !again {
+            self.remember_reload(&status);
+        } else if let Some(l) = self.reload_history.lock().back_mut() {
+            l.consecutive_failures = status.consecutive_failures;
+            l.at_ms = status.at_ms;
+        }
+        *last = Some(status);
     }
 }

@@ -240,6 +240,9 @@ async fn a_hundred_swaps_under_traffic_lose_no_request() {
                             gw.log()
                         );
                         assert!(!last["errors"].as_array().unwrap().is_empty());
+                        // The history `/status` keeps (the web page's list)
+                        // leads with the same refusal.
+                        assert_eq!(st["config"]["reloads"][0], *last, "swap {swap}");
                         break;
                     }
                     assert!(started.elapsed() < LIVENESS, "swap {swap}: invalid change never refused:\n{}", gw.log());

@@ -103,6 +103,7 @@ async function full(page) {
   await page.click("#reload");
   await page.locator("#notice", { hasText: "Reload the configuration: applied, generation" }).waitFor({ timeout: 5000 });
   await page.locator('[data-account="a"] h3', { hasText: "renamed" }).waitFor({ timeout: 5000 });
+  await page.locator("#reloads li", { hasText: "applied by admin" }).waitFor({ timeout: 3000 });
 
   step("readable at phone width");
   await page.setViewportSize({ width: 390, height: 844 });

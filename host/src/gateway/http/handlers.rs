@@ -49,7 +49,7 @@ pub fn status_value(gw: &crate::gateway::Gateway) -> serde_json::Value {
     let mut accounts: Vec<_> = g
         .accounts
         .iter()
-        .map(|a| a.state.status(&a.config, now))
+        .map(|a| crate::learned::accounts::AccountStatus { overflow: a.overflow, ..a.state.status(&a.config, now) })
         .chain(g.disabled.iter().map(|(c, st)| st.status(c, now)))
         .collect();
     crate::learned::accounts::mark_shared_subscriptions(&mut accounts);
@@ -61,6 +61,7 @@ pub fn status_value(gw: &crate::gateway::Gateway) -> serde_json::Value {
             "generation": g.number,
             "loaded_ms": g.loaded_ms,
             "last_reload": *gw.last_reload.lock(),
+            "reloads": gw.reload_history.lock().iter().rev().collect::<Vec<_>>(),
         },
         "chain": g.chain.status(now),
         "builtins_ready": gw.engine.builtins_ready(),

@@ -53,6 +53,7 @@ impl AccountState {
             runtime_disabled: self.runtime_disabled(),
             attempts: self.attempts.load(Ordering::Relaxed),
             successes: self.successes.load(Ordering::Relaxed),
+            overflow: false,
         }
     }
 }
@@ -104,6 +105,9 @@ pub struct AccountStatus {
     /// subscription under two ids, drawing on one quota.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub same_subscription_as: Vec<String>,
+    /// Tried only after every usable account that is not (the pool's
+    /// generation says; `false` for an account out of the pool).
+    pub overflow: bool,
     /// An OAuth seat's token: expiry, refreshes, identity, `needs_login`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oauth: Option<crate::oauth::SeatStatus>,

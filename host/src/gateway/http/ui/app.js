@@ -153,7 +153,7 @@ function accountCard(a, now) {
     el("h3", {}, a.alias || a.id, a.alias && a.alias !== a.id ? el("small", {}, ` ${a.id}`) : null),
     el("p", { class: "facts" },
       el("span", { class: "status" }, status),
-      ` · ${a.kind} · in flight ${a.in_flight}${a.max_in_flight ? ` / ${a.max_in_flight}` : ""}`,
+      ` · ${a.kind}${a.overflow ? " · overflow" : ""} · in flight ${a.in_flight}${a.max_in_flight ? ` / ${a.max_in_flight}` : ""}`,
       a.reading_age_ms !== null && a.reading_age_ms !== undefined ? ` · read ${duration(a.reading_age_ms)} ago` : " · no reading yet"));
   const windows = el("div", { class: "windows" },
     (a.windows || []).map((w) => windowBar(w, binds === w.name, now)));
@@ -168,7 +168,9 @@ function accountCard(a, now) {
   }
   if (a.oauth) {
     const o = a.oauth;
+    const who = o.identity && (o.identity.email || o.identity.account);
     const seat = [`token expires in ${duration(o.token_expires_at_ms - now)}`, `${o.refreshes} refreshes`];
+    if (who) seat.unshift(who);
     if (o.last_refresh_ms) seat.push(`last ${duration(now - o.last_refresh_ms)} ago`);
     if (o.needs_login) seat.push(`needs login${o.fix ? `: ${o.fix}` : ""}`);
     if (o.last_error) seat.push(`last error: ${o.last_error}`);
@@ -203,6 +205,8 @@ function drawStatus() {
     ["Ledger", s.ledger ? `${s.ledger.store}${s.ledger.down ? ` — down: ${s.ledger.down}` : ""} · ${s.ledger.written} written, ${s.ledger.dropped} dropped` : "off"],
   ];
   $("gateway").replaceChildren(...items.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+  $("reloads").replaceChildren(...(s.config.reloads || []).map((r) =>
+    el("li", { class: r.ok ? "" : "cooldown" }, `${clock(r.at_ms)} ${r.ok ? "applied" : "refused"} by ${r.trigger}${r.consecutive_failures > 1 ? ` (${r.consecutive_failures} times)` : ""}${(r.errors || []).length ? `: ${r.errors.join("; ")}` : ""}`)));
   $("actions").replaceChildren(...(s.admin_actions || []).slice(-10).reverse().map((x) =>
     el("li", {}, `${clock(x.at_ms)} ${x.by}: ${x.action} ${x.account}${x.result ? ` — ${x.result}` : ""}${x.note ? ` (${x.note})` : ""}`)));
 }
