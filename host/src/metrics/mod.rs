@@ -384,6 +384,11 @@ impl Metrics {
         self.fallback.get_or_create(&Backend { backend: backend.into() }).inc();
     }
 
+    /// Requests `backend` (`<name>/<model>`) answered for the pool.
+    pub fn fallback_served(&self, backend: &str) -> u64 {
+        self.fallback.get_or_create(&Backend { backend: backend.into() }).get()
+    }
+
     /// An answer of `account` was billed as extra usage; the guard did `result`.
     pub fn overage(&self, account: &str, result: &str) {
         self.overage.get_or_create(&AccountResult { account: account.into(), result: result.into() }).inc();

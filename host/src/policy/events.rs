@@ -66,6 +66,9 @@ pub struct PhaseHealth {
     /// The last failure, if any, with its time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last: Option<LastFailure>,
+    /// The failures by cause (`trap`, `timeout`, `oom`, …).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub by_cause: std::collections::BTreeMap<&'static str, u64>,
     /// Calls skipped because every instance was busy (cause `busy`): the pool
     /// is too small for how long the plugin's calls take, not a failure of it.
     pub busy: u64,
@@ -95,6 +98,8 @@ pub struct StageEvents {
     counts: [AtomicU64; 3],
     calls: [AtomicU64; 3],
     last: Mutex<[Option<LastFailure>; 3]>,
+    /// Failures by cause, per phase (only failures take the lock).
+    causes: Mutex<[std::collections::BTreeMap<&'static str, u64>; 3]>,
     busy: [AtomicU64; 3],
     last_busy: Mutex<[Option<LastFailure>; 3]>,
     /// The last [`RECENT_RANKS`] `rank` calls, newest in the low bit: 1 for a
@@ -115,6 +120,7 @@ impl StageEvents {
             counts: Default::default(),
             calls: Default::default(),
             last: Mutex::new(Default::default()),
+            causes: Mutex::new(Default::default()),
             busy: Default::default(),
             last_busy: Mutex::new(Default::default()),
             recent: AtomicU64::new(0),
@@ -168,6 +174,7 @@ impl StageEvents {
                 self.calls[slot].fetch_add(1, Ordering::Relaxed);
                 self.breaker.record(phase, false, now_ms, ticket);
                 self.counts[slot].fetch_add(1, Ordering::Relaxed);
+                *self.causes.lock()[slot].entry(fault.cause.as_str()).or_default() += 1;
                 self.last.lock()[slot] = Some(LastFailure { at_ms: now_ms, fault: fault.clone() });
             }
         }
@@ -225,6 +232,7 @@ impl StageEvents {
             calls: self.calls[slot].load(Ordering::Relaxed),
             failures: self.counts[slot].load(Ordering::Relaxed),
             last: self.last.lock()[slot].clone(),
+            by_cause: self.causes.lock()[slot].clone(),
             busy: self.busy[slot].load(Ordering::Relaxed),
             last_busy: self.last_busy.lock()[slot].clone(),
         }

@@ -150,6 +150,9 @@ async fn an_exhausted_pool_answers_through_the_fallback_never_while_an_account_s
     assert_eq!(decisions[0]["fallback"], "backup/gpt-backup", "{decisions}");
     let metrics = Gateway::client().get(format!("{}/metrics", gw.url)).bearer_auth("fb-admin").send().await.unwrap();
     assert!(metrics.text().await.unwrap().contains("poolgate_fallback_total{backend=\"backup/gpt-backup\"} 3"));
+    // And /status, whose web page shows the fallback's use.
+    let status = gw.admin_json("/status", "fb-admin").await;
+    assert_eq!(status["fallback"], json!([{ "backend": "backup/gpt-backup", "served": 3 }]), "{status}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -70,6 +70,10 @@ pub fn status_value(gw: &crate::gateway::Gateway) -> serde_json::Value {
         "state_file": gw.persist.as_ref().map(|p| p.status()),
         "ledger": gw.ledger.as_ref().map(|l| l.health()),
         "admin_actions": gw.admin.latest(),
+        "fallback": g.config.fallback.iter().map(|f| {
+            let backend = format!("{}/{}", f.name, f.model);
+            serde_json::json!({ "backend": backend, "served": gw.metrics.fallback_served(&backend) })
+        }).collect::<Vec<_>>(),
         "accounts": accounts,
     })
 }

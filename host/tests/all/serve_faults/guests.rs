@@ -71,6 +71,9 @@ async fn failures_in_observe_are_counted_recorded_and_open_the_breaker() {
         let stage = hostile_stage(&gw).await;
         assert!(stage["observe"]["failures"].as_u64().unwrap() >= 5, "{what}: {stage:#}");
         assert_eq!(stage["observe"]["last"]["cause"], cause, "{what}: {stage:#}");
+        // Every failure counted by its cause (the web page's chain table).
+        let by_cause = stage["observe"]["by_cause"][cause].as_u64().unwrap_or(0);
+        assert!((5..=stage["observe"]["failures"].as_u64().unwrap()).contains(&by_cause), "{what}: {stage:#}");
         let metrics = Gateway::client().get(format!("{}/metrics", gw.url)).send().await.unwrap().text().await.unwrap();
         assert!(
             metrics.lines().any(|l| l.starts_with("poolgate_policy_background_errors_total")

@@ -194,13 +194,18 @@ function drawStatus() {
   $("chain").tBodies[0].replaceChildren(...s.chain.map((st) => el("tr", {},
     el("td", {}, st.name), el("td", {}, st.plugin), el("td", { class: "mono" }, (st.sha256 || "").slice(0, 12)),
     el("td", { class: `breaker ${st.breaker.state}` }, st.breaker.state),
-    el("td", {}, `rank ${st.rank.failures}/${st.rank.calls} · busy ${st.rank.busy}${st.rank.last ? ` · last: ${st.rank.last.cause || ""}` : ""}`),
+    el("td", { class: "faults" }, ["rank", "observe", "configure"].map((p) => {
+      const h = st[p] || {};
+      const causes = Object.entries(h.by_cause || {}).map(([c, n]) => `${c} ${n}`).join(", ");
+      return `${p} ${h.failures || 0}/${h.calls || 0}${causes ? ` (${causes})` : ""}${h.busy ? ` · busy ${h.busy}` : ""}`;
+    }).join(" · ")),
     el("td", {}, Object.entries(st.call_ms || {}).map(([k, v]) => `${k} ${v} ms`).join(" · ")))));
   const reload = s.config.last_reload;
   const items = [
     ["Version", s.version],
     ["Last reload", reload ? `${reload.ok ? "applied" : "refused"} by ${reload.trigger} at ${clock(reload.at_ms)}${(reload.errors || []).length ? `: ${reload.errors.join("; ")}` : ""}` : "none"],
     ["Queue", String(s.queue_depth)],
+    ["Fallback", (s.fallback || []).length ? s.fallback.map((f) => `${f.backend}: ${f.served} answered`).join(" · ") : "none configured"],
     ["Replica backend", s.state_backend ? `${s.state_backend.kind}${s.state_backend.connected === false ? " (down)" : ""}` : "–"],
     ["Ledger", s.ledger ? `${s.ledger.store}${s.ledger.down ? ` — down: ${s.ledger.down}` : ""} · ${s.ledger.written} written, ${s.ledger.dropped} dropped` : "off"],
   ];
