@@ -253,6 +253,33 @@ mod tests {
     use super::*;
     use crate::config::Config;
 
+    /// Every key in `v` is one of `fields` (recursively), and each of
+    /// `fields` is in `v`.
+    fn walk(v: &toml::Value, fields: &[Field], path: &str) {
+        let t = v.as_table().unwrap();
+        for (k, v) in t {
+            let field =
+                fields.iter().find(|f| f.name == k).unwrap_or_else(|| panic!("{path}.{k} is not in the schema"));
+            match field.kind {
+                Kind::Table(sub) => walk(v, sub, &format!("{path}.{k}")),
+                Kind::Named(sub, _) => {
+                    for (name, item) in v.as_table().unwrap() {
+                        walk(item, sub, &format!("{path}.{k}.{name}"));
+                    }
+                }
+                Kind::Tables(sub, _) => {
+                    for item in v.as_array().unwrap() {
+                        walk(item, sub, &format!("{path}.{k}[]"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for f in fields {
+            assert!(t.contains_key(f.name), "{path}.{} is in the schema but not written by the config types", f.name);
+        }
+    }
+
     /// Every key the serde types write is in the schema, and every schema key is
     /// one the serde types read.
     #[test]
@@ -319,34 +346,6 @@ mod tests {
             ..Default::default()
         });
         let value = toml::Value::try_from(&config).unwrap();
-        fn walk(v: &toml::Value, fields: &[Field], path: &str) {
-            let t = v.as_table().unwrap();
-            for (k, v) in t {
-                let field =
-                    fields.iter().find(|f| f.name == k).unwrap_or_else(|| panic!("{path}.{k} is not in the schema"));
-                match field.kind {
-                    Kind::Table(sub) => walk(v, sub, &format!("{path}.{k}")),
-                    Kind::Named(sub, _) => {
-                        for (name, item) in v.as_table().unwrap() {
-                            walk(item, sub, &format!("{path}.{k}.{name}"));
-                        }
-                    }
-                    Kind::Tables(sub, _) => {
-                        for item in v.as_array().unwrap() {
-                            walk(item, sub, &format!("{path}.{k}[]"));
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            for f in fields {
-                assert!(
-                    t.contains_key(f.name),
-                    "{path}.{} is in the schema but not written by the config types",
-                    f.name
-                );
-            }
-        }
         walk(&value, ROOT, "");
     }
 }
