@@ -47,6 +47,7 @@ pub mod random;
 pub mod shared;
 pub mod sim;
 pub mod simulate;
+pub mod telemetry;
 
 /// The components built from `plugins/*` and `tests/guests/*` by `build.rs`.
 pub mod artifacts {

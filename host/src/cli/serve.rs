@@ -107,6 +107,8 @@ pub async fn serve(config: Config, source: Option<(PathBuf, Overrides)>) -> Resu
             "state file not saved at shutdown: the write did not finish"
         );
     }
+    // The last requests' traces, exported before the exit.
+    gateway.close_telemetry(FINAL_SAVE).await;
     // Every answered request's usage entry, written before the exit.
     let ledger = gateway.clone();
     if tokio::time::timeout(FINAL_SAVE, tokio::task::spawn_blocking(move || ledger.close_ledger())).await.is_err() {

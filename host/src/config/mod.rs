@@ -13,6 +13,7 @@ mod secrets;
 mod server;
 pub mod serving;
 mod state;
+pub mod telemetry;
 pub mod validate;
 
 use std::path::{Path, PathBuf};
@@ -28,6 +29,7 @@ pub use ledger::{LedgerConfig, PriceConfig};
 pub use secrets::{Credential, Resolved, ResolvedAccount, ResolvedFallback, Secret, base_prefix, digest};
 pub use server::{ClientKey, GatewayConfig, LogFormat, ServerConfig, UnifiedHeaders};
 pub use state::{Backend as StateBackendKind, StateConfig, prefix_problem, redact as redact_url};
+pub use telemetry::TelemetryConfig;
 
 use crate::policy::{self, BreakerConfig, Limits, PluginRef, PluginSpec, StageSpec};
 
@@ -63,6 +65,9 @@ pub struct Config {
     /// The usage ledger: where entries are kept, how often written.
     #[serde(default)]
     pub ledger: LedgerConfig,
+    /// Traces to an OpenTelemetry backend (off without an endpoint).
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
     /// Prices by model pattern (USD per million tokens), over the defaults.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub prices: std::collections::BTreeMap<String, PriceConfig>,

@@ -222,6 +222,21 @@ pub const LEDGER: &[Field] = &[
     f("queue_max", Kind::Int(1, 10_000_000)),
 ];
 
+/// `[telemetry]`.
+pub const TELEMETRY: &[Field] = &[
+    f("endpoint", Kind::Str),
+    f("protocol", Kind::OneOf(&["http/protobuf", "grpc"])),
+    f("headers", Kind::AnyTable),
+    f("headers_env", Kind::AnyTable),
+    f("sampling", Kind::Float(0.0, 1.0)),
+    f("parent_based", Kind::Bool),
+    f("service_name", Kind::Str),
+    f("resource", Kind::AnyTable),
+    f("propagate_upstream", Kind::Bool),
+    f("queue_max", Kind::Int(1, 1_000_000)),
+    f("timeout_ms", Kind::Int(100, 600_000)),
+];
+
 /// One `[prices."pattern"]`: USD per million tokens.
 pub const PRICE: &[Field] = &[
     f("input", Kind::Float(0.0, 1e6)),
@@ -242,6 +257,7 @@ pub const ROOT: &[Field] = &[
     f("models", Kind::Table(MODELS)),
     f("state", Kind::Table(SHARED_STATE)),
     f("ledger", Kind::Table(LEDGER)),
+    f("telemetry", Kind::Table(TELEMETRY)),
     f("prices", Kind::Named(PRICE, &["input", "output"])),
     f("policy", Kind::Table(POLICY)),
     f("accounts", Kind::Tables(ACCOUNT, &["id"])),
@@ -311,6 +327,19 @@ mod tests {
             "m*".into(),
             crate::config::PriceConfig { input: 1.0, output: 1.0, cache_read: Some(0.1), cache_write: Some(1.25) },
         );
+        config.telemetry = crate::config::TelemetryConfig {
+            endpoint: Some("http://c:4318".into()),
+            protocol: Some("grpc".into()),
+            headers: [("a".to_string(), "b".to_string())].into(),
+            headers_env: [("a".to_string(), "B".to_string())].into(),
+            sampling: Some(0.5),
+            parent_based: Some(true),
+            service_name: Some("s".into()),
+            resource: [("a".to_string(), "b".to_string())].into(),
+            propagate_upstream: true,
+            queue_max: Some(1),
+            timeout_ms: Some(100),
+        };
         config.policy.cache_dir = Some("/tmp".into());
         config.models.aliases.insert("gpt-4o".into(), "claude-sonnet-4-5".into());
         config.fallback.push(crate::config::FallbackConfig {

@@ -272,7 +272,13 @@ impl Generation {
         let mut problems = Vec::new();
         let mut enabled = Vec::new();
         let mut disabled = Vec::new();
-        let forward = Arc::new(ForwardPolicy::new(&config.gateway.forward_headers));
+        // Propagation on: `traceparent` and `tracestate` go upstream — the
+        // gateway's attempt span on a traced request, else the caller's own.
+        let mut forward = config.gateway.forward_headers.clone();
+        if config.telemetry.propagate_upstream {
+            forward.extend(["traceparent".to_string(), "tracestate".to_string()]);
+        }
+        let forward = Arc::new(ForwardPolicy::new(&forward));
         for (i, account) in resolved.accounts.iter().enumerate() {
             let state = book.entry(&account.config.id);
             let Some(credential) = &account.credential else {

@@ -77,6 +77,20 @@ fn pooled_client(config: &Config) -> Result<Arc<request::upstream::Upstream>> {
     Ok(Arc::new(request::upstream::Upstream::new(Duration::from_millis(config.gateway.connect_timeout_ms))?))
 }
 
+/// The tracing `[telemetry]` (and the `OTEL_*` environment) asks for.
+fn start_telemetry(config: &Config, metrics: &Arc<Metrics>) -> Result<Option<Arc<crate::telemetry::Telemetry>>> {
+    let settings = crate::config::telemetry::settings(&config.telemetry, &|k| std::env::var(k).ok())
+        .map_err(|(key, why)| anyhow::anyhow!("{key}: {why}"))?;
+    let Some(settings) = settings else { return Ok(None) };
+    tracing::info!(
+        endpoint = %settings.endpoint,
+        protocol = ?settings.protocol,
+        ratio = settings.sampler.ratio,
+        "tracing requests to an OTLP endpoint"
+    );
+    crate::telemetry::Telemetry::start(settings, metrics.clone()).map(Some)
+}
+
 /// The usage ledger `[ledger]` asks for: its database reached (or its file
 /// opened and created) now, so a start that cannot keep usage refuses to
 /// start, naming the setting.
@@ -161,6 +175,8 @@ pub struct Gateway {
     /// This process's name in ledger entries (`[state] replica`, else host
     /// and process id): with the request id, unique across replicas.
     pub replica: Arc<str>,
+    /// Traces to an OpenTelemetry backend (`[telemetry]`), when on.
+    pub telemetry: Option<Arc<crate::telemetry::Telemetry>>,
 }
 
 impl Gateway {
@@ -240,6 +256,7 @@ impl Gateway {
         let ledger = open_ledger(&first.config, &meters, &clock)?;
         let replica: Arc<str> =
             first.config.state.replica.clone().unwrap_or_else(crate::shared::redis::replica_name).into();
+        let telemetry = start_telemetry(&first.config, &metrics)?;
         let gateway = Arc::new(Gateway {
             current: ArcSwap::from_pointee(first),
             book,
@@ -265,6 +282,7 @@ impl Gateway {
             replica,
             meters,
             runtime_keys: ArcSwap::default(),
+            telemetry,
         });
         // What each key spent this day, week and month before this start:
         // a budget holds across a restart (and one a reload adds later
@@ -323,6 +341,14 @@ impl Gateway {
         let Some(p) = self.persist.clone() else { return };
         let gw = self.clone();
         tokio::spawn(async move { p.save(&gw, false).await });
+    }
+
+    /// Exports the traces still queued, waiting at most `within` (at
+    /// shutdown, after the last request).
+    pub async fn close_telemetry(&self, within: Duration) {
+        if let Some(t) = &self.telemetry {
+            t.close(within).await;
+        }
     }
 
     /// Writes what the ledger holds and stops its writer (at shutdown, after

@@ -330,6 +330,7 @@ impl Gateway {
             ("gateway.connect_timeout_ms", was.gateway.connect_timeout_ms != now.gateway.connect_timeout_ms),
             ("state", was.state != now.state),
             ("ledger", was.ledger != now.ledger),
+            ("telemetry", was.telemetry != now.telemetry),
         ];
         for (key, changed) in restart_only {
             if changed {

@@ -133,6 +133,15 @@ struct Op {
     op: &'static str,
 }
 
+/// What became of a span (`[telemetry]`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SpanOutcome {
+    outcome: &'static str,
+}
+
+/// Every [`SpanOutcome`], present at 0 from the start.
+const SPAN_OUTCOMES: [&str; 3] = ["exported", "dropped_queue_full", "dropped_export_failed"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadResult {
     result: &'static str,
@@ -184,6 +193,7 @@ pub struct Metrics {
     state_errors: Family<Op, Counter>,
     state_ignored: Family<Reason, Counter>,
     state_lag: Histogram,
+    trace_spans: Family<SpanOutcome, Counter>,
 }
 
 impl Default for Metrics {
@@ -215,6 +225,7 @@ impl Default for Metrics {
             state_errors: Family::default(),
             state_ignored: Family::default(),
             state_lag: latency_histogram(),
+            trace_spans: Family::default(),
         };
         m.register_requests();
         m.register_serving();
@@ -332,6 +343,15 @@ impl Metrics {
             "How far behind its writer a shared record was when this replica applied it",
             self.state_lag.clone(),
         );
+        r.register(
+            "poolgate_trace_spans",
+            "Spans of request traces ([telemetry]) by outcome: exported, or dropped because the queue was full or \
+             the OTLP endpoint did not take them",
+            self.trace_spans.clone(),
+        );
+        for outcome in SPAN_OUTCOMES {
+            drop(self.trace_spans.get_or_create(&SpanOutcome { outcome }));
+        }
     }
 }
 
@@ -432,6 +452,12 @@ impl Metrics {
     /// A shared record was applied `seconds` after it was written.
     pub fn state_lag(&self, seconds: f64) {
         self.state_lag.observe(seconds);
+    }
+
+    /// `n` spans were exported, or dropped (`outcome`, one of
+    /// `exported`, `dropped_queue_full`, `dropped_export_failed`).
+    pub fn trace_spans(&self, outcome: &'static str, n: u64) {
+        self.trace_spans.get_or_create(&SpanOutcome { outcome }).inc_by(n);
     }
 
     /// A reload finished.

@@ -259,6 +259,13 @@ impl Chain {
             .collect()
     }
 
+    /// The plugin (`builtin:<name>` or its path) and SHA-256 of stage
+    /// `name`, and its breaker's state now: what a trace's stage span says.
+    pub fn stage_facts(&self, name: &str, now_ms: u64) -> Option<(&str, &str, &'static str)> {
+        let s = self.stages.iter().find(|s| s.name == name)?;
+        Some((s.plugin.label(), s.plugin.sha256(), s.events.breaker.status(now_ms).state))
+    }
+
     /// Whether any stage has a call running (an instance alive that is not
     /// idle): an `observe` left running after its request, or a build.
     pub fn calls_running(&self) -> bool {

@@ -20,6 +20,8 @@ const LAYERS: &[&[&str]] = &[
     &["case", "metrics"],
     // The usage ledger: entries, prices, stores; plain values in.
     &["ledger"],
+    // Traces: spans from plain records, a bounded queue, the OTLP exporter.
+    &["telemetry"],
     &["fixtures"],
     // Subscription seats: plain values in, no gateway.
     &["oauth"],

@@ -44,6 +44,7 @@ mod runtime_keys;
 mod sdk_client;
 mod serve_faults;
 mod simulate;
+mod traces;
 mod ui;
 mod unified_pool;
 mod unserved;

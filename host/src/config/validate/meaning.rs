@@ -51,6 +51,7 @@ pub fn meaning(
     plugin_files(&config.policy.chain, &mut add);
     crate::config::state::check(&config.state, &config.oauth, &mut add);
     crate::config::ledger::check(config, &mut add);
+    crate::config::telemetry::check(&config.telemetry, &mut add);
     let st = &config.policy.state;
     if st.max_total_mb < st.max_scope_mb {
         add(

@@ -145,20 +145,37 @@ pub fn next(attempted: Attempted) -> Next {
     }
 }
 
+/// One attempt to send: where, what, and what it carries.
+pub struct Send<'a> {
+    /// The account.
+    pub account: &'a PoolAccount,
+    /// The client's request.
+    pub incoming: &'a Incoming,
+    /// The account's in-flight slot.
+    pub lease: Lease,
+    /// Time spent waiting for it, ms.
+    pub queued_ms: u64,
+    /// `traceparent` (and `tracestate`) for the upstream, when the operator
+    /// has it propagated.
+    pub propagate: Option<(String, Option<&'a str>)>,
+}
+
 /// Sends the request to `account` (holding `lease`) and reads the answer up to
 /// its first body chunk.
-pub async fn send(
-    gw: &Gateway,
-    generation: &Generation,
-    account: &PoolAccount,
-    incoming: &Incoming,
-    lease: Lease,
-    queued_ms: u64,
-) -> Attempted {
+pub async fn send(gw: &Gateway, generation: &Generation, send: Send<'_>) -> Attempted {
+    let Send { account, incoming, lease, queued_ms, propagate } = send;
     let sent = gw.clock.instant();
     account.state.attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let timeout = Duration::from_millis(generation.config.gateway.response_timeout_ms);
-    let result = send_refreshing(gw, generation, account, incoming, timeout).await;
+    let traced;
+    let headers = match propagate {
+        None => &incoming.headers,
+        Some((parent, state)) => {
+            traced = trace_headers(&incoming.headers, &parent, state);
+            &traced
+        }
+    };
+    let result = send_refreshing(gw, generation, account, incoming, headers, timeout).await;
     let attempted = |reading, how| Attempted {
         account: account.index,
         queued_ms,
@@ -204,10 +221,10 @@ async fn send_refreshing(
     generation: &Generation,
     account: &PoolAccount,
     incoming: &Incoming,
+    headers: &HeaderMap,
     timeout: Duration,
 ) -> Result<upstream::UpstreamResponse, String> {
-    let send =
-        || gw.http.send(&account.target, &incoming.method, &incoming.uri, &incoming.headers, &incoming.body, timeout);
+    let send = || gw.http.send(&account.target, &incoming.method, &incoming.uri, headers, &incoming.body, timeout);
     let Some(seat) = account.target.oauth_seat() else { return send().await };
     let token = seat.header();
     let response = send().await?;
@@ -336,6 +353,31 @@ fn overage_guard(gw: &Gateway, generation: &Generation, account: &PoolAccount, r
 
 /// What an upstream error body says, for the log: `error.message` of
 /// Anthropic's envelope, else the start of the body; at most 200 characters.
+/// The client's headers with the attempt's `traceparent` (and the caller's
+/// `tracestate`) in place of the caller's: the upstream sees the gateway's
+/// attempt as its parent.
+fn trace_headers(client: &HeaderMap, traceparent: &str, tracestate: Option<&str>) -> HeaderMap {
+    let mut h = client.clone();
+    h.remove("tracestate");
+    if let Ok(v) = http::HeaderValue::from_str(traceparent) {
+        h.insert("traceparent", v);
+    }
+    if let Some(v) = tracestate.and_then(|s| http::HeaderValue::from_str(s).ok()) {
+        h.insert("tracestate", v);
+    }
+    h
+}
+
+/// Why an attempt got no answer to pass on, for its record; none for a
+/// status (the record has it).
+pub fn failure(how: &How) -> Option<String> {
+    match how {
+        How::Answered(_) | How::Refused { .. } => None,
+        How::Unreachable(why) => Some(why.clone()),
+        How::Broke { why, .. } => Some(format!("stream failed before the first byte: {why}")),
+    }
+}
+
 fn upstream_message(body: &[u8]) -> String {
     let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
     let message = parsed.as_ref().and_then(|v| v["error"]["message"].as_str()).map(str::to_string);

@@ -192,6 +192,10 @@ impl Finish {
         if let Some(ledger) = &gateway.ledger {
             ledger.push(entry);
         }
+        if let (Some(t), Some(ids)) = (&gateway.telemetry, record.trace.as_ref().filter(|ids| ids.sampled)) {
+            let took = gateway.clock.since(self.started);
+            t.send(super::trace::trace(&record, ids, took, &self.generation, now));
+        }
         gateway.decisions.push(record);
     }
 

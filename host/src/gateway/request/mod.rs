@@ -45,6 +45,7 @@ pub mod key_limits;
 pub mod read;
 pub mod record;
 pub mod relay;
+pub mod trace;
 pub mod unified;
 pub mod unserved;
 pub mod upstream;
@@ -144,6 +145,8 @@ pub struct Ranked {
     /// The accounts of the chain's order that are not usable, with why (and
     /// until when), as they were when it ranked.
     unusable: Vec<Unusable>,
+    /// When it began, µs into the request (traced requests only).
+    at_us: u64,
 }
 
 /// An account the chain ranked that could not take the request: its pool
@@ -222,6 +225,10 @@ impl Exchange {
             duration_ms: 0,
             usage: None,
             usage_estimated: false,
+            trace: gw.telemetry.as_ref().and_then(|t| {
+                let header = |n: &str| incoming.headers.get(n).and_then(|v| v.to_str().ok());
+                t.begin(id, header("traceparent"), header("tracestate"))
+            }),
         };
         let family = model_family(&record.model);
         Ok(Exchange {
@@ -247,6 +254,7 @@ impl Exchange {
             return None;
         }
         let now = self.gw.clock.now_ms();
+        let at_us = self.record.trace.as_ref().map_or(0, |_| self.gw.clock.since(self.started).as_micros() as u64);
         // An account an operator disabled is no candidate, like one the file
         // disables; the accounts already tried are no longer candidates.
         let disabled = self.generation.accounts.iter().filter(|a| a.state.is_runtime_disabled()).map(|a| a.index);
@@ -278,7 +286,7 @@ impl Exchange {
         // the chain's order holds within each tier.
         order.sort_by_key(|&i| self.generation.account(i).is_some_and(|a| a.overflow));
         if order.is_empty() {
-            self.record.attempts.push(local_attempt(attempt, decision, AttemptOutcome::NoUsableAccount));
+            self.record.attempts.push(local_attempt(attempt, decision, AttemptOutcome::NoUsableAccount, at_us));
             return None;
         }
         // Usually none: stage 1 puts usable accounts first and most stages
@@ -294,7 +302,7 @@ impl Exchange {
                 Some((i, cause, until))
             })
             .collect();
-        Some(Ranked { attempt, request, decision, order, unusable })
+        Some(Ranked { attempt, request, decision, order, unusable, at_us })
     }
 
     /// Phase *admit*: an in-flight slot on the first ranked account with room,
@@ -321,7 +329,11 @@ impl Exchange {
             .find(|a| Arc::ptr_eq(&a.state, lease.account()))
             .expect("a lease is on one of this generation's accounts");
         self.tried.push(account.index);
-        attempt::send(&self.gw, &self.generation, account, &self.incoming, lease, queued_ms).await
+        let n = self.record.attempts.len() as u32;
+        let trace = self.record.trace.as_ref().zip(self.gw.telemetry.as_ref());
+        let propagate = trace.and_then(|(ids, t)| t.upstream_headers(ids, ids.span_id(trace::upstream_span(n))));
+        let send = attempt::Send { account, incoming: &self.incoming, lease, queued_ms, propagate };
+        attempt::send(&self.gw, &self.generation, send).await
     }
 
     /// Phase *learn*: what the answer says about the account (quota, cooldown,
@@ -353,6 +365,9 @@ impl Exchange {
             outcome,
             queued_ms: attempted.queued_ms,
             upstream_ms: Some(attempted.upstream_ms),
+            failure: attempt::failure(&attempted.how),
+            at_us: ranked.at_us,
+            reading: self.record.trace.as_ref().map(|_| attempted.reading.clone()),
         });
         ranked.request
     }
@@ -396,7 +411,7 @@ impl Exchange {
                 "poolgate: timed out waiting for an account with in-flight room",
             ),
         };
-        self.record.attempts.push(local_attempt(ranked.attempt, ranked.decision, outcome));
+        self.record.attempts.push(local_attempt(ranked.attempt, ranked.decision, outcome, ranked.at_us));
         let mut r = rate_limited(msg, 1_000);
         r.headers_mut().insert("x-poolgate-queue", HeaderValue::from_static(what));
         let observe = self.observe_last();
@@ -406,7 +421,7 @@ impl Exchange {
     /// The shutdown grace period ended before the upstream answered: a 503 a
     /// client's SDK retries (on another replica), recorded as `shutdown`.
     fn cut_short(mut self, ranked: Ranked) -> Response {
-        let mut attempt = local_attempt(ranked.attempt, ranked.decision, AttemptOutcome::Shutdown);
+        let mut attempt = local_attempt(ranked.attempt, ranked.decision, AttemptOutcome::Shutdown, ranked.at_us);
         // The account it was sent to, still thinking.
         attempt.account = self.tried.last().and_then(|&i| self.generation.account(i)).map(|a| a.config.id.to_string());
         self.record.attempts.push(attempt);
@@ -530,8 +545,9 @@ pub fn ahead_of(ranked: &Ranked, full: &[u32], tried: u32) -> Vec<Unusable> {
 }
 
 /// The record entry of a rank that reached no account.
-fn local_attempt(attempt: u32, decision: Decision, outcome: AttemptOutcome) -> Attempt {
-    Attempt { attempt, decision, account: None, status: None, outcome, queued_ms: 0, upstream_ms: None }
+fn local_attempt(attempt: u32, decision: Decision, outcome: AttemptOutcome, at_us: u64) -> Attempt {
+    let (account, status, upstream_ms, failure, reading) = (None, None, None, None, None);
+    Attempt { attempt, decision, account, status, outcome, queued_ms: 0, upstream_ms, failure, at_us, reading }
 }
 
 #[cfg(test)]
@@ -560,7 +576,7 @@ mod tests {
             replayable: true,
             decided_by: None,
         };
-        Ranked { attempt: 0, request, decision, order: usable_order.to_vec(), unusable }
+        Ranked { attempt: 0, request, decision, order: usable_order.to_vec(), unusable, at_us: 0 }
     }
 
     #[test]

@@ -112,6 +112,17 @@ pub struct Attempt {
     /// Time to the upstream's response headers, ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_ms: Option<u64>,
+    /// Why no answer came: the connection's error, or the body that broke
+    /// before its first byte.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    /// When its ranking began, µs after the request arrived (a traced
+    /// request's only: its spans are placed by it).
+    #[serde(skip)]
+    pub at_us: u64,
+    /// The quota its answer reported (a traced request's only: span events).
+    #[serde(skip)]
+    pub reading: Option<crate::learned::quota::QuotaReading>,
 }
 
 /// Everything about one client request.
@@ -171,6 +182,9 @@ pub struct RequestRecord {
     /// closing count, charged by its bytes (`Scanner::charge`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub usage_estimated: bool,
+    /// Its trace (`[telemetry]`), written as the trace id.
+    #[serde(rename = "trace_id", skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::telemetry::TraceIds>,
 }
 
 /// Why an account ranked ahead of the one tried did not take the request.

@@ -2,6 +2,7 @@
 //! tests.
 
 pub mod hostile_components;
+pub mod otlp;
 pub mod postgres;
 pub mod redis;
 
