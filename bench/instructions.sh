@@ -22,6 +22,9 @@
 #   EXTRA_A=$'[ledger]\nfile = ""' EXTRA_B=$'[ledger]\nfile = "@WORK@/ledger.sqlite"' \
 #     bench/instructions.sh target/release target/release 1000
 #
+# SETTLE_S: seconds to wait after the last request before reading the count,
+# so work the requests left behind (spans still to export) is counted.
+#
 # The gateway runs with POOLGATE_EPOCH_TICK_MS=50 (host/src/policy/engine.rs):
 # under valgrind code runs some 50 times slower, and with the native 1 ms tick
 # most plugin calls would yield (730 of 1,200 calls measured) — a path a native
@@ -87,6 +90,9 @@ measure() { # bin dir, extra TOML -> instructions per request
     send "$gw_port" 100
     callgrind_control -z "$gw" >/dev/null 2>&1
     send "$gw_port" "$n"
+    # Work the requests leave behind (a batch of spans still to export) is
+    # theirs too: SETTLE_S seconds for it before the count is read.
+    sleep "${SETTLE_S:-0}"
     callgrind_control -d "$gw" >/dev/null 2>&1
     local total
     total=$(for f in "$work"/cg."$gw".*; do sed -n 's/^summary: //p' "$f"; done | awk '{s+=$1} END {printf "%d", s}')

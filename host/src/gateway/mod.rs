@@ -118,6 +118,10 @@ struct Parts {
     metrics: Arc<Metrics>,
     shared: Arc<dyn crate::shared::StateBackend>,
     clock: Clock,
+    /// Whether requests may be traced (`[telemetry]`): a serving gateway's
+    /// are; a test's or the simulator's, on time of their own, never are —
+    /// a production config replayed must not send made-up traces.
+    traced: bool,
 }
 
 /// Everything the gateway shares across requests.
@@ -180,12 +184,14 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Builds the gateway and its first generation from `config`.
+    /// Builds the serving gateway and its first generation from `config`.
     pub async fn new(config: Config, engine: Arc<PolicyEngine>) -> Result<Arc<Gateway>> {
         let metrics = Arc::new(Metrics::default());
         let local = Arc::new(MemoryState::with_limits(config.state_limits()));
         if !config.state.shared() {
-            return Self::with_state(config, engine, local).await;
+            let (http, shared, clock) = (pooled_client(&config)?, Arc::new(crate::shared::Embedded), Clock::system());
+            let parts = Parts { plugin_state: local, http, metrics, shared, clock, traced: true };
+            return Self::assemble(config, engine, parts).await;
         }
         // Replicas: the same in-process store, whose writes are also shared.
         let clock = Clock::system();
@@ -194,32 +200,13 @@ impl Gateway {
         let backend =
             crate::shared::redis::Redis::new(&config.state, plugin.clone(), outbox, metrics.clone(), clock.clone())?;
         let http = pooled_client(&config)?;
-        let parts = Parts { plugin_state: plugin, http, metrics, shared: Arc::new(backend), clock };
+        let parts = Parts { plugin_state: plugin, http, metrics, shared: Arc::new(backend), clock, traced: true };
         Self::assemble(config, engine, parts).await
     }
 
-    /// As [`Gateway::new`], with a given plugin state store.
-    pub async fn with_state(
-        config: Config,
-        engine: Arc<PolicyEngine>,
-        plugin_state: Arc<dyn StateStore>,
-    ) -> Result<Arc<Gateway>> {
-        let http = pooled_client(&config)?;
-        Self::with_transport(config, engine, plugin_state, http).await
-    }
-
-    /// As [`Gateway::with_state`], sending upstream through `http`.
-    pub async fn with_transport(
-        config: Config,
-        engine: Arc<PolicyEngine>,
-        plugin_state: Arc<dyn StateStore>,
-        http: Arc<dyn request::upstream::Transport>,
-    ) -> Result<Arc<Gateway>> {
-        Self::with_transport_and_clock(config, engine, plugin_state, http, Clock::system()).await
-    }
-
-    /// As [`Gateway::with_transport`], reading the time from `clock`: a
-    /// gateway in a test or the policy simulator, on time the caller moves.
+    /// A gateway sending upstream through `http` and reading the time from
+    /// `clock`: a gateway in a test or the policy simulator, on time the
+    /// caller moves. It never traces requests.
     pub async fn with_transport_and_clock(
         config: Config,
         engine: Arc<PolicyEngine>,
@@ -228,12 +215,13 @@ impl Gateway {
         clock: Clock,
     ) -> Result<Arc<Gateway>> {
         let metrics = Arc::new(Metrics::default());
-        let parts = Parts { plugin_state, http, metrics, shared: Arc::new(crate::shared::Embedded), clock };
+        let shared = Arc::new(crate::shared::Embedded);
+        let parts = Parts { plugin_state, http, metrics, shared, clock, traced: false };
         Self::assemble(config, engine, parts).await
     }
 
     async fn assemble(config: Config, engine: Arc<PolicyEngine>, parts: Parts) -> Result<Arc<Gateway>> {
-        let Parts { plugin_state, http, metrics, shared, clock } = parts;
+        let Parts { plugin_state, http, metrics, shared, clock, traced } = parts;
         let book = Arc::new(AccountBook::default());
         engine.set_compile_limits(config.compile_limits());
         let around = generation::Around {
@@ -256,7 +244,7 @@ impl Gateway {
         let ledger = open_ledger(&first.config, &meters, &clock)?;
         let replica: Arc<str> =
             first.config.state.replica.clone().unwrap_or_else(crate::shared::redis::replica_name).into();
-        let telemetry = start_telemetry(&first.config, &metrics)?;
+        let telemetry = if traced { start_telemetry(&first.config, &metrics)? } else { None };
         let gateway = Arc::new(Gateway {
             current: ArcSwap::from_pointee(first),
             book,

@@ -176,3 +176,16 @@ fn suggestions_are_close_matches_only() {
     assert_eq!(suggest("listn", schema::SERVER), Some("listen"));
     assert_eq!(suggest("zzzzzz", schema::SERVER), None);
 }
+
+#[test]
+fn telemetry_that_cannot_export_is_refused_at_its_line_and_a_header_value_never_repeated() {
+    let p = problems("[telemetry]\nendpoint = \"collector:4318\"\n");
+    assert!(p.iter().any(|l| l.starts_with("telemetry.endpoint@Some(2)") && l.contains("URL")), "{p:?}");
+    let p = problems("[telemetry]\nendpoint = \"http://c:4318\"\nprotocol = \"http/json\"\n");
+    assert!(p.iter().any(|l| l.starts_with("telemetry.protocol@Some(3)")), "{p:?}");
+    let p = problems("[telemetry]\nendpoint = \"http://c:4318\"\nheaders = { \"api-key\" = \"sec\\nret\" }\n");
+    assert!(p.iter().any(|l| l.starts_with("telemetry.headers")) && !p.iter().any(|l| l.contains("sec")), "{p:?}");
+    let p = problems("[telemetry]\nendpoint = \"http://c:4318\"\nsampling = 2.0\n");
+    assert!(p.iter().any(|l| l.starts_with("telemetry.sampling@Some(3)")), "{p:?}");
+    assert!(problems("[telemetry]\nendpoint = \"http://c:4318\"\nsampling = 0.01\n").is_empty());
+}
