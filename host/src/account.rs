@@ -90,6 +90,20 @@ impl CooldownReason {
             CooldownReason::Disabled => "disabled",
         }
     }
+
+    /// Every cause, for metrics that show each one, at zero when none is in force.
+    pub const ALL: [CooldownReason; 10] = [
+        CooldownReason::WeeklyExhausted,
+        CooldownReason::SessionExhausted,
+        CooldownReason::ModelExhausted,
+        CooldownReason::UnifiedRejected,
+        CooldownReason::Transient,
+        CooldownReason::Overloaded,
+        CooldownReason::UpstreamError,
+        CooldownReason::Auth,
+        CooldownReason::Overage,
+        CooldownReason::Disabled,
+    ];
 }
 
 /// An account-wide cooldown.
