@@ -67,6 +67,12 @@ impl Fallbacks {
         Ok(Fallbacks { backends })
     }
 
+    /// Each backend as it is named in metrics and the marker header
+    /// (`<name>/<model>`).
+    pub fn markers(&self) -> impl Iterator<Item = String> + '_ {
+        self.backends.iter().map(|b| format!("{}/{}", b.config.name, b.config.model))
+    }
+
     /// Whether any backend is configured.
     pub fn is_empty(&self) -> bool {
         self.backends.is_empty()

@@ -189,6 +189,9 @@ impl Finish {
         // client may name any model; 32 label values at most).
         let answered = entry.usage_known && entry.usage.total() > 0;
         gateway.metrics.usage(&entry.key, if answered { &entry.model } else { "other" }, &entry.usage, entry.cost_nano);
+        if answered && !entry.account.is_empty() {
+            gateway.metrics.tokens(&entry.account, &entry.model, &entry.usage);
+        }
         if let Some(ledger) = &gateway.ledger {
             ledger.push(entry);
         }
