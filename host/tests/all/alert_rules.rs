@@ -44,7 +44,7 @@ fn start(mock: &MockUpstream) -> (Gateway, tempdir::Dir) {
          [ledger]\nflush_ms = 100\n",
         credentials.display()
     );
-    let gw = Gateway::start(&config, &[("KEY_A", "key-a"), ("PG_ADMIN", ADMIN)]);
+    let gw = Gateway::start(&config, &[("KEY_A", "key-a"), ("KEY_B", "key-b"), ("PG_ADMIN", ADMIN)]);
     (gw, dir)
 }
 
@@ -126,6 +126,36 @@ async fn every_counter_a_rule_may_alert_on_is_there_at_zero_before_any_request()
         let memory = value(&text, &format!("poolgate_stage_memory_high_water_bytes{{stage=\"{stage}\"}}"));
         assert!(memory.is_some_and(|m| m >= 65536.0), "at least a page of linear memory: {stage}: {memory:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_adds_an_account_a_stage_and_a_backend_shows_their_counters_at_zero() {
+    let mock = MockUpstream::start().await;
+    mock.account("key-b");
+    let (gw, _dir) = start(&mock);
+    let mut config = std::fs::read_to_string(gw.config_path()).unwrap();
+    config.push_str(&format!(
+        "\n[[accounts]]\nid = \"late\"\napi_key_env = \"KEY_B\"\nbase_url = \"{}\"\n\n\
+         [[fallback]]\nname = \"spare\"\nbase_url = \"{}\"\nmodel = \"m2\"\n",
+        mock.base_url(),
+        mock.base_url()
+    ));
+    for stage in STAGES {
+        config.push_str(&format!("\n[[policy.chain]]\nplugin = \"{stage}\"\n"));
+    }
+    config.push_str("\n[[policy.chain]]\nplugin = \"builtin:headroom\"\nname = \"second-headroom\"\n");
+    std::fs::write(gw.config_path(), config).unwrap();
+    let (status, body) = support::admin_post(&gw.url, "/admin/reload", Some(ADMIN), "").await;
+    assert_eq!(status, 200, "{body}");
+
+    let text = scrape(&gw).await;
+    expect(&text, "poolgate_reloads_total{result=\"ok\"}", 1.0);
+    expect(&text, "poolgate_failovers_total{account=\"late\",cause=\"429\"}", 0.0);
+    expect(&text, "poolgate_cooldowns_total{account=\"late\",reason=\"transient\"}", 0.0);
+    expect(&text, "poolgate_fallback_total{backend=\"spare/m2\"}", 0.0);
+    expect(&text, "poolgate_policy_errors_total{stage=\"second-headroom\",cause=\"trap\"}", 0.0);
+    expect(&text, "poolgate_stage_duration_seconds_count{stage=\"second-headroom\"}", 0.0);
+    expect(&text, "poolgate_pool_accounts{}", 3.0);
 }
 
 async fn served_by(gw: &Gateway, account: &str) {
