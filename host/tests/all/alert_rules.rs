@@ -1,7 +1,8 @@
 //! The metrics an operator alerts on, through the real binary: every counter
 //! a rule may `increase()` is there at zero before the first request; what
 //! the example dashboard and alerting rules (`examples/grafana`,
-//! `examples/prometheus`) name is what `poolgate serve` exports; and what a
+//! `examples/prometheus`) name is what `poolgate serve` exports, and
+//! `docs/metrics.md` names all of it; and what a
 //! request did — the tokens it was billed, each stage's time, the quota it
 //! read — shows in the scrape.
 
@@ -324,6 +325,14 @@ async fn every_metric_the_example_dashboard_and_alerts_name_is_scraped() {
             "{file} name metrics poolgate does not export: {missing:?}\nexported: {families:?}"
         );
     }
+    // And docs/metrics.md names every family, as a query writes it.
+    let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md")).unwrap();
+    let undocumented: Vec<String> = families
+        .iter()
+        .map(|(name, kind)| if *kind == "counter" { format!("{name}_total") } else { name.to_string() })
+        .filter(|name| !docs.contains(&format!("`{name}")))
+        .collect();
+    assert!(undocumented.is_empty(), "docs/metrics.md does not name {undocumented:?}");
 }
 
 #[test]
