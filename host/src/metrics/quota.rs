@@ -193,6 +193,8 @@ mod tests {
         assert_eq!(shown.len(), 1 + QUOTA_BUCKETS_MAX, "{text}");
         assert!(text.contains("window=\"7d_b07\""), "the first buckets by name: {text}");
         assert!(!text.contains("window=\"7d_b08\"") && !text.contains("made_up"), "{text}");
+        let help = format!("and at most {QUOTA_BUCKETS_MAX} 7d_<bucket> per account");
+        assert!(text.contains(&help), "the help states the bound: {text}");
     }
 
     #[test]
