@@ -90,6 +90,20 @@ impl CooldownReason {
             CooldownReason::Disabled => "disabled",
         }
     }
+
+    /// Every cause, for metrics that show each one, at zero when none is in force.
+    pub const ALL: [CooldownReason; 10] = [
+        CooldownReason::WeeklyExhausted,
+        CooldownReason::SessionExhausted,
+        CooldownReason::ModelExhausted,
+        CooldownReason::UnifiedRejected,
+        CooldownReason::Transient,
+        CooldownReason::Overloaded,
+        CooldownReason::UpstreamError,
+        CooldownReason::Auth,
+        CooldownReason::Overage,
+        CooldownReason::Disabled,
+    ];
 }
 
 /// An account-wide cooldown.
@@ -205,6 +219,27 @@ pub use poolgate_sdk::quota::model_family;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_cooldown_cause_is_in_all_once() {
+        // A new cause fails to compile here until it is given the next
+        // place: give it one in ALL too (the metrics show every cause in
+        // ALL, at zero), and the next number below.
+        let place = |r: CooldownReason| match r {
+            CooldownReason::WeeklyExhausted => 0,
+            CooldownReason::SessionExhausted => 1,
+            CooldownReason::ModelExhausted => 2,
+            CooldownReason::UnifiedRejected => 3,
+            CooldownReason::Transient => 4,
+            CooldownReason::Overloaded => 5,
+            CooldownReason::UpstreamError => 6,
+            CooldownReason::Auth => 7,
+            CooldownReason::Overage => 8,
+            CooldownReason::Disabled => 9,
+        };
+        let places: Vec<usize> = CooldownReason::ALL.iter().map(|r| place(*r)).collect();
+        assert_eq!(places, (0..10).collect::<Vec<_>>());
+    }
 
     #[test]
     fn model_gate_blocks_only_its_family() {

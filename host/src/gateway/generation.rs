@@ -332,7 +332,21 @@ impl Generation {
         };
         loading::phase(LoadPhase::Smoke);
         generation.smoke_rank(clock.now_ms()).await?;
+        metrics.zeros(&generation.roster());
         Ok(generation)
+    }
+
+    /// What its counters are labelled by, for their zeros: a reload that adds
+    /// an account, a seat, a stage or a backend shows its counters from the
+    /// moment it is in force (not before: a refused load shows nothing).
+    fn roster(&self) -> crate::metrics::Roster<'_> {
+        let seat = |a: &&PoolAccount| a.config.kind == crate::config::AccountKind::Oauth;
+        crate::metrics::Roster {
+            accounts: self.accounts.iter().map(|a| a.config.id.as_str()).collect(),
+            seats: self.accounts.iter().filter(seat).map(|a| a.config.id.as_str()).collect(),
+            stages: self.chain.stage_names().collect(),
+            backends: self.fallbacks.markers().collect(),
+        }
     }
 
     /// Ranks a synthetic request over the real pool once, and tells the chain

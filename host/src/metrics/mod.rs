@@ -7,6 +7,11 @@
 //! live state at each scrape, into a registry of their own, so they can never
 //! go stale. Label sets are small and bounded (accounts, stages, causes,
 //! statuses). No label ever carries a secret: accounts appear by id.
+//!
+//! Beside this file: `usage` (by client key and model), `tokens` (by account
+//! and model), `stages` (each stage's time), `zeros` (every enumerable
+//! counter at zero from the start, so a rule sees its first increase) and
+//! `quota` (the gauges an operator alerts on: quota, cooldowns, the pool).
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder, text};
 use prometheus_client::metrics::counter::Counter;
@@ -15,9 +20,17 @@ use prometheus_client::metrics::gauge::Gauge as GaugeMetric;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+mod quota;
+mod stages;
+mod tokens;
 mod usage;
+mod zeros;
+pub use quota::{
+    FIXED_WINDOWS, PoolCounts, QUOTA_BUCKETS_MAX, QuotaAccount, cooldowns_active, pool_gauges, quota_gauges,
+};
 pub use usage::MODEL_LABELS_MAX;
 use usage::{KeyModel, KeyModelKind, UsageTable};
+pub use zeros::{FAILOVER_CAUSES, OAUTH_RESULTS, REFUSED_REASONS, Roster, STATE_OPS, UNSERVED_CAUSES};
 
 /// The labels of one gauge value: (name, value) pairs.
 pub type Labels = Vec<(&'static str, Text)>;
@@ -171,6 +184,10 @@ pub struct Metrics {
     /// The usage counters of each (key, model) seen, resolved once: a
     /// request's end finds them with one lookup and no allocation.
     usage_handles: parking_lot::Mutex<UsageTable>,
+    account_tokens: Family<tokens::AccountModelKind, Counter>,
+    token_handles: parking_lot::Mutex<tokens::TokenTable>,
+    stage_duration: Family<stages::Stage, Histogram, fn() -> Histogram>,
+    stage_handles: stages::StageTable,
     registry: Registry,
     requests: Family<AccountStatus, Counter>,
     attempts: Family<AccountAttempt, Counter>,
@@ -203,6 +220,10 @@ impl Default for Metrics {
             client_cost: Family::default(),
             client_requests: Family::default(),
             usage_handles: Default::default(),
+            account_tokens: Family::default(),
+            token_handles: Default::default(),
+            stage_duration: Family::new_with_constructor(latency_histogram),
+            stage_handles: Default::default(),
             registry: Registry::default(),
             requests: Family::default(),
             attempts: Family::default(),
@@ -231,6 +252,8 @@ impl Default for Metrics {
         m.register_serving();
         m.register_state();
         m.register_usage();
+        m.register_tokens();
+        m.register_stages();
         m
     }
 }
@@ -396,6 +419,7 @@ impl Metrics {
 
     /// A refresh of `account`'s OAuth seat ended with `result`.
     pub fn oauth_refresh(&self, account: &str, result: &str) {
+        debug_assert!(zeros::known(&OAUTH_RESULTS, result), "{result} is not in OAUTH_RESULTS");
         self.oauth_refreshes.get_or_create(&AccountResult { account: account.into(), result: result.into() }).inc();
     }
 
@@ -421,11 +445,13 @@ impl Metrics {
 
     /// No account could serve a request; `cause` is its ending.
     pub fn unserved(&self, cause: &'static str) {
+        debug_assert!(zeros::known(&UNSERVED_CAUSES, cause), "{cause} is not in UNSERVED_CAUSES");
         self.unserved.get_or_create(&Cause { cause }).inc();
     }
 
     /// A request was refused before reaching an account.
     pub fn refused(&self, reason: &'static str) {
+        debug_assert!(zeros::known(&REFUSED_REASONS, reason), "{reason} is not in REFUSED_REASONS");
         self.refused.get_or_create(&Reason { reason }).inc();
     }
 
@@ -441,11 +467,13 @@ impl Metrics {
 
     /// A shared state backend operation failed.
     pub fn state_error(&self, op: &'static str) {
+        debug_assert!(zeros::known(&STATE_OPS, op), "{op} is not in STATE_OPS");
         self.state_errors.get_or_create(&Op { op }).inc();
     }
 
     /// A shared record was not merged.
     pub fn state_ignored(&self, reason: &'static str) {
+        debug_assert!(zeros::known(&zeros::STATE_IGNORED, reason), "{reason} is not in STATE_IGNORED");
         self.state_ignored.get_or_create(&Reason { reason }).inc();
     }
 

@@ -92,12 +92,7 @@ impl Metrics {
     /// The counters of (`key`, `model`), made once; past
     /// [`MODEL_LABELS_MAX`] models, a new one counts as `other`.
     fn resolve(&self, table: &mut UsageTable, key: &str, model: &str) -> std::sync::Arc<UsageHandles> {
-        let label = if table.models.contains(model) || table.models.len() < MODEL_LABELS_MAX {
-            table.models.insert(model.to_string());
-            model
-        } else {
-            "other"
-        };
+        let label = bounded_model(&mut table.models, model);
         // Kept by label, so made-up models add nothing past the first 32.
         if let Some(h) = table.by_key.get(key).and_then(|m| m.get(label)) {
             return h.clone();
@@ -116,5 +111,17 @@ impl Metrics {
         });
         table.by_key.entry(key.to_string()).or_default().insert(label.to_string(), handles.clone());
         handles
+    }
+}
+
+/// The `model` label for `model`: itself while fewer than
+/// [`MODEL_LABELS_MAX`] models were given one (`models`, kept by the
+/// caller), else `other`.
+pub(super) fn bounded_model<'m>(models: &mut std::collections::HashSet<String>, model: &'m str) -> &'m str {
+    if models.contains(model) || models.len() < MODEL_LABELS_MAX {
+        models.insert(model.to_string());
+        model
+    } else {
+        "other"
     }
 }

@@ -81,6 +81,9 @@ impl Phase {
         }
     }
 
+    /// Every phase, for metrics that want a zero for each.
+    pub const ALL: [Phase; 3] = [Phase::Rank, Phase::Observe, Phase::Configure];
+
     fn slot(self) -> usize {
         self as usize
     }

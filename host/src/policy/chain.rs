@@ -22,7 +22,7 @@ use super::breaker::{Admit, BreakerConfig, BreakerStatus, Phase, Ticket};
 use super::calls::{CallThreads, Run};
 use super::decision::{Decision, Order, POOL_ORDER, PolicyError, ROUTING_POLICY_ERROR, StageRecord};
 use super::engine::PolicyEngine;
-use super::events::{BusyShare, FaultSink, PhaseHealth, RECENT_RANKS, StageEvents};
+use super::events::{BusyShare, FaultSink, HighWater, PhaseHealth, RECENT_RANKS, StageEvents};
 use super::fault::{Cause, Fault, escape_controls};
 use super::plugin::{Plugin, PluginSpec};
 use super::pool::{CallTimes, PoolStatus};
@@ -99,6 +99,8 @@ pub struct StageStatus {
     pub observe: PhaseHealth,
     /// Failures to build (instantiate and configure) a new instance.
     pub configure: PhaseHealth,
+    /// The most fuel one call burned and the most memory one instance held.
+    pub high_water: HighWater,
 }
 
 impl Stage {
@@ -228,6 +230,11 @@ impl Chain {
         self.stages.is_empty()
     }
 
+    /// The stages' names, in chain order.
+    pub fn stage_names(&self) -> impl Iterator<Item = &str> {
+        self.stages.iter().map(|s| s.name.as_str())
+    }
+
     /// The state scopes its stages use.
     pub fn scopes(&self) -> Vec<&str> {
         self.stages.iter().map(|s| s.plugin.scope()).collect()
@@ -255,6 +262,7 @@ impl Chain {
                 rank: s.events.health(Phase::Rank),
                 observe: s.events.health(Phase::Observe),
                 configure: s.events.health(Phase::Configure),
+                high_water: s.events.high_water(),
             })
             .collect()
     }

@@ -106,6 +106,22 @@ pub struct StageEvents {
     /// busy skip. And how many there were (up to the window).
     recent: AtomicU64,
     recent_len: AtomicU64,
+    /// The most fuel one call burned, and the most memory one instance held
+    /// after a call (see [`StageEvents::note_cost`]).
+    fuel_high: AtomicU64,
+    memory_high: AtomicU64,
+}
+
+/// The most one call of a stage cost, since the stage was loaded: what to
+/// set its deadline and memory cap by, before a call hits them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct HighWater {
+    /// The most fuel one call burned (`rank`, `observe`; a call cut at its
+    /// budget burned it all).
+    pub fuel: u64,
+    /// The most memory (linear memories and tables) one instance held after
+    /// a call, bytes.
+    pub memory_bytes: u64,
 }
 
 impl StageEvents {
@@ -125,6 +141,8 @@ impl StageEvents {
             last_busy: Mutex::new(Default::default()),
             recent: AtomicU64::new(0),
             recent_len: AtomicU64::new(0),
+            fuel_high: AtomicU64::new(0),
+            memory_high: AtomicU64::new(0),
         })
     }
 
@@ -215,6 +233,22 @@ impl StageEvents {
         BusyShare { busy: self.recent.load(Ordering::Acquire).count_ones().min(of), of }
     }
 
+    /// A call burned `fuel` and left its instance holding `memory_bytes`:
+    /// two atomic maxima, so every call can afford it. An instance's memory
+    /// never shrinks, so what it holds after a call is the most it reached.
+    pub fn note_cost(&self, fuel: u64, memory_bytes: usize) {
+        self.fuel_high.fetch_max(fuel, Ordering::Relaxed);
+        self.memory_high.fetch_max(memory_bytes as u64, Ordering::Relaxed);
+    }
+
+    /// The most one call cost so far.
+    pub fn high_water(&self) -> HighWater {
+        HighWater {
+            fuel: self.fuel_high.load(Ordering::Relaxed),
+            memory_bytes: self.memory_high.load(Ordering::Relaxed),
+        }
+    }
+
     /// Takes the background failures not yet in a decision record.
     pub fn take_pending(&self, into: &mut Vec<PolicyError>) {
         if !self.has_pending.load(Ordering::Acquire) {
@@ -242,4 +276,19 @@ impl StageEvents {
 /// Milliseconds since the Unix epoch (background failures have no request clock).
 pub fn wall_ms() -> u64 {
     crate::clock::now_ms()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_high_water_marks_keep_the_most_any_call_cost() {
+        let e = StageEvents::new("s", BreakerConfig::default());
+        assert_eq!(e.high_water(), HighWater::default());
+        e.note_cost(500, 1 << 20);
+        e.note_cost(90, 4 << 20);
+        e.note_cost(70, 2 << 20);
+        assert_eq!(e.high_water(), HighWater { fuel: 500, memory_bytes: 4 << 20 });
+    }
 }

@@ -183,6 +183,11 @@ impl Instance {
         Ok(CallGuard::enter())
     }
 
+    /// The fuel the last call burned, of the `budget` it was given.
+    pub fn fuel_burned(&self, budget: Budget) -> u64 {
+        self.store.get_fuel().map_or(0, |left| fuel(budget.cpu).saturating_sub(left))
+    }
+
     /// Bytes of memory the instance holds (all memories and tables).
     pub fn memory_bytes(&self) -> usize {
         self.store.data().limiter.used()

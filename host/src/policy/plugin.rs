@@ -364,6 +364,7 @@ impl Plugin {
         let mut spent = Spent::default();
         let answer = lease.instance().rank(req, candidates, windows, budget, &mut spent).await;
         self.shared.instances.record_call(Phase::Rank, spent.total, spent.own());
+        self.note_cost(lease.instance(), budget);
         lease.finish(answer.is_ok());
         answer
     }
@@ -377,8 +378,14 @@ impl Plugin {
         let mut spent = Spent::default();
         let done = lease.instance().observe(req, account, outcome, budget, &mut spent).await;
         self.shared.instances.record_call(Phase::Observe, spent.total, spent.own());
+        self.note_cost(lease.instance(), budget);
         lease.finish(done.is_ok());
         done
+    }
+
+    /// What the call `instance` just made cost, for the stage's high-water marks.
+    fn note_cost(&self, instance: &Instance, budget: Budget) {
+        self.shared.events.note_cost(instance.fuel_burned(budget), instance.memory_bytes());
     }
 
     /// Warm instances the pool keeps.

@@ -149,7 +149,12 @@ async fn an_exhausted_pool_answers_through_the_fallback_never_while_an_account_s
     let decisions = gw.admin_json("/admin/decisions?limit=1", "fb-admin").await;
     assert_eq!(decisions[0]["fallback"], "backup/gpt-backup", "{decisions}");
     let metrics = Gateway::client().get(format!("{}/metrics", gw.url)).bearer_auth("fb-admin").send().await.unwrap();
-    assert!(metrics.text().await.unwrap().contains("poolgate_fallback_total{backend=\"backup/gpt-backup\"} 3"));
+    let metrics = metrics.text().await.unwrap();
+    assert!(metrics.contains("poolgate_fallback_total{backend=\"backup/gpt-backup\"} 3"), "{metrics}");
+    // Its tokens, by the backend in place of an account: 5 in and 3, 2, 3 out.
+    let tokens = "poolgate_tokens_total{account=\"fallback:backup/gpt-backup\",model=\"claude-sonnet-4-5\",kind=";
+    assert!(metrics.contains(&format!("{tokens}\"input\"}} 15\n")), "{metrics}");
+    assert!(metrics.contains(&format!("{tokens}\"output\"}} 8\n")), "{metrics}");
     // And /status, whose web page shows the fallback's use.
     let status = gw.admin_json("/status", "fb-admin").await;
     assert_eq!(status["fallback"], json!([{ "backend": "backup/gpt-backup", "served": 3 }]), "{status}");

@@ -13,6 +13,7 @@ mod common;
 mod example_plugins;
 mod support;
 
+mod alert_rules;
 mod builtin_fixtures;
 mod chain_order;
 mod chat_completions;

@@ -8,7 +8,8 @@
 //! - [`handlers`]: what the route handlers share (their state, the admin
 //!   gate, a JSON answer).
 //! - [`routes`]: the API routes (client key, body read once, then
-//!   `request::forward`), health, status, metrics and admin.
+//!   `request::forward`), health, status and admin.
+//! - [`scrape`]: `/metrics`, with the gauges read from the live state.
 //!
 //! The OpenAI dialect the routes translate a request from lives with the
 //! phases (`request::dialect`): its answers are translated before the
@@ -24,6 +25,7 @@ pub mod conn;
 pub mod handlers;
 pub mod keys;
 pub mod routes;
+pub mod scrape;
 pub mod sd_notify;
 pub mod server;
 pub mod signals;

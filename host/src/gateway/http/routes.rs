@@ -23,7 +23,6 @@ use crate::gateway::request::dialect::{self, Dialect};
 use crate::gateway::request::errors::{ErrorType, error, final_error};
 use crate::gateway::request::finish::Early;
 use crate::gateway::request::{Api, Incoming, forward};
-use crate::metrics::labels;
 
 /// Builds the router.
 pub fn router(state: AppState) -> Router {
@@ -38,7 +37,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/hello", get(probe).head(probe))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(super::scrape::metrics))
         .route("/status", get(status))
         .route("/ui", get(super::ui::page))
         .route("/ui/app.js", get(super::ui::script))
@@ -391,93 +390,4 @@ async fn superseded(gw: &Gateway, ticket: u64) -> Response {
              GET /status (config.last_reload) shows its outcome",
         ),
     }
-}
-
-async fn metrics(State(s): State<AppState>) -> Response {
-    let gw = &s.gateway;
-    let g = gw.generation();
-    let now = gw.clock.now_ms();
-    let in_flight =
-        g.accounts.iter().map(|a| (labels(&[("account", &a.config.id)]), a.state.in_flight() as f64)).collect();
-    let cooling = g
-        .accounts
-        .iter()
-        .map(|a| (labels(&[("account", &a.config.id)]), if a.state.cooldown(now).is_some() { 1.0 } else { 0.0 }))
-        .collect();
-    let stages = g.chain.status(now);
-    let per_stage = |f: &dyn Fn(&crate::policy::StageStatus) -> f64| {
-        stages.iter().map(|st| (labels(&[("stage", &st.name)]), f(st))).collect::<Vec<_>>()
-    };
-    let breakers = per_stage(&|st| if st.breaker.state == "closed" { 0.0 } else { 1.0 });
-    let busy_share = per_stage(&|st| {
-        if st.busy_share.of == 0 { 0.0 } else { f64::from(st.busy_share.busy) / f64::from(st.busy_share.of) }
-    });
-    let instances = per_stage(&|st| st.pool.live as f64);
-    let observe_queued = per_stage(&|st| st.pool.observe_queued as f64);
-    let observe_dropped = per_stage(&|st| st.pool.observe_dropped as f64);
-    let mut gauges = vec![
-        ("poolgate_in_flight", "Requests in flight, by account.", in_flight),
-        ("poolgate_account_cooling", "1 while the account is cooling down.", cooling),
-        ("poolgate_stage_breaker_open", "1 while a chain stage is bypassed by its breaker.", breakers),
-        (
-            "poolgate_stage_busy_share",
-            "Share of a stage's last 64 rankings skipped because no instance was free (busy); above 0.5 the stage is \
-             mostly skipped.",
-            busy_share,
-        ),
-        (
-            "poolgate_stage_instances",
-            "Instances of a stage's plugin alive (idle, in a call, or being built).",
-            instances,
-        ),
-        ("poolgate_stage_observe_queued", "observe calls queued for an instance of a stage's plugin.", observe_queued),
-        (
-            "poolgate_stage_observe_dropped",
-            "observe calls dropped since the stage was loaded: its queue was full, or no instance came in time.",
-            observe_dropped,
-        ),
-        (
-            "poolgate_queue_depth",
-            "Requests waiting for an in-flight slot.",
-            vec![(Vec::new(), gw.admission.depth() as f64)],
-        ),
-        ("poolgate_config_generation", "The configuration generation in force.", vec![(Vec::new(), g.number as f64)]),
-        (
-            "poolgate_client_connections",
-            "Client connections open.",
-            vec![(Vec::new(), gw.lifecycle.connections() as f64)],
-        ),
-        (
-            "poolgate_client_connections_limit",
-            "The most client connections open at once (server.max_connections, or derived from the open-file limit).",
-            vec![(Vec::new(), gw.lifecycle.connection_limit(g.config.server.max_connections) as f64)],
-        ),
-        (
-            "poolgate_state_backend_up",
-            "1 while this replica is in step with the shared state backend (always 1 for memory).",
-            vec![(Vec::new(), if gw.shared.status().connected { 1.0 } else { 0.0 })],
-        ),
-    ];
-    gauges.extend(ledger_gauges(gw.ledger.as_ref().map(|l| l.health())));
-    let text = gw.metrics.render(&gauges);
-    ([(http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
-}
-
-/// The usage ledger's gauges (none without a ledger).
-fn ledger_gauges(health: Option<crate::ledger::Health>) -> Vec<crate::metrics::Gauge<'static>> {
-    let ledger = |f: &dyn Fn(&crate::ledger::Health) -> f64| health.iter().map(|h| (Vec::new(), f(h))).collect();
-    vec![
-        (
-            "poolgate_ledger_up",
-            "1 while the usage ledger's store takes writes (absent without a ledger).",
-            ledger(&|h| if h.down.is_none() { 1.0 } else { 0.0 }),
-        ),
-        ("poolgate_ledger_queued", "Usage entries waiting to be written.", ledger(&|h| h.queued as f64)),
-        (
-            "poolgate_ledger_dropped_entries",
-            "Usage entries dropped since the start because the queue was full while the store was down (a count \
-             that only grows).",
-            ledger(&|h| h.dropped as f64),
-        ),
-    ]
 }

@@ -67,6 +67,12 @@ impl Fallbacks {
         Ok(Fallbacks { backends })
     }
 
+    /// Each backend as it is named in metrics and the marker header
+    /// (`<name>/<model>`).
+    pub fn markers(&self) -> impl Iterator<Item = String> + '_ {
+        self.backends.iter().map(Backend::marker)
+    }
+
     /// Whether any backend is configured.
     pub fn is_empty(&self) -> bool {
         self.backends.is_empty()
@@ -89,7 +95,7 @@ impl Fallbacks {
             if b.resting_until_ms.load(Ordering::Acquire) > now {
                 continue;
             }
-            let marker = format!("{}/{}", b.config.name, b.config.model);
+            let marker = b.marker();
             match b.ask(transport, &request, &client_model, timeout).await {
                 Ok(answer) => {
                     tracing::warn!(backend = %marker, "the pool could not serve: answered by a fallback backend");
@@ -106,6 +112,11 @@ impl Fallbacks {
 }
 
 impl Backend {
+    /// `<name>/<model>`: the backend in the marker header, the record and metrics.
+    fn marker(&self) -> String {
+        format!("{}/{}", self.config.name, self.config.model)
+    }
+
     /// One try: the request translated and sent; a JSON answer read and
     /// translated back, a stream's translation set up to run as it is read.
     async fn ask(

@@ -189,6 +189,12 @@ impl Finish {
         // client may name any model; 32 label values at most).
         let answered = entry.usage_known && entry.usage.total() > 0;
         gateway.metrics.usage(&entry.key, if answered { &entry.model } else { "other" }, &entry.usage, entry.cost_nano);
+        // By the account that answered (or the fallback backend). An estimate
+        // (a stream cut before its closing count, charged by its bytes) counts
+        // under `other`, as the client's usage does.
+        if !entry.account.is_empty() {
+            gateway.metrics.tokens(&entry.account, if answered { &entry.model } else { "other" }, &entry.usage);
+        }
         if let Some(ledger) = &gateway.ledger {
             ledger.push(entry);
         }

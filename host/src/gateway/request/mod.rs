@@ -279,6 +279,7 @@ impl Exchange {
         };
         let decision = self.generation.chain.decide(request.clone(), candidates).await;
         self.gw.metrics.chain_duration(decision.duration_us / 1e6);
+        self.gw.metrics.stage_durations(&decision.stages);
         self.record.reason.clone_from(&decision.reason);
         let mut order: Vec<u32> = decision.order.indices().iter().copied().filter(|i| usable.contains(i)).collect();
         // Overflow accounts (API keys beside subscription seats, by default)

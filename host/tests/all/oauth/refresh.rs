@@ -96,6 +96,18 @@ async fn a_refused_refresh_token_asks_for_a_login_and_a_login_brings_the_seat_ba
         assert_eq!(r.headers()["x-poolgate-account"], "b");
     }
     assert_eq!(mock.oauth().token_requests().len(), before, "no refresh loop on a refused token");
+    // What an alert on a seat that needs a login, and on a shrinking pool, reads.
+    let text = metrics(&gw).await;
+    for line in [
+        "poolgate_seat_needs_login{account=\"a\"} 1.0",
+        "poolgate_seat_needs_login{account=\"b\"} 0.0",
+        "poolgate_seats_needing_login{} 1.0",
+        "poolgate_pool_usable_accounts{} 1.0",
+        "poolgate_cooldowns_active{cause=\"disabled\"} 1.0",
+        "poolgate_oauth_refreshes_total{account=\"a\",result=\"needs_login\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
+    }
     // The operator logs in again: the keeper adopts the new file.
     support::write_credentials(&dir.0.join("seats/a.json"), &a.issue());
     support::eventually("the new login is adopted", Duration::from_secs(10), async || {
@@ -104,6 +116,8 @@ async fn a_refused_refresh_token_asks_for_a_login_and_a_login_brings_the_seat_ba
     .await;
     let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
     assert_eq!((r.status().as_u16(), r.headers()["x-poolgate-account"].to_str().unwrap()), (200, "a"));
+    let text = metrics(&gw).await;
+    assert!(text.contains("poolgate_seat_needs_login{account=\"a\"} 0.0\n"), "{text}");
 }
 
 /// The token endpoint is down while a seat's token runs out: requests keep
