@@ -95,7 +95,7 @@ measure() { # bin dir, extra TOML -> instructions per request
     sleep "${SETTLE_S:-0}"
     callgrind_control -d "$gw" >/dev/null 2>&1
     local total
-    total=$(for f in "$work"/cg."$gw".*; do sed -n 's/^summary: //p' "$f"; done | awk '{s+=$1} END {printf "%d", s}')
+    total=$(for f in "$work"/cg."$gw".*; do sed -n 's/^summary: //p' "$f"; done | awk '{s+=$1} END {printf "%.0f", s}')
     kill "$gw" "$mock" 2>/dev/null || true
     wait "$gw" "$mock" 2>/dev/null || true
     [ -n "${KEEP_CALLGRIND:-}" ] && cp "$work"/cg."$gw".* "$KEEP_CALLGRIND/" 2>/dev/null

@@ -91,6 +91,7 @@ async fn a_requests_span_tree_arrives_joined_to_the_callers_trace() {
     let a = &server.attributes;
     assert_eq!(text(a, "poolgate.client_key").as_deref(), Some("alice"));
     assert_eq!(text(a, "gen_ai.request.model").as_deref(), Some(MODEL));
+    assert_eq!(text(a, "gen_ai.response.model").as_deref(), Some(MODEL), "as the answer named it");
     assert_eq!(text(a, "poolgate.account").as_deref(), Some("b"));
     assert_eq!(text(a, "poolgate.outcome").as_deref(), Some("complete"));
     assert_eq!(int(a, "http.response.status_code"), Some(200));

@@ -225,6 +225,7 @@ impl Exchange {
             duration_ms: 0,
             usage: None,
             usage_estimated: false,
+            response_model: None,
             trace: gw.telemetry.as_ref().and_then(|t| {
                 let header = |n: &str| incoming.headers.get(n).and_then(|v| v.to_str().ok());
                 t.begin(id, header("traceparent"), header("tracestate"))
@@ -377,8 +378,11 @@ impl Exchange {
     /// which finishes the request when the body ends. For a client that
     /// reads another dialect, a stream is translated as it goes; any other
     /// answer is read whole first, since its status may change with its shape.
-    async fn commit(self, request: wit::Request, answered: Answered) -> Response {
+    async fn commit(mut self, request: wit::Request, answered: Answered) -> Response {
         let Answered { account, status, mut headers, first, rest, sse, lease } = answered;
+        if self.record.trace.is_some() {
+            self.record.response_model = trace::response_model(&first);
+        }
         upstream::retain_forwardable(&mut headers);
         upstream::integer_retry_after(&mut headers, self.gw.clock.now_ms());
         let length = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());

@@ -182,6 +182,10 @@ pub struct RequestRecord {
     /// closing count, charged by its bytes (`Scanner::charge`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub usage_estimated: bool,
+    /// The model the answer says answered (a traced request's only: its
+    /// span's `gen_ai.response.model`).
+    #[serde(skip)]
+    pub response_model: Option<String>,
     /// Its trace (`[telemetry]`), written as the trace id.
     #[serde(rename = "trace_id", skip_serializing_if = "Option::is_none")]
     pub trace: Option<crate::telemetry::TraceIds>,

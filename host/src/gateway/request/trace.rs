@@ -96,8 +96,13 @@ fn server_span(r: &RequestRecord, id: [u8; 8], start: SystemTime, end: SystemTim
         ("poolgate.fallback.backend", r.fallback.clone()),
         ("session.id", r.session.clone()),
         ("gen_ai.request.model", Some(r.model.clone()).filter(|m| !m.is_empty())),
-        // A substitute's model is the one that answered.
-        ("gen_ai.response.model", r.fallback.as_deref().and_then(|f| f.split_once('/')).map(|(_, m)| m.to_string())),
+        // The answer's own word; for a substitute, the model it was sent to.
+        (
+            "gen_ai.response.model",
+            r.response_model
+                .clone()
+                .or_else(|| r.fallback.as_deref().and_then(|f| f.split_once('/')).map(|(_, m)| m.into())),
+        ),
     ];
     at.extend(optional.into_iter().filter_map(|(k, v)| v.map(|v| kv(k, v))));
     if let Some(u) = &r.usage {
@@ -277,6 +282,19 @@ fn quota_event(r: &crate::learned::quota::QuotaReading, at: SystemTime) -> Event
     Event { name: Cow::Borrowed("poolgate.quota.learned"), at, attributes }
 }
 
+/// The model an answer names in its first bytes: a JSON answer's top-level
+/// `"model"`, a stream's `message_start` (both come before any content).
+/// Read only for a traced request, from the first chunk, at most 8 KiB in.
+pub fn response_model(first: &[u8]) -> Option<String> {
+    let head = &first[..first.len().min(8 << 10)];
+    let at = memchr::memmem::find(head, b"\"model\"")? + 7;
+    let rest = head[at..].trim_ascii_start().strip_prefix(b":")?.trim_ascii_start().strip_prefix(b"\"")?;
+    let name = &rest[..memchr::memchr(b'"', rest)?];
+    let printable =
+        !name.is_empty() && name.len() <= 128 && name.iter().all(|b| (0x21..0x7f).contains(b) && *b != b'\\');
+    printable.then(|| String::from_utf8_lossy(name).into_owned())
+}
+
 fn outcome(o: AttemptOutcome) -> &'static str {
     match o {
         AttemptOutcome::Served => "served",
@@ -286,5 +304,22 @@ fn outcome(o: AttemptOutcome) -> &'static str {
         AttemptOutcome::QueueFull => "queue_full",
         AttemptOutcome::QueueTimeout => "queue_timeout",
         AttemptOutcome::Shutdown => "shutdown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::response_model;
+
+    #[test]
+    fn the_answering_model_is_read_from_a_json_answer_and_a_streams_first_event() {
+        let json =
+            br#"{"id":"msg_1","type":"message","role":"assistant","model": "claude-sonnet-4-5-20250929","content":[]}"#;
+        assert_eq!(response_model(json).as_deref(), Some("claude-sonnet-4-5-20250929"));
+        let sse = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"model\":\"claude-haiku-4-5\"}}\n\n";
+        assert_eq!(response_model(sse).as_deref(), Some("claude-haiku-4-5"));
+        for none in [&b"{\"type\":\"error\"}"[..], b"{\"model\":42}", b"{\"model\":\"a b\"}", b"{\"model\":\"cut"] {
+            assert_eq!(response_model(none), None, "{}", String::from_utf8_lossy(none));
+        }
     }
 }
