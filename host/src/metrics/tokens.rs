@@ -11,9 +11,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 
-use super::usage::bounded_model;
+use super::usage::{KindCounters, bounded_model};
 use super::{Metrics, Text};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -23,18 +22,10 @@ pub(super) struct AccountModelKind {
     kind: &'static str,
 }
 
-/// One (account, model)'s token counters, by kind.
-pub(super) struct TokenHandles {
-    input: Counter,
-    output: Counter,
-    cache_read: Counter,
-    cache_creation: Counter,
-}
-
 /// The token counters by account and model, and the model labels given out.
 #[derive(Default)]
 pub(super) struct TokenTable {
-    by_account: HashMap<String, HashMap<String, Arc<TokenHandles>>>,
+    by_account: HashMap<String, HashMap<String, Arc<KindCounters>>>,
     models: HashSet<String>,
 }
 
@@ -60,21 +51,12 @@ impl Metrics {
                 None => self.resolve_tokens(&mut table, account, model),
             }
         };
-        for (counter, n) in [
-            (&handles.input, usage.input_tokens),
-            (&handles.output, usage.output_tokens),
-            (&handles.cache_read, usage.cache_read_input_tokens),
-            (&handles.cache_creation, usage.cache_creation_input_tokens),
-        ] {
-            if n > 0 {
-                counter.inc_by(n);
-            }
-        }
+        handles.add(usage);
     }
 
     /// The counters of (`account`, `model`), made once (see
     /// [`bounded_model`]).
-    fn resolve_tokens(&self, table: &mut TokenTable, account: &str, model: &str) -> Arc<TokenHandles> {
+    fn resolve_tokens(&self, table: &mut TokenTable, account: &str, model: &str) -> Arc<KindCounters> {
         let label = bounded_model(&mut table.models, model);
         if let Some(h) = table.by_account.get(account).and_then(|m| m.get(label)) {
             return h.clone();
@@ -83,12 +65,7 @@ impl Metrics {
             let labels = AccountModelKind { account: account.into(), model: label.into(), kind };
             self.account_tokens.get_or_create(&labels).clone()
         };
-        let handles = Arc::new(TokenHandles {
-            input: kind("input"),
-            output: kind("output"),
-            cache_read: kind("cache_read"),
-            cache_creation: kind("cache_creation"),
-        });
+        let handles = Arc::new(KindCounters::new(kind));
         table.by_account.entry(account.to_string()).or_default().insert(label.to_string(), handles.clone());
         handles
     }

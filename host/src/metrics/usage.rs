@@ -25,13 +25,45 @@ pub(super) struct KeyModel {
 /// model, so past this many the rest are counted as `other`.
 pub const MODEL_LABELS_MAX: usize = 32;
 
+/// Token counters by kind, resolved once for one label set.
+pub(super) struct KindCounters {
+    input: Counter,
+    output: Counter,
+    cache_read: Counter,
+    cache_creation: Counter,
+}
+
+impl KindCounters {
+    /// The four counters, `kind` making each from its kind's label value.
+    pub(super) fn new(kind: impl Fn(&'static str) -> Counter) -> KindCounters {
+        KindCounters {
+            input: kind("input"),
+            output: kind("output"),
+            cache_read: kind("cache_read"),
+            cache_creation: kind("cache_creation"),
+        }
+    }
+
+    /// Adds what `usage` reported (a kind at zero is left untouched, so an
+    /// answer without usage makes no series).
+    pub(super) fn add(&self, usage: &poolgate_wire::usage::Usage) {
+        for (counter, n) in [
+            (&self.input, usage.input_tokens),
+            (&self.output, usage.output_tokens),
+            (&self.cache_read, usage.cache_read_input_tokens),
+            (&self.cache_creation, usage.cache_creation_input_tokens),
+        ] {
+            if n > 0 {
+                counter.inc_by(n);
+            }
+        }
+    }
+}
+
 /// One (key, model)'s usage counters.
 pub(super) struct UsageHandles {
     pub(super) requests: Counter,
-    pub(super) input: Counter,
-    pub(super) output: Counter,
-    pub(super) cache_read: Counter,
-    pub(super) cache_creation: Counter,
+    pub(super) tokens: KindCounters,
     pub(super) cost: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
@@ -74,16 +106,7 @@ impl Metrics {
             }
         };
         handles.requests.inc();
-        for (counter, n) in [
-            (&handles.input, usage.input_tokens),
-            (&handles.output, usage.output_tokens),
-            (&handles.cache_read, usage.cache_read_input_tokens),
-            (&handles.cache_creation, usage.cache_creation_input_tokens),
-        ] {
-            if n > 0 {
-                counter.inc_by(n);
-            }
-        }
+        handles.tokens.add(usage);
         if let Some(nano) = cost_nano.filter(|c| *c > 0) {
             handles.cost.inc_by(nano as f64 / 1e9);
         }
@@ -103,10 +126,7 @@ impl Metrics {
         };
         let handles = std::sync::Arc::new(UsageHandles {
             requests: self.client_requests.get_or_create(&km).clone(),
-            input: kind("input"),
-            output: kind("output"),
-            cache_read: kind("cache_read"),
-            cache_creation: kind("cache_creation"),
+            tokens: KindCounters::new(kind),
             cost: self.client_cost.get_or_create(&km).clone(),
         });
         table.by_key.entry(key.to_string()).or_default().insert(label.to_string(), handles.clone());
