@@ -88,32 +88,7 @@ pub fn settings(c: &TelemetryConfig, env: &dyn Fn(&str) -> Option<String>) -> Re
         (None, None, Some(e)) => with_path(&e, protocol, "OTEL_EXPORTER_OTLP_ENDPOINT")?,
         (None, None, None) => return Ok(None),
     };
-    let mut headers = Vec::new();
-    for k in ["OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"] {
-        headers.extend(pairs(&var(k).unwrap_or_default(), k)?);
-    }
-    for (name, value) in &c.headers {
-        headers.push((name.to_ascii_lowercase(), value.clone()));
-    }
-    for (name, env_name) in &c.headers_env {
-        let key = format!("telemetry.headers_env.{name}");
-        let value =
-            var(env_name).ok_or_else(|| (key.clone(), format!("the environment variable `{env_name}` is not set")))?;
-        headers.push((name.to_ascii_lowercase(), value));
-    }
-    // A later source of one header replaces an earlier one: file over environment.
-    let mut seen = std::collections::HashSet::new();
-    headers.reverse();
-    headers.retain(|(k, _)| seen.insert(k.clone()));
-    headers.reverse();
-    for (k, v) in &headers {
-        if http::HeaderName::from_bytes(k.as_bytes()).is_err() {
-            return Err(("telemetry.headers".into(), format!("`{k}` is not a valid header name")));
-        }
-        if http::HeaderValue::from_str(v).is_err() {
-            return Err(("telemetry.headers".into(), format!("the value of `{k}` is not a valid header value")));
-        }
-    }
+    let headers = headers(c, &var)?;
     let mut resource = pairs(&var("OTEL_RESOURCE_ATTRIBUTES").unwrap_or_default(), "OTEL_RESOURCE_ATTRIBUTES")?;
     resource.retain(|(k, _)| !c.resource.contains_key(k));
     resource.extend(c.resource.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -141,6 +116,38 @@ pub fn settings(c: &TelemetryConfig, env: &dyn Fn(&str) -> Option<String>) -> Re
         queue_max: c.queue_max.unwrap_or(2048),
         timeout: Duration::from_millis(timeout_ms.max(1)),
     }))
+}
+
+/// Export headers: the environment's lists, then the file's `headers` and
+/// `headers_env` (a later source of one header replaces an earlier one).
+fn headers(c: &TelemetryConfig, var: &dyn Fn(&str) -> Option<String>) -> Result<Vec<(String, String)>, Problem> {
+    let mut headers = Vec::new();
+    for k in ["OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"] {
+        headers.extend(pairs(&var(k).unwrap_or_default(), k)?);
+    }
+    for (name, value) in &c.headers {
+        headers.push((name.to_ascii_lowercase(), value.clone()));
+    }
+    for (name, env_name) in &c.headers_env {
+        let key = format!("telemetry.headers_env.{name}");
+        let value =
+            var(env_name).ok_or_else(|| (key.clone(), format!("the environment variable `{env_name}` is not set")))?;
+        headers.push((name.to_ascii_lowercase(), value));
+    }
+    // A later source of one header replaces an earlier one: file over environment.
+    let mut seen = std::collections::HashSet::new();
+    headers.reverse();
+    headers.retain(|(k, _)| seen.insert(k.clone()));
+    headers.reverse();
+    for (k, v) in &headers {
+        if http::HeaderName::from_bytes(k.as_bytes()).is_err() {
+            return Err(("telemetry.headers".into(), format!("`{k}` is not a valid header name")));
+        }
+        if http::HeaderValue::from_str(v).is_err() {
+            return Err(("telemetry.headers".into(), format!("the value of `{k}` is not a valid header value")));
+        }
+    }
+    Ok(headers)
 }
 
 /// The sampler: the file's `sampling` / `parent_based` over
