@@ -61,7 +61,12 @@ pub type Problem = (String, String);
 pub fn settings(c: &TelemetryConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Settings>, Problem> {
     let var = |k: &str| env(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
     let off = |k: &str, v: &str| var(k).is_some_and(|x| x.eq_ignore_ascii_case(v));
-    if off("OTEL_SDK_DISABLED", "true") || off("OTEL_TRACES_EXPORTER", "none") {
+    // No endpoint, no tracing: nothing else is read, so an `OTEL_*`
+    // variable meant for other programs can never stop this one starting.
+    let (traces_endpoint, base_endpoint) =
+        (var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), var("OTEL_EXPORTER_OTLP_ENDPOINT"));
+    let no_endpoint = c.endpoint.is_none() && traces_endpoint.is_none() && base_endpoint.is_none();
+    if no_endpoint || off("OTEL_SDK_DISABLED", "true") || off("OTEL_TRACES_EXPORTER", "none") {
         return Ok(None);
     }
     let (protocol, protocol_key) = match (&c.protocol, var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")) {
@@ -79,7 +84,7 @@ pub fn settings(c: &TelemetryConfig, env: &dyn Fn(&str) -> Option<String>) -> Re
             ));
         }
     };
-    let endpoint = match (&c.endpoint, var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), var("OTEL_EXPORTER_OTLP_ENDPOINT")) {
+    let endpoint = match (&c.endpoint, traces_endpoint, base_endpoint) {
         (Some(e), _, _) => with_path(e, protocol, "telemetry.endpoint")?,
         (None, Some(e), _) => {
             check_url(&e, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")?;
@@ -88,16 +93,29 @@ pub fn settings(c: &TelemetryConfig, env: &dyn Fn(&str) -> Option<String>) -> Re
         (None, None, Some(e)) => with_path(&e, protocol, "OTEL_EXPORTER_OTLP_ENDPOINT")?,
         (None, None, None) => return Ok(None),
     };
+    if protocol == Protocol::Grpc && endpoint.starts_with("https://") {
+        return Err((
+            protocol_key.into(),
+            "gRPC over TLS is not built into poolgate: use `http/protobuf` with the https:// endpoint, or reach \
+             the collector over a private network"
+                .into(),
+        ));
+    }
     let headers = headers(c, &var)?;
     let mut resource = pairs(&var("OTEL_RESOURCE_ATTRIBUTES").unwrap_or_default(), "OTEL_RESOURCE_ATTRIBUTES")?;
     resource.retain(|(k, _)| !c.resource.contains_key(k));
     resource.extend(c.resource.iter().map(|(k, v)| (k.clone(), v.clone())));
+    // `service.name` is one setting: the file's, else OTEL_SERVICE_NAME, else
+    // the resource attributes' (the order the specification gives).
+    let from_resource = resource.iter().find(|(k, _)| k == "service.name").map(|(_, v)| v.clone());
+    resource.retain(|(k, _)| k != "service.name");
     let service_name = c
         .service_name
         .clone()
         .or_else(|| var("OTEL_SERVICE_NAME"))
-        .or_else(|| resource.iter().find(|(k, _)| k == "service.name").map(|(_, v)| v.clone()))
+        .or(from_resource)
         .unwrap_or_else(|| "poolgate".into());
+    let (sampler, notes) = sampler(c, &var);
     let timeout_ms = match c.timeout_ms {
         Some(t) => t,
         None => match var("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT").or_else(|| var("OTEL_EXPORTER_OTLP_TIMEOUT")) {
@@ -111,7 +129,8 @@ pub fn settings(c: &TelemetryConfig, env: &dyn Fn(&str) -> Option<String>) -> Re
         headers,
         service_name,
         resource,
-        sampler: sampler(c, &var)?,
+        sampler,
+        notes,
         propagate_upstream: c.propagate_upstream,
         queue_max: c.queue_max.unwrap_or(2048),
         timeout: Duration::from_millis(timeout_ms.max(1)),
@@ -151,37 +170,34 @@ fn headers(c: &TelemetryConfig, var: &dyn Fn(&str) -> Option<String>) -> Result<
 }
 
 /// The sampler: the file's `sampling` / `parent_based` over
-/// `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`.
-fn sampler(c: &TelemetryConfig, var: &dyn Fn(&str) -> Option<String>) -> Result<Sampler, Problem> {
+/// `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`. A value it does not
+/// know is ignored with a note (as the specification asks), never fatal.
+fn sampler(c: &TelemetryConfig, var: &dyn Fn(&str) -> Option<String>) -> (Sampler, Vec<String>) {
+    let mut notes = Vec::new();
     let name = var("OTEL_TRACES_SAMPLER").unwrap_or_else(|| "parentbased_always_on".into());
-    let arg = || -> Result<f64, Problem> {
-        match var("OTEL_TRACES_SAMPLER_ARG") {
-            None => Ok(1.0),
-            Some(a) => a
-                .parse::<f64>()
-                .ok()
-                .filter(|r| (0.0..=1.0).contains(r))
-                .ok_or_else(|| ("OTEL_TRACES_SAMPLER_ARG".into(), format!("`{a}` is not a ratio from 0 to 1"))),
-        }
+    let mut arg = || match var("OTEL_TRACES_SAMPLER_ARG") {
+        None => 1.0,
+        Some(a) => a.parse::<f64>().ok().filter(|r| (0.0..=1.0).contains(r)).unwrap_or_else(|| {
+            notes.push(format!("OTEL_TRACES_SAMPLER_ARG `{a}` is not a ratio from 0 to 1: 1 is used"));
+            1.0
+        }),
     };
     let (parent_based, ratio) = match name.as_str() {
         "always_on" => (false, 1.0),
         "always_off" => (false, 0.0),
-        "traceidratio" => (false, arg()?),
+        "traceidratio" => (false, arg()),
         "parentbased_always_on" => (true, 1.0),
         "parentbased_always_off" => (true, 0.0),
-        "parentbased_traceidratio" => (true, arg()?),
+        "parentbased_traceidratio" => (true, arg()),
         other => {
-            return Err((
-                "OTEL_TRACES_SAMPLER".into(),
-                format!(
-                    "`{other}` is not a sampler poolgate knows: always_on, always_off, traceidratio, \
-                     parentbased_always_on, parentbased_always_off, parentbased_traceidratio"
-                ),
+            notes.push(format!(
+                "OTEL_TRACES_SAMPLER `{other}` is not a sampler poolgate knows: parentbased_always_on is used"
             ));
+            (true, 1.0)
         }
     };
-    Ok(Sampler { parent_based: c.parent_based.unwrap_or(parent_based), ratio: c.sampling.unwrap_or(ratio) })
+    let sampler = Sampler { parent_based: c.parent_based.unwrap_or(parent_based), ratio: c.sampling.unwrap_or(ratio) };
+    (sampler, notes)
 }
 
 /// A base URL with the traces path added for HTTP.
@@ -294,6 +310,15 @@ mod tests {
         assert!(s.headers.contains(&("x-team".into(), "secret".into())) && s.headers.len() == 2, "{:?}", s.headers);
         assert!(s.resource.contains(&("deployment.environment".into(), "prod".into())));
         assert!(s.resource.contains(&("region".into(), "eu".into())));
+        // OTEL_SERVICE_NAME over the resource attributes' service.name.
+        let e = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c"),
+            ("OTEL_SERVICE_NAME", "a"),
+            ("OTEL_RESOURCE_ATTRIBUTES", "service.name=b"),
+        ]);
+        let s = settings(&TelemetryConfig::default(), &e).unwrap().unwrap();
+        assert_eq!(s.service_name, "a");
+        assert!(s.resource.iter().all(|(k, _)| k != "service.name"), "{:?}", s.resource);
     }
 
     #[test]
@@ -314,6 +339,13 @@ mod tests {
             TelemetryConfig { headers: [("api-key".to_string(), "sec\nret".to_string())].into(), ..with("http://c") };
         let (key, why) = bad(c, &[]);
         assert!(key == "telemetry.headers" && !why.contains("sec"), "{why}");
-        assert_eq!(bad(with("http://c"), &[("OTEL_TRACES_SAMPLER", "jaeger_remote")]).0, "OTEL_TRACES_SAMPLER");
+        let c = TelemetryConfig { protocol: Some("grpc".into()), ..with("https://c:4317") };
+        assert_eq!(bad(c, &[]).0, "telemetry.protocol", "gRPC over TLS is not built in");
+        // Meant for other programs: ignored with a note, never fatal; and
+        // nothing is read at all without an endpoint.
+        let s = settings(&with("http://c"), &env(&[("OTEL_TRACES_SAMPLER", "jaeger_remote")])).unwrap().unwrap();
+        assert_eq!((s.sampler, s.notes.len()), (Sampler { parent_based: true, ratio: 1.0 }, 1));
+        let e = env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"), ("OTEL_TRACES_SAMPLER_ARG", "x")]);
+        assert_eq!(settings(&TelemetryConfig::default(), &e).unwrap(), None);
     }
 }

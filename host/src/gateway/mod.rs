@@ -82,13 +82,20 @@ fn start_telemetry(config: &Config, metrics: &Arc<Metrics>) -> Result<Option<Arc
     let settings = crate::config::telemetry::settings(&config.telemetry, &|k| std::env::var(k).ok())
         .map_err(|(key, why)| anyhow::anyhow!("{key}: {why}"))?;
     let Some(settings) = settings else { return Ok(None) };
+    // An endpoint may carry a user and password: never shown.
+    let (raw, shown) = (settings.endpoint.clone(), crate::config::redact_url(&settings.endpoint));
+    for note in &settings.notes {
+        tracing::warn!("{note}");
+    }
     tracing::info!(
-        endpoint = %settings.endpoint,
+        endpoint = %shown,
         protocol = ?settings.protocol,
         ratio = settings.sampler.ratio,
         "tracing requests to an OTLP endpoint"
     );
-    crate::telemetry::Telemetry::start(settings, metrics.clone()).map(Some)
+    crate::telemetry::Telemetry::start(settings, metrics.clone())
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("{}", format!("{e:#}").replace(&raw, &shown)))
 }
 
 /// The usage ledger `[ledger]` asks for: its database reached (or its file

@@ -10,6 +10,7 @@
 //! counted as lost.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use opentelemetry::trace::{SpanContext, SpanId, Status, TraceFlags, TraceId, TraceState};
@@ -39,6 +40,9 @@ pub struct Queue {
     tx: mpsc::Sender<Msg>,
     metrics: Arc<Metrics>,
     closed: Mutex<bool>,
+    /// Spans queued and not yet taken into a batch: what a shutdown that
+    /// runs out of time loses, counted.
+    pending: Arc<AtomicU64>,
 }
 
 impl Queue {
@@ -47,27 +51,39 @@ impl Queue {
         let mut exporter = exporter(settings)?;
         exporter.set_resource(&resource(settings));
         let (tx, rx) = mpsc::channel(settings.queue_max.max(1));
-        tokio::spawn(drain(rx, exporter, metrics.clone(), settings.timeout));
-        Ok(Queue { tx, metrics, closed: Mutex::new(false) })
+        let pending = Arc::new(AtomicU64::new(0));
+        let drained = Drain { exporter, metrics: metrics.clone(), timeout: settings.timeout, pending: pending.clone() };
+        tokio::spawn(drained.run(rx));
+        Ok(Queue { tx, metrics, closed: Mutex::new(false), pending })
     }
 
     /// Queues `trace`, or drops and counts it.
     pub fn send(&self, trace: Trace) {
         let n = trace.spans.len() as u64;
+        self.pending.fetch_add(n, Ordering::Relaxed);
         if self.tx.try_send(Msg::Trace(trace)).is_err() {
+            self.pending.fetch_sub(n, Ordering::Relaxed);
             self.metrics.trace_spans("dropped_queue_full", n);
         }
     }
 
-    /// Exports what is queued and stops the task, waiting at most `within`.
+    /// Exports what is queued and stops the task, all within `within`; what
+    /// is still queued then is counted as lost.
     pub async fn close(&self, within: Duration) {
         if std::mem::replace(&mut *self.closed.lock(), true) {
             return;
         }
         let (done, wait) = oneshot::channel();
-        let sent = tokio::time::timeout(within, self.tx.send(Msg::Close(done))).await;
-        if matches!(sent, Ok(Ok(()))) {
-            let _ = tokio::time::timeout(within, wait).await;
+        let closed = tokio::time::timeout(within, async {
+            if self.tx.send(Msg::Close(done)).await.is_ok() {
+                let _ = wait.await;
+            }
+        })
+        .await;
+        if closed.is_err() {
+            let lost = self.pending.swap(0, Ordering::Relaxed);
+            self.metrics.trace_spans("dropped_export_failed", lost);
+            tracing::warn!(spans = lost, "traces still queued at shutdown were not exported in time");
         }
     }
 }
@@ -113,67 +129,68 @@ fn resource(settings: &Settings) -> Resource {
     Resource::builder_empty().with_service_name(settings.service_name.clone()).with_attributes(attributes).build()
 }
 
-async fn drain(
-    mut rx: mpsc::Receiver<Msg>,
+/// The task's side: the exporter and what it counts.
+struct Drain {
     exporter: opentelemetry_otlp::SpanExporter,
     metrics: Arc<Metrics>,
     timeout: Duration,
-) {
-    let scope = InstrumentationScope::builder("poolgate").with_version(env!("CARGO_PKG_VERSION")).build();
-    let mut closing = None;
-    while closing.is_none() {
-        let Some(first) = rx.recv().await else { break };
-        let mut batch = Vec::new();
-        closing = take(first, &mut batch, &scope);
-        let gather = tokio::time::sleep(BATCH_WAIT);
-        tokio::pin!(gather);
-        while batch.len() < BATCH_SPANS && closing.is_none() {
-            tokio::select! {
-                m = rx.recv() => match m {
-                    Some(m) => closing = take(m, &mut batch, &scope),
-                    None => break,
-                },
-                () = &mut gather => break,
+    pending: Arc<AtomicU64>,
+}
+
+impl Drain {
+    async fn run(self, mut rx: mpsc::Receiver<Msg>) {
+        let scope = InstrumentationScope::builder("poolgate").with_version(env!("CARGO_PKG_VERSION")).build();
+        let mut closing = None;
+        while closing.is_none() {
+            let Some(first) = rx.recv().await else { break };
+            let mut batch = Vec::new();
+            closing = self.take(first, &mut batch, &scope);
+            let gather = tokio::time::sleep(BATCH_WAIT);
+            tokio::pin!(gather);
+            while batch.len() < BATCH_SPANS && closing.is_none() {
+                tokio::select! {
+                    m = rx.recv() => match m {
+                        Some(m) => closing = self.take(m, &mut batch, &scope),
+                        None => break,
+                    },
+                    () = &mut gather => break,
+                }
             }
+            self.export(batch).await;
         }
-        export(&exporter, batch, &metrics, timeout).await;
-    }
-    let _ = exporter.shutdown_with_timeout(timeout);
-    if let Some(done) = closing {
-        let _ = done.send(());
-    }
-}
-
-/// Adds a queued trace to `batch`; a close hands back whom to tell.
-fn take(m: Msg, batch: &mut Vec<SpanData>, scope: &InstrumentationScope) -> Option<oneshot::Sender<()>> {
-    match m {
-        Msg::Trace(t) => {
-            batch.extend(span_data(t, scope));
-            None
+        let _ = self.exporter.shutdown_with_timeout(self.timeout);
+        if let Some(done) = closing {
+            let _ = done.send(());
         }
-        Msg::Close(done) => Some(done),
     }
-}
 
-async fn export(
-    exporter: &opentelemetry_otlp::SpanExporter,
-    batch: Vec<SpanData>,
-    metrics: &Metrics,
-    timeout: Duration,
-) {
-    if batch.is_empty() {
-        return;
+    /// Adds a queued trace to `batch`; a close hands back whom to tell.
+    fn take(&self, m: Msg, batch: &mut Vec<SpanData>, scope: &InstrumentationScope) -> Option<oneshot::Sender<()>> {
+        match m {
+            Msg::Trace(t) => {
+                self.pending.fetch_sub(t.spans.len() as u64, Ordering::Relaxed);
+                batch.extend(span_data(t, scope));
+                None
+            }
+            Msg::Close(done) => Some(done),
+        }
     }
-    let n = batch.len() as u64;
-    match tokio::time::timeout(timeout, exporter.export(batch)).await {
-        Ok(Ok(())) => metrics.trace_spans("exported", n),
-        failed => {
-            metrics.trace_spans("dropped_export_failed", n);
-            let why = match failed {
-                Ok(Err(e)) => e.to_string(),
-                _ => format!("no answer within {} ms", timeout.as_millis()),
-            };
-            tracing::warn!(spans = n, error = %why, "could not export spans to the OTLP endpoint; they are dropped");
+
+    async fn export(&self, batch: Vec<SpanData>) {
+        if batch.is_empty() {
+            return;
+        }
+        let n = batch.len() as u64;
+        match tokio::time::timeout(self.timeout, self.exporter.export(batch)).await {
+            Ok(Ok(())) => self.metrics.trace_spans("exported", n),
+            failed => {
+                self.metrics.trace_spans("dropped_export_failed", n);
+                let why = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no answer within {} ms", self.timeout.as_millis()),
+                };
+                tracing::warn!(spans = n, error = %why, "could not export spans to the OTLP endpoint; they are dropped");
+            }
         }
     }
 }

@@ -79,6 +79,8 @@ pub struct Settings {
     pub queue_max: usize,
     /// Longest one export may take before its batch counts as lost.
     pub timeout: Duration,
+    /// What was ignored in the environment, to log when tracing starts.
+    pub notes: Vec<String>,
 }
 
 /// A traced request's ids.
@@ -233,7 +235,11 @@ impl Ids {
                 if !sampled && !self.propagate {
                     return None;
                 }
-                let tracestate = tracestate.and_then(w3c::clean_tracestate);
+                // What is kept on the spans is what goes upstream: a state the
+                // OpenTelemetry model reads, else none.
+                let tracestate = tracestate
+                    .and_then(w3c::clean_tracestate)
+                    .filter(|s| s.parse::<opentelemetry::trace::TraceState>().is_ok());
                 Some(TraceIds { trace_id: p.trace_id, remote_parent: Some(p.span_id), tracestate, sampled, base })
             }
             None => {

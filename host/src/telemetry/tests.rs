@@ -11,6 +11,7 @@ fn settings(parent_based: bool, ratio: f64, propagate: bool) -> Settings {
         propagate_upstream: propagate,
         queue_max: 16,
         timeout: Duration::from_secs(1),
+        notes: Vec::new(),
     }
 }
 

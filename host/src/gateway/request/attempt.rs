@@ -167,11 +167,14 @@ pub async fn send(gw: &Gateway, generation: &Generation, send: Send<'_>) -> Atte
     let sent = gw.clock.instant();
     account.state.attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let timeout = Duration::from_millis(generation.config.gateway.response_timeout_ms);
+    // With propagation configured the allow-list lets `traceparent` and
+    // `tracestate` through: the client's own never go, only what the
+    // gateway's tracing hands over (none when it traces nothing).
     let traced;
-    let headers = match propagate {
-        None => &incoming.headers,
-        Some((parent, state)) => {
-            traced = trace_headers(&incoming.headers, &parent, state);
+    let headers = match (propagate, generation.config.telemetry.propagate_upstream) {
+        (None, false) => &incoming.headers,
+        (propagate, _) => {
+            traced = trace_headers(&incoming.headers, propagate);
             &traced
         }
     };
@@ -353,13 +356,15 @@ fn overage_guard(gw: &Gateway, generation: &Generation, account: &PoolAccount, r
 
 /// What an upstream error body says, for the log: `error.message` of
 /// Anthropic's envelope, else the start of the body; at most 200 characters.
-/// The client's headers with the attempt's `traceparent` (and the caller's
-/// `tracestate`) in place of the caller's: the upstream sees the gateway's
-/// attempt as its parent.
-fn trace_headers(client: &HeaderMap, traceparent: &str, tracestate: Option<&str>) -> HeaderMap {
+/// The client's headers with its `traceparent` and `tracestate` replaced by
+/// the gateway's (the attempt's span as the parent, the caller's state as
+/// parsed), or taken away when there are none.
+fn trace_headers(client: &HeaderMap, propagate: Option<(String, Option<&str>)>) -> HeaderMap {
     let mut h = client.clone();
+    h.remove("traceparent");
     h.remove("tracestate");
-    if let Ok(v) = http::HeaderValue::from_str(traceparent) {
+    let Some((traceparent, tracestate)) = propagate else { return h };
+    if let Ok(v) = http::HeaderValue::from_str(&traceparent) {
         h.insert("traceparent", v);
     }
     if let Some(v) = tracestate.and_then(|s| http::HeaderValue::from_str(s).ok()) {

@@ -175,7 +175,7 @@ pub struct Exchange {
 impl Exchange {
     /// Phase *read*: the body's facts (model, stream, session) and the record.
     fn read(gw: Arc<Gateway>, api: Api, incoming: Incoming) -> Result<Exchange, Box<Response>> {
-        let started = gw.clock.instant();
+        let (started, arrived_ms) = (gw.clock.instant(), gw.clock.now_ms());
         let id = incoming.id;
         let generation = gw.generation();
         let early = Early { id, method: &incoming.method, path: incoming.uri.path(), started };
@@ -205,7 +205,7 @@ impl Exchange {
         let max_attempts = if max == 0 { pool } else { max.min(pool) } as u32;
         let record = RequestRecord {
             id,
-            at_ms: gw.clock.now_ms(),
+            at_ms: arrived_ms,
             generation: generation.number,
             api: api.name(),
             method: incoming.method.to_string(),

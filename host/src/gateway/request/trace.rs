@@ -39,12 +39,41 @@ fn chain_span(n: u32) -> u32 {
     n * PER_ATTEMPT + 1
 }
 
+/// Stage spans a ranking may have: the ids between its chain span and its
+/// upstream span. A longer chain's later stages are counted on the ranking
+/// (`poolgate.stages_untraced`), not given spans.
+const STAGES_MAX: usize = (PER_ATTEMPT - 2) as usize;
+
 fn stage_span(n: u32, stage: usize) -> u32 {
-    chain_span(n) + 1 + (stage as u32).min(PER_ATTEMPT - 3)
+    chain_span(n) + 1 + stage as u32
 }
 
 fn kv(k: &'static str, v: impl Into<Value>) -> KeyValue {
     KeyValue::new(k, v)
+}
+
+/// The most of a client-given string an attribute carries: a model name,
+/// a session id or a path may be as long as the body or the head allows,
+/// and every queued trace holds its spans until they are exported.
+const TEXT_MAX: usize = 256;
+
+fn clip(s: &str) -> String {
+    match s.char_indices().nth(TEXT_MAX) {
+        Some((at, _)) => s[..at].to_string(),
+        None => s.to_string(),
+    }
+}
+
+/// The route a request took, as a template (`/v1/models/{id}`): a span's
+/// name and `http.route` stay few whatever paths clients send.
+fn route(api: &str, path: &str) -> &'static str {
+    match api {
+        "messages" => "/v1/messages",
+        "count_tokens" => "/v1/messages/count_tokens",
+        "chat_completions" => "/v1/chat/completions",
+        _ if path.trim_end_matches('/') == "/v1/models" => "/v1/models",
+        _ => "/v1/models/{id}",
+    }
 }
 
 fn strings(items: Vec<String>) -> Value {
@@ -74,15 +103,16 @@ pub fn trace(record: &RequestRecord, ids: &TraceIds, took: Duration, generation:
 }
 
 fn server_span(r: &RequestRecord, id: [u8; 8], start: SystemTime, end: SystemTime) -> Span {
+    let route = route(r.api, &r.path);
     let mut at = vec![
         kv("http.request.method", r.method.clone()),
-        kv("http.route", r.path.clone()),
-        kv("url.path", r.path.clone()),
+        kv("http.route", route),
+        kv("url.path", clip(&r.path)),
         kv("http.response.status_code", i64::from(r.status)),
         kv("poolgate.request_id", r.id as i64),
         kv("poolgate.api", r.api),
         kv("poolgate.outcome", r.outcome.as_str()),
-        kv("poolgate.reason", r.reason.clone()),
+        kv("poolgate.reason", clip(&r.reason)),
         kv("poolgate.attempts", r.attempts.len() as i64),
         kv("poolgate.fallback", r.fallback.is_some()),
         kv("poolgate.stream", r.stream),
@@ -94,8 +124,8 @@ fn server_span(r: &RequestRecord, id: [u8; 8], start: SystemTime, end: SystemTim
         ("poolgate.client_key", r.client.clone()),
         ("poolgate.account", r.account.clone()),
         ("poolgate.fallback.backend", r.fallback.clone()),
-        ("session.id", r.session.clone()),
-        ("gen_ai.request.model", Some(r.model.clone()).filter(|m| !m.is_empty())),
+        ("session.id", r.session.as_deref().map(clip)),
+        ("gen_ai.request.model", Some(clip(&r.model)).filter(|m| !m.is_empty())),
         // The answer's own word; for a substitute, the model it was sent to.
         (
             "gen_ai.response.model",
@@ -121,7 +151,7 @@ fn server_span(r: &RequestRecord, id: [u8; 8], start: SystemTime, end: SystemTim
     Span {
         id,
         parent: None,
-        name: Cow::Owned(format!("{} {}", r.method, r.path)),
+        name: Cow::Owned(format!("{} {route}", r.method)),
         kind: SpanKind::Server,
         start,
         end,
@@ -135,13 +165,16 @@ fn chain(a: &Attempt, ids: &TraceIds, root: [u8; 8], start: SystemTime) -> Span 
     let d = &a.decision;
     let mut attributes = vec![
         kv("poolgate.attempt", i64::from(a.attempt)),
-        kv("poolgate.reason", d.reason.clone()),
+        kv("poolgate.reason", clip(&d.reason)),
         kv("poolgate.order", strings(d.order.ids())),
         kv("poolgate.policy_errors", d.policy_errors.len() as i64),
         kv("poolgate.attempt.outcome", outcome(a.outcome)),
     ];
     if let Some(detail) = &d.detail {
-        attributes.push(kv("poolgate.detail", detail.clone()));
+        attributes.push(kv("poolgate.detail", clip(detail)));
+    }
+    if d.stages.len() > STAGES_MAX {
+        attributes.push(kv("poolgate.stages_untraced", (d.stages.len() - STAGES_MAX) as i64));
     }
     Span {
         id: ids.span_id(chain_span(a.attempt)),
@@ -159,7 +192,7 @@ fn chain(a: &Attempt, ids: &TraceIds, root: [u8; 8], start: SystemTime) -> Span 
 fn stages(a: &Attempt, ids: &TraceIds, mut at: SystemTime, g: &Generation, now_ms: u64) -> Vec<Span> {
     let parent = ids.span_id(chain_span(a.attempt));
     let mut out = Vec::with_capacity(a.decision.stages.len());
-    for (j, s) in a.decision.stages.iter().enumerate() {
+    for (j, s) in a.decision.stages.iter().enumerate().take(STAGES_MAX) {
         let end = after(at, s.duration_us);
         out.push(stage(s, ids.span_id(stage_span(a.attempt, j)), parent, (at, end), g, now_ms));
         at = end;
@@ -180,14 +213,14 @@ fn stage(
         kv("poolgate.stage", s.stage.clone()),
         kv("poolgate.plugin", plugin.to_string()),
         kv("poolgate.plugin.sha256", sha.to_string()),
-        kv("poolgate.stage.reason", s.reason.clone()),
+        kv("poolgate.stage.reason", clip(&s.reason)),
         kv("poolgate.stage.order", strings(s.order.ids())),
         kv("poolgate.stage.duration_us", s.duration_us),
         kv("poolgate.stage.breaker", s.bypassed.as_ref().map_or(breaker, |b| b.state)),
         kv("poolgate.stage.safety_valve", s.safety_valve),
     ];
     if let Some(d) = &s.detail {
-        attributes.push(kv("poolgate.stage.detail", d.clone()));
+        attributes.push(kv("poolgate.stage.detail", clip(d)));
     }
     let mut events = Vec::new();
     let fault = s.error.as_ref().map(|f| (f.cause.as_str(), f.message.clone()));
@@ -197,7 +230,7 @@ fn stage(
         events.push(Event {
             name: Cow::Borrowed("poolgate.policy_error"),
             at: start,
-            attributes: vec![kv("poolgate.fault_cause", *cause), kv("exception.message", message.clone())],
+            attributes: vec![kv("poolgate.fault_cause", *cause), kv("exception.message", clip(message))],
         });
     }
     Span {
@@ -232,7 +265,7 @@ fn upstream(a: &Attempt, ids: &TraceIds, root: [u8; 8], start: SystemTime, reque
     let cause = match (a.outcome, a.status) {
         (AttemptOutcome::Served, _) => None,
         (_, Some(s)) => Some(format!("status_{s}")),
-        (_, None) => Some(a.failure.clone().unwrap_or_else(|| "no_answer".into())),
+        (_, None) => Some(a.failure.as_deref().map_or_else(|| "no_answer".into(), clip)),
     };
     if let Some(c) = &cause {
         attributes.push(kv("poolgate.failover_cause", c.clone()));
