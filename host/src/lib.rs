@@ -14,6 +14,8 @@
 //! - [`shared`] — replicas sharing learned state and plugin state (Redis).
 //! - [`ledger`] — the usage ledger: what each client key used and what it cost,
 //!   kept durably off the request path (SQLite).
+//! - [`telemetry`] — traces to an OpenTelemetry backend over OTLP, built from
+//!   each request's record when it ends (`gateway::request::trace`).
 //! - [`oauth`] — subscription seats: credentials, token endpoint, refresh.
 //! - [`clock`], [`https`], [`metrics`] — leaves: the time, the one HTTPS
 //!   client constructor, the Prometheus metrics.

@@ -5,7 +5,7 @@
 //! commits.
 //!
 //! Written for the cost of a write: each batch the writer hands over is one
-//! row of `usage_log`, its entries encoded as a [`segment`](super::segment)
+//! row of `usage_log`, its entries encoded as a [`segment`]
 //! (a row per entry cost some 11,000 instructions a request; see
 //! docs/benchmarks.md), with the batch's first and last arrival times, so a
 //! report reads the batches that overlap its range and sums them in Rust.
