@@ -272,8 +272,9 @@ impl Generation {
         let mut problems = Vec::new();
         let mut enabled = Vec::new();
         let mut disabled = Vec::new();
-        // Propagation on: `traceparent` and `tracestate` go upstream — the
-        // gateway's attempt span on a traced request, else the caller's own.
+        // Propagation on: `traceparent` and `tracestate` pass the allow-list,
+        // and `attempt::send` puts the gateway's in place of the client's
+        // (or none, when it traces nothing).
         let mut forward = config.gateway.forward_headers.clone();
         if config.telemetry.propagate_upstream {
             forward.extend(["traceparent".to_string(), "tracestate".to_string()]);

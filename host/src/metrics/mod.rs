@@ -152,9 +152,6 @@ struct SpanOutcome {
     outcome: &'static str,
 }
 
-/// Every [`SpanOutcome`], present at 0 from the start.
-const SPAN_OUTCOMES: [&str; 3] = ["exported", "dropped_queue_full", "dropped_export_failed"];
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadResult {
     result: &'static str,
@@ -372,9 +369,6 @@ impl Metrics {
              the OTLP endpoint did not take them",
             self.trace_spans.clone(),
         );
-        for outcome in SPAN_OUTCOMES {
-            drop(self.trace_spans.get_or_create(&SpanOutcome { outcome }));
-        }
     }
 }
 
@@ -485,6 +479,7 @@ impl Metrics {
     /// `n` spans were exported, or dropped (`outcome`, one of
     /// `exported`, `dropped_queue_full`, `dropped_export_failed`).
     pub fn trace_spans(&self, outcome: &'static str, n: u64) {
+        debug_assert!(zeros::known(&zeros::SPAN_OUTCOMES, outcome), "{outcome} is not in SPAN_OUTCOMES");
         self.trace_spans.get_or_create(&SpanOutcome { outcome }).inc_by(n);
     }
 

@@ -18,7 +18,7 @@ use crate::policy::{Cause, Phase};
 
 use super::{
     Account, AccountCause, AccountReason, AccountResult, Backend, Cause as CauseLabel, Metrics, Op, Reason,
-    ReloadResult, StageCause, StagePhaseCause, Text,
+    ReloadResult, SpanOutcome, StageCause, StagePhaseCause, Text,
 };
 
 /// Why a request moved off an account, as `poolgate_failovers_total` counts
@@ -59,6 +59,9 @@ pub const STATE_OPS: [&str; 5] = ["connect", "read", "write", "lease", "oauth"];
 
 /// The reasons of `poolgate_state_records_ignored_total`.
 pub const STATE_IGNORED: [&str; 2] = ["other_identity", "garbage"];
+
+/// What became of spans, as `poolgate_trace_spans_total` counts them.
+pub const SPAN_OUTCOMES: [&str; 3] = ["exported", "dropped_queue_full", "dropped_export_failed"];
 
 /// What a loaded generation has that counters are labelled by.
 #[derive(Debug, Default)]
@@ -134,6 +137,9 @@ impl Metrics {
         }
         for reason in STATE_IGNORED {
             let _ = self.state_ignored.get_or_create(&Reason { reason });
+        }
+        for outcome in SPAN_OUTCOMES {
+            let _ = self.trace_spans.get_or_create(&SpanOutcome { outcome });
         }
     }
 }

@@ -185,7 +185,7 @@ impl Instance {
 
     /// The fuel the last call burned, of the `budget` it was given.
     pub fn fuel_burned(&self, budget: Budget) -> u64 {
-        self.store.get_fuel().map_or(0, |left| fuel(budget.cpu).saturating_sub(left))
+        burned(&self.store, budget).unwrap_or(0)
     }
 
     /// Bytes of memory the instance holds (all memories and tables).
@@ -235,9 +235,12 @@ fn settle<T>(store: &mut Store<Sandbox>, result: Result<wasmtime::Result<T>, Cut
 /// About how long the guest's own instructions took, from the fuel it burned
 /// (at the rate fuel is calibrated to).
 fn guest_time(store: &Store<Sandbox>, budget: Budget) -> Option<Duration> {
-    let left = store.get_fuel().ok()?;
-    let burned = fuel(budget.cpu).saturating_sub(left);
-    Some(Duration::from_micros(burned.saturating_mul(1000) / FUEL_PER_MS))
+    Some(Duration::from_micros(burned(store, budget)?.saturating_mul(1000) / FUEL_PER_MS))
+}
+
+/// The fuel the last call burned of the `budget` it was given.
+fn burned(store: &Store<Sandbox>, budget: Budget) -> Option<u64> {
+    Some(fuel(budget.cpu).saturating_sub(store.get_fuel().ok()?))
 }
 
 fn ms(d: Duration) -> u128 {

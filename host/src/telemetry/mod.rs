@@ -166,7 +166,6 @@ pub struct Trace {
 
 /// The tracing of a running gateway: the ids and sampling, the queue.
 pub struct Telemetry {
-    settings: Settings,
     ids: Ids,
     queue: export::Queue,
 }
@@ -178,12 +177,7 @@ impl Telemetry {
         let seed_of = |r: std::ops::Range<usize>| u64::from_str_radix(&seed_hex[r], 16).unwrap_or(0);
         let ids = Ids::new([seed_of(0..16), seed_of(16..32)], &settings);
         let queue = export::Queue::start(&settings, metrics)?;
-        Ok(Arc::new(Telemetry { settings, ids, queue }))
-    }
-
-    /// The settings in force.
-    pub fn settings(&self) -> &Settings {
-        &self.settings
+        Ok(Arc::new(Telemetry { ids, queue }))
     }
 
     /// The ids of request `request` ([`Ids::begin`]).
