@@ -18,6 +18,7 @@ mod builtin_fixtures;
 mod chain_order;
 mod chat_completions;
 mod claude_code;
+mod clients;
 mod config_check;
 mod demo;
 mod failover;
