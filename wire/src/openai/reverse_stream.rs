@@ -179,7 +179,11 @@ impl MessagesStream {
     }
 
     fn fail(&mut self, kind: ErrorType, message: &str, out: &mut Vec<u8>) {
-        self.done = true;
+        // Once: the rest of a read that already failed (more chunks that are
+        // not JSON) must not add events after the one that ended the stream.
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
         out.extend_from_slice(sse::error_event(kind, message).as_bytes());
     }
 }
@@ -293,5 +297,18 @@ mod tests {
         let out = s.feed(b"data: {\"error\":{\"message\":\"boom\",\"type\":\"server_error\"}}\n\n");
         assert_eq!(out, [sse::error_event(ErrorType::Api, "boom")]);
         assert_eq!(s.feed(BACKEND.as_bytes()), Vec::<String>::new());
+    }
+
+    /// Found by fuzzing (`fuzz/corpus/openai_stream/regress-two-bad-chunks`):
+    /// two chunks that are not JSON in one read ended the stream with two
+    /// `error` events, the second after the stream was over.
+    #[test]
+    fn a_reverse_stream_fails_once_however_many_bad_chunks_follow() {
+        let mut s = MessagesStream::new("claude-x");
+        let mut out = s.feed(b"data: nope\n\ndata: again\n\n");
+        out.extend(s.feed(b"data: {nope\n\n"));
+        out.extend(s.finish());
+        assert_eq!(out.len(), 1, "one error event: {out:?}");
+        assert!(out[0].starts_with("event: error\n"));
     }
 }
