@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The long version of the fuzzing CI runs short (docs/fuzzing.md): each
 # target of fuzz/ under libFuzzer for N seconds, one at a time, one job,
-# nice'd (the machine is shared), then its corpus minimised in place
-# (`cargo fuzz cmin`; the regression inputs, `regress-*`, are kept whatever
-# coverage they add). Prints one line per target: seconds, executions, the
-# coverage libFuzzer reached (cov, ft), the corpus kept, and crashes.
+# nice'd (the machine is shared), then its corpus minimised in place to
+# what reaches every edge the run reached (`cargo fuzz cmin`). Files with
+# names of their own — the seeds taken from real examples and the
+# regression inputs, `regress-*` — are kept whatever they add; what libFuzzer
+# found is named by its hash. Prints one line per target: seconds,
+# executions, the coverage libFuzzer reached (cov, ft), the corpus kept, and
+# crashes.
 #
 # No nightly needed: `--sanitizer none` builds with the pinned stable
 # toolchain (safe Rust needs no AddressSanitizer to find its panics), with
@@ -51,10 +54,13 @@ for t in "${targets[@]}"; do
     cov=$(grep -oE 'cov: [0-9]+' <<<"$last" | grep -oE '[0-9]+' || echo "?")
     ft=$(grep -oE 'ft: [0-9]+' <<<"$last" | grep -oE '[0-9]+' || echo "?")
     mv "$log" "artifacts/$t/last-run.log"
-    # Minimise, keeping the regression inputs by name.
+    # Minimise, keeping the named inputs (libFuzzer names its own by SHA-1).
     keep=$(mktemp -d)
-    find "corpus/$t" -maxdepth 1 -name 'regress-*' -exec mv {} "$keep/" \;
-    nice -n 10 cargo fuzz cmin "${flags[@]}" "$t" >/dev/null 2>&1 || echo "   (cmin failed; corpus left as the run grew it)"
+    find "corpus/$t" -maxdepth 1 -type f ! -regex '.*/[0-9a-f]\{40\}' -exec mv {} "$keep/" \;
+    # -use_counters=0: keep what reaches every edge, not every hit count of
+    # one (thousands of files more for the repository, little more to learn).
+    nice -n 10 cargo fuzz cmin "${flags[@]}" "$t" -- -use_counters=0 >/dev/null 2>&1 ||
+        echo "   (cmin failed; corpus left as the run grew it)"
     find "$keep" -maxdepth 1 -type f -exec mv {} "corpus/$t/" \;
     rmdir "$keep"
     files=$(find "corpus/$t" -type f | wc -l)
