@@ -18,15 +18,12 @@ pub fn body_facts(data: &[u8]) {
     match read::body_facts(data) {
         Ok(facts) => {
             serde_json::from_slice::<serde::de::IgnoredAny>(data).expect("an accepted body is JSON");
-            // JSON's grammar has numbers beyond f64 (`1e999`), which serde's
-            // `Value` refuses: such a body is JSON, forwarded as sent (the
-            // fallback's translation, which parses it whole, passes it
-            // over: `fallback.rs`, `Fallbacks::serve`).
-            let value: serde_json::Value = match serde_json::from_slice(data) {
-                Ok(v) => v,
-                Err(e) if e.to_string().starts_with("number out of range") => return,
-                Err(e) => panic!("an accepted body is JSON: {e}"),
-            };
+            // JSON's grammar has numbers beyond f64 (`1e999`) and unpaired
+            // surrogate escapes (`"\ud800"`), which serde's `Value` refuses
+            // (its syntax was checked just above): such a body is JSON,
+            // forwarded as sent; only the fallback's translation, which parses
+            // it whole, passes it over (`fallback.rs`, `Fallbacks::serve`).
+            let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else { return };
             assert!(value.is_object(), "an accepted body is an object");
             assert_eq!(facts.model.as_deref(), value["model"].as_str(), "the model read is the body's");
             assert_eq!(facts.stream, value["stream"].as_bool().unwrap_or(false));
