@@ -37,6 +37,8 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod fixtures;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gateway;
 pub mod https;
 pub mod learned;

@@ -119,8 +119,11 @@ fn exhausted_bucket<'r>(r: &'r QuotaReading, family: Option<&str>, now: u64) -> 
 }
 
 fn until(now: u64, reset: Option<u64>, fallback_ms: u64, ceiling_ms: u64) -> u64 {
-    let target = reset.filter(|r| *r > now).unwrap_or(now + fallback_ms);
-    target.min(now + ceiling_ms)
+    // Saturating: `retry-after` is the upstream's word, and an absurd one
+    // (1e94 seconds reads as u64::MAX ms) wrapped round to a cooldown that
+    // had already ended, or panicked in a debug build.
+    let target = reset.filter(|r| *r > now).unwrap_or(now.saturating_add(fallback_ms));
+    target.min(now.saturating_add(ceiling_ms))
 }
 
 fn backoff(base: u64, max: u64, streak: u32) -> u64 {
@@ -139,17 +142,17 @@ pub fn plan(
     now: u64,
 ) -> Plan {
     let upstream_error = || Plan::Cool {
-        until_ms: now + backoff(cfg.upstream_error_ms, cfg.upstream_error_max_ms, streaks.upstream_error),
+        until_ms: now.saturating_add(backoff(cfg.upstream_error_ms, cfg.upstream_error_max_ms, streaks.upstream_error)),
         reason: CooldownReason::UpstreamError,
     };
     match answer {
         Answer::Status(429) => rate_limited(reading, family, cfg, now),
         Answer::Status(529) => Plan::Cool {
-            until_ms: now + backoff(cfg.overloaded_ms, cfg.overloaded_max_ms, streaks.overloaded),
+            until_ms: now.saturating_add(backoff(cfg.overloaded_ms, cfg.overloaded_max_ms, streaks.overloaded)),
             reason: CooldownReason::Overloaded,
         },
         Answer::Status(401 | 403) => Plan::Cool {
-            until_ms: now + backoff(cfg.auth_ms, cfg.auth_max_ms, streaks.auth),
+            until_ms: now.saturating_add(backoff(cfg.auth_ms, cfg.auth_max_ms, streaks.auth)),
             reason: CooldownReason::Auth,
         },
         Answer::Status(s) if s >= 500 => upstream_error(),
@@ -192,7 +195,7 @@ fn rate_limited(reading: &QuotaReading, family: Option<&str>, cfg: &CooldownConf
         };
     }
     let ms = reading.retry_after_ms.map_or(cfg.transient_ms, |r| r.clamp(1_000, cfg.transient_max_ms));
-    Plan::Cool { until_ms: now + ms, reason: CooldownReason::Transient }
+    Plan::Cool { until_ms: now.saturating_add(ms), reason: CooldownReason::Transient }
 }
 
 /// A success: it lifts quota cooldowns, unless it still reports a spent
@@ -233,7 +236,7 @@ pub fn after_cut(streaks: Streaks, cfg: &CooldownConfig, now: u64) -> Plan {
     }
     let over = streaks.stream_cuts - cfg.stream_cuts + 1;
     Plan::Cool {
-        until_ms: now + backoff(cfg.upstream_error_ms, cfg.upstream_error_max_ms, over),
+        until_ms: now.saturating_add(backoff(cfg.upstream_error_ms, cfg.upstream_error_max_ms, over)),
         reason: CooldownReason::UpstreamError,
     }
 }
@@ -347,6 +350,20 @@ mod tests {
         );
         r.retry_after_ms = Some(120_000);
         assert_eq!(plan429(&r, None), Plan::Cool { until_ms: NOW + 120_000, reason: CooldownReason::UnifiedRejected });
+    }
+
+    /// Found by fuzzing (`fuzz/corpus/quota_headers/regress-retry-after-overflow`):
+    /// a rejection whose `retry-after` is 1e94 seconds (u64::MAX ms once read)
+    /// overflowed `now + retry-after` — a panic in a debug build, and in a
+    /// release one a cooldown that had already ended.
+    #[test]
+    fn an_absurd_retry_after_is_held_to_the_ceiling() {
+        let r = QuotaReading { status: Some(Status::Rejected), retry_after_ms: Some(u64::MAX), ..Default::default() };
+        let cfg = CooldownConfig::default();
+        assert_eq!(
+            plan429(&r, None),
+            Plan::Cool { until_ms: NOW + cfg.unified_ceiling_ms, reason: CooldownReason::UnifiedRejected }
+        );
     }
 
     #[test]

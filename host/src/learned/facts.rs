@@ -324,8 +324,15 @@ fn join_gates(l: &mut Learned, f: &AccountFacts, now: u64) -> bool {
     }
     for g in &f.gates {
         let cleared = l.gates_cleared_ms.get(&g.family).copied().unwrap_or(0);
-        let mine = l.model_gates.iter().find(|m| m.family == g.family).map(|m| m.until_ms);
-        if g.until_ms > now && g.set_ms >= cleared && mine.is_none_or(|u| u < g.until_ms) {
+        // As for cooldowns: the gate that ends last, and of two that end
+        // together the one set last — else which one a replica keeps (and
+        // so which later clear lifts it) depends on the order records came.
+        let mine = l
+            .model_gates
+            .iter()
+            .find(|m| m.family == g.family)
+            .map(|m| (m.until_ms, l.gates_set_ms.get(&m.family).copied().unwrap_or(0)));
+        if g.until_ms > now && g.set_ms >= cleared && mine.is_none_or(|m| m < (g.until_ms, g.set_ms)) {
             l.model_gates.retain(|m| m.family != g.family);
             l.model_gates.push(ModelGate { family: g.family.clone(), until_ms: g.until_ms });
             l.gates_set_ms.insert(g.family.clone(), g.set_ms);
@@ -488,6 +495,27 @@ mod tests {
         ok.gates_cleared = vec![("opus".into(), NOW - 10)];
         absorb(&mut l, &ok, "c", ID, NOW);
         assert!(l.model_gates.is_empty());
+    }
+
+    /// Found by fuzzing (`fuzz/corpus/replica_merge/regress-gate-tie`): two
+    /// replicas' gates on one family ending together but set a millisecond
+    /// apart — the view kept whichever arrived first, so a clear between the
+    /// two lifted the gate on one replica and not on another.
+    #[test]
+    fn of_two_gates_ending_together_the_one_set_last_wins_in_any_order() {
+        let gate = |set_ms| {
+            let mut f = facts(vec![]);
+            f.gates = vec![Gate { family: "opus".into(), until_ms: NOW + 5_000, set_ms }];
+            f
+        };
+        let (early, late) = (gate(NOW - 20), gate(NOW - 19));
+        for order in [[&early, &late], [&late, &early]] {
+            let mut l = Learned::default();
+            for f in order {
+                absorb(&mut l, f, "b", ID, NOW);
+            }
+            assert_eq!(l.gates_set_ms.get("opus"), Some(&(NOW - 19)));
+        }
     }
 
     #[test]

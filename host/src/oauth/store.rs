@@ -72,7 +72,14 @@ impl StoredCredential {
     pub fn read(path: &Path) -> Result<StoredCredential> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("cannot read credentials {}", path.display()))?;
-        let c: StoredCredential = serde_json::from_str(&text).map_err(|e| {
+        Self::parse(&text, path)
+    }
+
+    /// The credentials in `text`, the contents of the file at `path` (named
+    /// in errors). Apart from [`StoredCredential::read`] so that what a file
+    /// holds can be judged without a file (the fuzzing entry points do).
+    pub fn parse(text: &str, path: &Path) -> Result<StoredCredential> {
+        let c: StoredCredential = serde_json::from_str(text).map_err(|e| {
             anyhow::anyhow!("credentials {} are not a poolgate credentials file (line {})", path.display(), e.line())
         })?;
         if c.access_token.trim().is_empty() || c.refresh_token.trim().is_empty() {

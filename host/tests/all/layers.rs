@@ -37,6 +37,8 @@ const LAYERS: &[&[&str]] = &[
     &["sim"],
     // The policy simulator: real gateways over the simulated accounts.
     &["simulate"],
+    // The fuzzing entry points: they drive parts of every layer; nothing uses them.
+    &["fuzzing"],
     // The command line.
     &["cli", "lib", "main"],
 ];

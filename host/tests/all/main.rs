@@ -23,6 +23,7 @@ mod config_check;
 mod demo;
 mod failover;
 mod fallback;
+mod fuzz_corpus;
 mod gateway_e2e;
 mod gateway_routes;
 mod hot_swap;

@@ -99,17 +99,26 @@ pub fn models_to_openai(anthropic_page: &Value) -> Value {
 /// An RFC 3339 time (`2025-08-05T00:00:00Z`, `…T12:30:00.5+02:00`) in Unix
 /// seconds; `None` for anything else or a time before 1970.
 fn unix_seconds(t: &str) -> Option<u64> {
-    let num = |s: &str| -> Option<i64> { s.bytes().all(|b| b.is_ascii_digit()).then(|| s.parse().ok())? };
+    // RFC 3339's fields are four digits (the year) or two: no more, so that
+    // no field can overflow the arithmetic below (an offset of 7e18 hours did).
+    let digits = |s: &str, most: usize| -> Option<i64> {
+        (!s.is_empty() && s.len() <= most && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse().ok())?
+    };
+    let num = |s: &str| digits(s, 2);
     let (date, time) = t.split_once(['T', 't', ' '])?;
-    let mut d = date.splitn(3, '-').map(num);
-    let (y, mo, day) = (d.next()??, d.next()??, d.next()??);
+    let mut d = date.splitn(3, '-');
+    let (y, mo, day) = (digits(d.next()?, 4)?, num(d.next()?)?, num(d.next()?)?);
     // The offset: `Z`, or `±hh:mm` after the seconds (and their fraction).
     let (clock, offset) = match time.find(['Z', 'z', '+', '-']) {
         Some(i) if time[i..].eq_ignore_ascii_case("z") => (&time[..i], 0),
         Some(i) => {
             let (h, m) = time[i + 1..].split_once(':')?;
             let sign = if time.as_bytes()[i] == b'-' { -1 } else { 1 };
-            (&time[..i], sign * (num(h)? * 3600 + num(m)? * 60))
+            let (h, m) = (num(h)?, num(m)?);
+            if h > 23 || m > 59 {
+                return None;
+            }
+            (&time[..i], sign * (h * 3600 + m * 60))
         }
         None => return None,
     };
@@ -218,5 +227,25 @@ mod tests {
         for bad in ["2024-02-29", "2024-13-01T00:00:00Z", "1969-12-31T23:59:59Z", "2024-02-29T00:00:00", "x-y-zT"] {
             assert_eq!(unix_seconds(bad), None, "{bad}");
         }
+    }
+
+    /// Found by fuzzing (`fuzz/corpus/openai_answer/regress-offset-overflow`):
+    /// a model's `created_at` with an offset of 7,173,733,806,442,603,406
+    /// hours overflowed the multiplication (a panic in a debug build, a
+    /// wrapped number in a release one); so could a year of 19 digits.
+    #[test]
+    fn a_time_whose_fields_are_too_long_to_be_rfc3339_is_none() {
+        for bad in [
+            "4050-00-01T04:00:00+07173733806442603406:00",
+            "2024-01-01T00:00:00+24:00",
+            "2024-01-01T00:00:00+01:60",
+            "9223372036854775807-01-01T00:00:00Z",
+            "02024-01-01T00:00:00Z",
+            "2024-001-01T00:00:00Z",
+            "2024-01-01T000:00:00Z",
+        ] {
+            assert_eq!(unix_seconds(bad), None, "{bad}");
+        }
+        assert_eq!(unix_seconds("9999-12-31T23:59:59+23:59"), Some(253_402_214_459));
     }
 }

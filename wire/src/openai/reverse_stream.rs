@@ -142,6 +142,17 @@ impl MessagesStream {
     fn tool_delta(&mut self, call: &Value, out: &mut Vec<u8>) {
         let i = call["index"].as_u64().unwrap_or(0);
         let block = match self.tools.iter().find(|&&(t, _)| t == i) {
+            // A call whose block is already closed (another call, or text,
+            // came between its parts): Anthropic's blocks run one after the
+            // other and never reopen, so the stream cannot carry it.
+            Some(&(_, b)) if self.open != Some(b) => {
+                return self.fail(
+                    ErrorType::Api,
+                    "the backend interleaved the parts of parallel tool calls, which an Anthropic stream cannot \
+                     carry (poolgate)",
+                    out,
+                );
+            }
             Some(&(_, b)) => b,
             None => {
                 let b = self.open_block(
@@ -179,7 +190,11 @@ impl MessagesStream {
     }
 
     fn fail(&mut self, kind: ErrorType, message: &str, out: &mut Vec<u8>) {
-        self.done = true;
+        // Once: the rest of a read that already failed (more chunks that are
+        // not JSON) must not add events after the one that ended the stream.
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
         out.extend_from_slice(sse::error_event(kind, message).as_bytes());
     }
 }
@@ -293,5 +308,55 @@ mod tests {
         let out = s.feed(b"data: {\"error\":{\"message\":\"boom\",\"type\":\"server_error\"}}\n\n");
         assert_eq!(out, [sse::error_event(ErrorType::Api, "boom")]);
         assert_eq!(s.feed(BACKEND.as_bytes()), Vec::<String>::new());
+    }
+
+    /// Found by fuzzing (`fuzz/corpus/openai_stream/regress-two-bad-chunks`):
+    /// two chunks that are not JSON in one read ended the stream with two
+    /// `error` events, the second after the stream was over.
+    #[test]
+    fn a_reverse_stream_fails_once_however_many_bad_chunks_follow() {
+        let mut s = MessagesStream::new("claude-x");
+        let mut out = s.feed(b"data: nope\n\ndata: again\n\n");
+        out.extend(s.feed(b"data: {nope\n\n"));
+        out.extend(s.finish());
+        assert_eq!(out.len(), 1, "one error event: {out:?}");
+        assert!(out[0].starts_with("event: error\n"));
+    }
+
+    /// Found by fuzzing (`fuzz/corpus/openai_stream/regress-interleaved-tools`):
+    /// the arguments of tool call 0 arriving after call 1 had opened its
+    /// block went out as a delta to block 0, already closed — an event order
+    /// Anthropic's grammar has no place for. The stream ends with an error.
+    #[test]
+    fn arguments_of_a_tool_call_whose_block_closed_end_the_stream_with_an_error() {
+        let call = |index: u64, id: Option<&str>, args: &str| {
+            let function = match id {
+                Some(_) => json!({"name": "f", "arguments": args}),
+                None => json!({"arguments": args}),
+            };
+            let mut c = json!({"index": index, "function": function});
+            if let Some(id) = id {
+                c["id"] = json!(id);
+            }
+            json!({"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [c]}}]})
+        };
+        let mut s = MessagesStream::new("claude-x");
+        let mut out = s.push(&call(0, Some("call_0"), "{\"a\":"));
+        out.extend(s.push(&call(1, Some("call_1"), "{}")));
+        out.extend(s.push(&call(0, None, "1}")));
+        out.extend(s.finish());
+        let names: Vec<&str> = out.iter().map(|e| e.lines().next().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "event: message_start",
+                "event: content_block_start",
+                "event: content_block_delta",
+                "event: content_block_stop",
+                "event: content_block_start",
+                "event: content_block_delta",
+                "event: error"
+            ]
+        );
     }
 }

@@ -249,7 +249,11 @@ impl ChatStream {
 
     /// An error chunk (OpenAI's error body as the data) and `[DONE]`.
     fn error_lines(&mut self, err: &OpenAiError, out: &mut Vec<u8>) {
-        self.done = true;
+        // Once: the rest of a read that already failed (more events that are
+        // not JSON) must not add chunks after the `[DONE]` that ended it.
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
         out.extend_from_slice(b"data: ");
         serde_json::to_writer(&mut *out, &err.to_body()).expect("an error serializes");
         out.extend_from_slice(b"\n\n");

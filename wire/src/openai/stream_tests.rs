@@ -161,3 +161,16 @@ fn a_stop_without_a_message_delta_still_finishes_and_a_start_is_not_needed() {
     assert!(out[0].contains(r#""finish_reason":"stop""#), "{out:?}");
     assert_eq!(s.finish(), [DONE]);
 }
+
+/// Found by fuzzing (`fuzz/corpus/openai_stream/regress-two-bad-events`):
+/// two events that are not JSON in one read ended the stream twice — two
+/// error chunks and two `[DONE]`s, the second after the stream was over.
+#[test]
+fn a_stream_fails_once_however_many_bad_events_follow() {
+    let mut s = ChatStream::new("gpt-4o", 1, false);
+    let mut out = s.feed(b"event: ping\ndata: nope\n\nevent: ping\ndata: again\n\n");
+    out.extend(s.feed(b"data: {nope\n\n"));
+    out.extend(s.finish());
+    assert_eq!(out.iter().filter(|l| l.as_str() == DONE).count(), 1, "{out:?}");
+    assert_eq!(out.len(), 2, "one error chunk, then [DONE]: {out:?}");
+}
