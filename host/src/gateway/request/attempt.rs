@@ -56,7 +56,9 @@ pub enum How {
     },
     /// No response at all (connect error, timeout).
     Unreachable(String),
-    /// A 2xx whose body broke before its first chunk.
+    /// A 2xx whose body broke before the client got a byte of it: before
+    /// its first chunk, or, for an answer read whole to be translated,
+    /// before it was whole.
     Broke {
         /// The status it had announced.
         status: StatusCode,
@@ -139,9 +141,10 @@ pub fn next(attempted: Attempted) -> Next {
             Next::FailOver(Failure::Refused { account, status, retry_after_ms: reading.retry_after_ms })
         }
         How::Unreachable(why) => Next::FailOver(Failure::Unreachable { account, why }),
-        How::Broke { why, .. } => {
-            Next::FailOver(Failure::Unreachable { account, why: format!("stream failed before the first byte: {why}") })
-        }
+        How::Broke { why, .. } => Next::FailOver(Failure::Unreachable {
+            account,
+            why: format!("the answer broke before the client got a byte: {why}"),
+        }),
     }
 }
 
@@ -212,8 +215,46 @@ pub async fn send(gw: &Gateway, generation: &Generation, send: Send<'_>) -> Atte
         }
         Some(Err(_)) => Bytes::new(),
     };
+    let (first, rest) = match incoming.dialect.is_openai() && status.is_success() && !sse {
+        true => match read_ahead(gw, first, rest).await {
+            Ok(read) => read,
+            Err(why) => {
+                tracing::warn!(request = incoming.id, account = %account.config.id, error = %why, "upstream answer broke before it was whole");
+                return attempted(reading, How::Broke { status, why });
+            }
+        },
+        false => (first, rest),
+    };
     let answered = Answered { account: account.index, status, headers, first, rest, sse, lease };
     attempted(reading, How::Answered(answered))
+}
+
+/// The most of an answer that is read whole to be translated.
+pub const WHOLE_LIMIT: usize = 64 << 20;
+
+/// Reads a 2xx answer that is translated for its client whole, inside the
+/// attempt: nothing has reached the client yet, so an answer that breaks on
+/// the way fails over like one that broke before its first byte (the chaos
+/// run found a Chat Completions client failed by one cut account while
+/// others could serve). A shutdown's cut stops the reading where it is; the
+/// commit then answers the client that the grace period ended.
+async fn read_ahead(gw: &Gateway, first: Bytes, mut rest: Rest) -> Result<(Bytes, Rest), String> {
+    let mut cut = gw.lifecycle.on_cut();
+    let mut out = bytes::BytesMut::from(&first[..]);
+    loop {
+        tokio::select! {
+            biased;
+            chunk = rest.next() => match chunk {
+                None => return Ok((out.freeze(), Box::pin(futures_util::stream::empty()))),
+                Some(Ok(chunk)) if out.len() + chunk.len() > WHOLE_LIMIT => {
+                    return Err(format!("the body is larger than {} MiB", WHOLE_LIMIT >> 20));
+                }
+                Some(Ok(chunk)) => out.extend_from_slice(&chunk),
+                Some(Err(e)) => return Err(format!("the body broke: {e}")),
+            },
+            () = &mut cut => return Ok((out.freeze(), rest)),
+        }
+    }
 }
 
 /// Sends the request; for an OAuth seat whose token the upstream refused
@@ -379,7 +420,7 @@ pub fn failure(how: &How) -> Option<String> {
     match how {
         How::Answered(_) | How::Refused { .. } => None,
         How::Unreachable(why) => Some(why.clone()),
-        How::Broke { why, .. } => Some(format!("stream failed before the first byte: {why}")),
+        How::Broke { why, .. } => Some(format!("the answer broke before the client got a byte: {why}")),
     }
 }
 
