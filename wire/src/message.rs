@@ -253,6 +253,7 @@ impl Event<'_> {
 
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[expect(clippy::enum_variant_names, reason = "serde names them Anthropic's delta types, which all end in `_delta`")]
 enum Delta<'a> {
     ThinkingDelta { thinking: &'a str },
     SignatureDelta { signature: &'a str },

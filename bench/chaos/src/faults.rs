@@ -31,7 +31,7 @@ impl Rng {
     }
 
     /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn bits(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -40,12 +40,12 @@ impl Rng {
 
     /// Uniform in `lo..hi`.
     pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo).max(1)
+        lo + self.bits() % (hi - lo).max(1)
     }
 
     /// True with probability `p`.
     pub fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+        (self.bits() >> 11) as f64 / (1u64 << 53) as f64 <= p
     }
 
     /// One of `items`.

@@ -93,8 +93,10 @@ pub async fn run(s: &Settings) -> Result<Report> {
     let duration = start.elapsed();
     // Let connections the clients dropped close before counting descriptors.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let timeline = timeline.lock();
-    let mut report = Report::new(&outcomes, &timeline, duration);
+    let (mut report, signalled) = {
+        let timeline = timeline.lock();
+        (Report::new(&outcomes, &timeline, duration), timeline.reloads.clone())
+    };
     for (r, (g, fds_start)) in world.gateways.iter().zip(fds_start).enumerate() {
         let (rss, peak) = g.rss_kib();
         report.replicas.push(Replica {
@@ -104,7 +106,7 @@ pub async fn run(s: &Settings) -> Result<Report> {
             panics: g.panics(),
             alive: g.alive(),
             reloads: reloads(&g.url).await,
-            signalled: timeline.reloads.get(&r).copied().unwrap_or_default(),
+            signalled: signalled.get(&r).copied().unwrap_or_default(),
         });
     }
     Ok(report)

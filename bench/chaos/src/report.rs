@@ -57,6 +57,8 @@ pub struct Report {
     pub fallback_while_could: u64,
     /// Served requests' time to the last byte, ms: p50, p99, max.
     pub latency_ms: (f64, f64, f64),
+    /// The slowest served request: what it asked and which account answered.
+    pub slowest: String,
     /// Each replica.
     pub replicas: Vec<Replica>,
     /// Reloads that did not do what they must: must be none.
@@ -75,6 +77,7 @@ impl Report {
             ..Report::default()
         };
         let mut served_ms = Vec::new();
+        let mut slowest = (0.0, String::new());
         for o in outcomes {
             r.sent += 1;
             let entry = r.by_kind.entry(o.kind).or_default();
@@ -88,7 +91,11 @@ impl Report {
                     r.served += 1;
                     r.by_fallback += u64::from(*fallback);
                     r.fallback_while_could += u64::from(*fallback && !parked);
-                    served_ms.push((o.end - o.start).as_secs_f64() * 1e3);
+                    let ms = (o.end - o.start).as_secs_f64() * 1e3;
+                    if ms > slowest.0 {
+                        slowest = (ms, format!("{:?} answered by `{}` in {ms:.0} ms", o.kind, o.account));
+                    }
+                    served_ms.push(ms);
                 }
                 Class::CleanCut => r.clean_cuts += 1,
                 Class::JsonCut => r.json_cuts += 1,
@@ -102,6 +109,7 @@ impl Report {
         served_ms.sort_by(f64::total_cmp);
         let at = |q: f64| served_ms.get(((served_ms.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
         r.latency_ms = (at(0.5), at(0.99), served_ms.last().copied().unwrap_or(0.0));
+        r.slowest = slowest.1;
         r
     }
 
@@ -151,6 +159,7 @@ impl fmt::Display for Report {
         row(f, "fallback answers while an account could serve", self.fallback_while_could.to_string())?;
         let (p50, p99, max) = self.latency_ms;
         row(f, "served latency p50 / p99 / max, ms", format!("{p50:.0} / {p99:.0} / {max:.0}"))?;
+        writeln!(f, "    the slowest: {}", self.slowest)?;
         for (i, r) in self.replicas.iter().enumerate() {
             row(
                 f,

@@ -87,6 +87,8 @@ pub struct Outcome {
     pub end: Instant,
     /// What it got.
     pub class: Class,
+    /// The account that answered (`x-poolgate-account`), if one did.
+    pub account: String,
 }
 
 /// Sends requests from one client until `until`; every outcome.
@@ -105,8 +107,8 @@ pub async fn client(replicas: Vec<String>, until: Instant, seed: u64) -> Vec<Out
         let session = format!("chaos-session-{}", rng.range(0, 40));
         let model = *rng.pick(&["claude-sonnet-4-5", HOSTILE_MODEL]);
         let start = Instant::now();
-        let class = send(&http, &base, key, Ask { kind, session: &session, model }).await;
-        out.push(Outcome { kind, start, end: Instant::now(), class });
+        let (class, account) = send(&http, &base, key, Ask { kind, session: &session, model }).await;
+        out.push(Outcome { kind, start, end: Instant::now(), class, account });
     }
     out
 }
@@ -118,7 +120,13 @@ struct Ask<'a> {
     model: &'a str,
 }
 
-async fn send(http: &reqwest::Client, base: &str, key: &str, ask: Ask<'_>) -> Class {
+async fn send(http: &reqwest::Client, base: &str, key: &str, ask: Ask<'_>) -> (Class, String) {
+    let mut account = String::new();
+    let class = classify(http, base, key, ask, &mut account).await;
+    (class, account)
+}
+
+async fn classify(http: &reqwest::Client, base: &str, key: &str, ask: Ask<'_>, account: &mut String) -> Class {
     let kind = ask.kind;
     let (path, body) = request(&ask);
     let mut req = http.post(format!("{base}{path}")).json(&body);
@@ -133,7 +141,8 @@ async fn send(http: &reqwest::Client, base: &str, key: &str, ask: Ask<'_>) -> Cl
     let status = resp.status().as_u16();
     let fallback = resp.headers().contains_key("x-poolgate-fallback");
     let sse = resp.headers().get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    let account = resp.headers().get("x-poolgate-account").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let served_by = resp.headers().get("x-poolgate-account").and_then(|v| v.to_str().ok());
+    *account = served_by.unwrap_or("").to_string();
     let body = resp.bytes().await;
     if status == 429 {
         return Class::TooMany;
