@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 
 use super::admission::Lease;
 use super::finish::{note, outcome_of};
@@ -276,16 +276,17 @@ async fn send_refreshing(
         return Ok(response);
     }
     let oauth = &generation.config.oauth;
-    let refreshed = seat
-        .refresh(
-            crate::oauth::Why::Unauthorized,
-            Some(&token),
-            || gw.clock.now_ms(),
-            oauth.refresh_before_ms,
-            oauth.max_backoff_ms,
-        )
-        .await;
-    crate::gateway::seat_keeper::note(&gw.metrics, &account.config.id, &account.state, &refreshed, gw.clock.now_ms());
+    let wait = Duration::from_millis(oauth.request_wait_ms);
+    let bounds = (oauth.refresh_before_ms, oauth.max_backoff_ms);
+    let Some(refreshed) = refresh_within(gw, account, seat.clone(), token, wait, bounds).await else {
+        tracing::warn!(
+            request = incoming.id,
+            account = %account.config.id,
+            wait_ms = oauth.request_wait_ms,
+            "401 on an OAuth seat whose refresh takes longer than oauth.request_wait_ms: failing over while it goes on"
+        );
+        return Ok(response);
+    };
     match refreshed {
         Ok(_) => {
             tracing::info!(request = incoming.id, account = %account.config.id, "401 on an OAuth seat: token refreshed, sending again");
@@ -301,6 +302,36 @@ async fn send_refreshing(
             tracing::warn!(request = incoming.id, account = %account.config.id, error, "401 on an OAuth seat and no new token");
             Ok(response)
         }
+    }
+}
+
+/// Refreshes `account`'s seat after a 401 on `token`, waiting for it at most
+/// `wait`: `None` past that. The refresh runs as a task of its own, so a
+/// request that stops waiting never cuts it short — a refresh token is
+/// single-use, and a refresh dropped after the token endpoint spent it would
+/// lose the seat's new pair. The chaos run found requests held 15 s (the token
+/// endpoint's whole timeout) on a seat whose endpoint hung, while other
+/// accounts could serve.
+async fn refresh_within(
+    gw: &Gateway,
+    account: &PoolAccount,
+    seat: std::sync::Arc<crate::oauth::Seat>,
+    token: HeaderValue,
+    wait: Duration,
+    (before_ms, max_backoff_ms): (u64, u64),
+) -> Option<Result<crate::oauth::Refreshed, crate::oauth::SeatError>> {
+    let (clock, metrics, state, id) =
+        (gw.clock.clone(), gw.metrics.clone(), account.state.clone(), account.config.id.clone());
+    let refresh = tokio::spawn(async move {
+        let why = crate::oauth::Why::Unauthorized;
+        let refreshed = seat.refresh(why, Some(&token), || clock.now_ms(), before_ms, max_backoff_ms).await;
+        crate::gateway::seat_keeper::note(&metrics, &id, &state, &refreshed, clock.now_ms());
+        refreshed
+    });
+    match tokio::time::timeout(wait, refresh).await {
+        Ok(Ok(refreshed)) => Some(refreshed),
+        Ok(Err(panicked)) => Some(Err(crate::oauth::SeatError::Failed(format!("the refresh failed: {panicked}")))),
+        Err(_) => None,
     }
 }
 
