@@ -81,6 +81,7 @@ pub const SERVER: &[Field] = &[
     f("header_timeout_ms", Kind::Int(100, 600_000)),
     f("body_timeout_ms", Kind::Int(100, 3_600_000)),
     f("idle_timeout_ms", Kind::Int(100, 3_600_000)),
+    f("send_timeout_ms", Kind::Int(1000, 3_600_000)),
     f("max_connections", Kind::Int(0, 1_000_000)),
     f("decisions_kept", Kind::Int(0, 100_000)),
     f("log_format", Kind::OneOf(&["text", "json"])),

@@ -31,6 +31,11 @@ pub struct ServerConfig {
     pub body_timeout_ms: u64,
     /// How long a keep-alive connection may stay idle between requests, ms.
     pub idle_timeout_ms: u64,
+    /// How long the gateway may wait for a client to accept a byte of its
+    /// answer, ms: past it (the client reads nothing, its window full) the
+    /// connection is closed and the upstream request cancelled. Counted only
+    /// while something waits to be written: a quiet stream never trips it.
+    pub send_timeout_ms: u64,
     /// The most client connections open at once; 0 derives it from the
     /// open-file limit. Past it a connection gets a 503 and is closed.
     pub max_connections: usize,
@@ -57,6 +62,10 @@ impl Default for ServerConfig {
             header_timeout_ms: 10_000,
             body_timeout_ms: 60_000,
             idle_timeout_ms: 75_000,
+            // nginx's `send_timeout` default; a client that takes nothing for
+            // a minute while bytes wait is stuck, not slow (a model's own
+            // silences do not count: nothing waits then).
+            send_timeout_ms: 60_000,
             max_connections: 0,
             decisions_kept: 200,
             log_format: LogFormat::Text,

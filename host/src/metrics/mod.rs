@@ -200,6 +200,7 @@ pub struct Metrics {
     unserved: Family<Cause, Counter>,
     refused: Family<Reason, Counter>,
     idle_closed: Counter,
+    send_timeouts: Counter,
     shutdown_cuts: Counter,
     reloads: Family<ReloadResult, Counter>,
     chain_duration: Histogram,
@@ -236,6 +237,7 @@ impl Default for Metrics {
             unserved: Family::default(),
             refused: Family::default(),
             idle_closed: Counter::default(),
+            send_timeouts: Counter::default(),
             shutdown_cuts: Counter::default(),
             reloads: Family::default(),
             chain_duration: latency_histogram(),
@@ -325,6 +327,12 @@ impl Metrics {
             "Client connections closed for sending nothing: idle past server.idle_timeout_ms between requests, or \
              silent past server.header_timeout_ms after connecting",
             self.idle_closed.clone(),
+        );
+        r.register(
+            "poolgate_send_timeouts",
+            "Client connections closed for taking no byte of their answer for server.send_timeout_ms, their \
+             requests' upstream cancelled",
+            self.send_timeouts.clone(),
         );
         r.register(
             "poolgate_shutdown_cuts",
@@ -452,6 +460,12 @@ impl Metrics {
     /// A client connection was closed for sending nothing.
     pub fn idle_closed(&self) {
         self.idle_closed.inc();
+    }
+
+    /// A client connection was closed for taking no byte for
+    /// `server.send_timeout_ms`.
+    pub fn send_timeout(&self) {
+        self.send_timeouts.inc();
     }
 
     /// An answer was cut at the end of the shutdown grace period.

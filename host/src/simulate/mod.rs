@@ -254,6 +254,7 @@ async fn send(gw: &Arc<Gateway>, entry: &Entry) -> u16 {
         body: Bytes::from(body.to_string()),
         client: entry.client.clone(),
         dialect: Default::default(),
+        connection: None,
     };
     let response = forward(gw.clone(), Api::Messages, incoming).await;
     let status = response.status().as_u16();

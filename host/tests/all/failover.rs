@@ -130,6 +130,7 @@ async fn send(gw: &Arc<Gateway>) -> (Response, RequestRecord) {
         body: Bytes::from_static(body.as_bytes()),
         client: None,
         dialect: Default::default(),
+        connection: None,
     };
     let r = forward(gw.clone(), Api::Messages, incoming).await;
     let (parts, body) = r.into_parts();

@@ -19,6 +19,7 @@ mod chain_order;
 mod chaos;
 mod chat_completions;
 mod claude_code;
+mod clients;
 mod config_check;
 mod demo;
 mod failover;

@@ -269,6 +269,7 @@ async fn median<F: Future<Output = reqwest::Response>>(n: usize, mut send: impl 
 async fn held_sockets_neither_delay_other_clients_nor_outlive_their_timeouts() {
     const HEADS: usize = 300;
     const BODIES: usize = 50;
+    const SILENT: usize = 10;
     const TIMEOUT_MS: u64 = 5000;
     let mock = MockUpstream::start().await;
     mock.account("key-a");
@@ -311,6 +312,11 @@ async fn held_sockets_neither_delay_other_clients_nor_outlive_their_timeouts() {
         s.write_all(head.as_bytes()).await.unwrap();
         sockets.push(("body", poolgate::clock::machine_instant(), s));
     }
+    // Connections that send nothing at all: closed without an answer.
+    let mut silent = Vec::new();
+    for _ in 0..SILENT {
+        silent.push((poolgate::clock::machine_instant(), TcpStream::connect(&addr).await.unwrap()));
+    }
     let busy = (median(9, messages).await, median(9, healthz).await);
     assert!(held.elapsed() < Duration::from_millis(TIMEOUT_MS), "measured while every socket was held");
     eprintln!("median request / healthz: {quiet:?} quiet, {busy:?} with {HEADS} heads and {BODIES} bodies held");
@@ -337,8 +343,14 @@ async fn held_sockets_neither_delay_other_clients_nor_outlive_their_timeouts() {
         let key = if what == "head" { "server.header_timeout_ms" } else { "server.body_timeout_ms" };
         assert!(body["error"]["message"].as_str().unwrap().contains(key), "{body}");
     }
+    for (since, s) in silent {
+        let (bytes, _) = answer_on(s, Duration::from_secs(30)).await;
+        assert!(bytes.is_empty(), "a silent connection is closed without an answer: {bytes:?}");
+        assert!(since.elapsed() >= Duration::from_millis(TIMEOUT_MS - 50), "closed after {:?}", since.elapsed());
+    }
     let m = metrics(&gw).await;
     assert!(m.contains(&format!("poolgate_refused_total{{reason=\"head_timeout\"}} {HEADS}")), "{m}");
+    assert!(m.contains(&format!("poolgate_idle_connections_closed_total {SILENT}\n")), "{m}");
     assert!(m.contains(&format!("poolgate_refused_total{{reason=\"body_timeout\"}} {BODIES}")), "{m}");
     assert!(m.contains("poolgate_client_connections_limit{} 448"), "{m}");
     assert_eq!(mock.requests().len(), 18, "only the valid requests reached the account");

@@ -14,7 +14,7 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -47,9 +47,27 @@ impl ConnControl {
     }
 }
 
+/// Connections accepted and ended so far: a client that gives up on an answer
+/// (a gateway cancelling its upstream request) shows as a connection that ended
+/// while its reply was still being written.
+#[derive(Default)]
+pub(crate) struct Tally {
+    pub opened: AtomicU64,
+    pub closed: AtomicU64,
+}
+
+/// Counts one connection ended when dropped, however its task ends.
+struct Counted(Arc<Tally>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.closed.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
 /// Accepts connections until the task is aborted; dropping the task aborts every
 /// connection task too, because they live in its `JoinSet`.
-pub(crate) async fn serve(listener: TcpListener, router: Router) {
+pub(crate) async fn serve(listener: TcpListener, router: Router, tally: Arc<Tally>) {
     let mut connections = JoinSet::new();
     loop {
         // Reap finished connections so a long benchmark run does not grow the set.
@@ -65,7 +83,13 @@ pub(crate) async fn serve(listener: TcpListener, router: Router) {
         };
         // Small SSE events must leave at once; Nagle would hold them back.
         let _ = stream.set_nodelay(true);
-        connections.spawn(connection(stream, router.clone()));
+        let router = router.clone();
+        tally.opened.fetch_add(1, Ordering::AcqRel);
+        let counted = Counted(tally.clone());
+        connections.spawn(async move {
+            let _counted = counted;
+            connection(stream, router).await;
+        });
     }
 }
 

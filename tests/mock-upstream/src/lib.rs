@@ -113,6 +113,15 @@ impl Default for Config {
     }
 }
 
+/// The upstream's connections, as [`MockUpstream::connections`] counts them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Connections {
+    /// Accepted so far.
+    pub opened: u64,
+    /// Still open.
+    pub open: u64,
+}
+
 /// One request as the mock received it.
 #[derive(Clone, Debug)]
 pub struct Recorded {
@@ -150,6 +159,7 @@ impl Recorded {
 /// A running mock upstream. Serves until dropped.
 pub struct MockUpstream {
     shared: Arc<server::Shared>,
+    tally: Arc<conn::Tally>,
     addr: SocketAddr,
     task: JoinHandle<()>,
 }
@@ -179,8 +189,9 @@ impl MockUpstream {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(server::Shared::new(config));
-        let task = tokio::spawn(conn::serve(listener, server::router(shared.clone())));
-        Ok(MockUpstream { shared, addr, task })
+        let tally = Arc::new(conn::Tally::default());
+        let task = tokio::spawn(conn::serve(listener, server::router(shared.clone()), tally.clone()));
+        Ok(MockUpstream { shared, tally, addr, task })
     }
 
     /// The base URL to point a client at, e.g. `"http://127.0.0.1:41234"`.
@@ -229,6 +240,15 @@ impl MockUpstream {
     /// Forgets the requests received so far (accounts and their scripts stay).
     pub fn clear_requests(&self) {
         self.shared.records().clear();
+    }
+
+    /// Connections accepted so far and, of those, how many have ended (closed by
+    /// either side): a gateway that cancels an upstream request closes its connection,
+    /// so `open` falling back shows the request was cancelled.
+    pub fn connections(&self) -> Connections {
+        let closed = self.tally.closed.load(std::sync::atomic::Ordering::Acquire);
+        let opened = self.tally.opened.load(std::sync::atomic::Ordering::Acquire);
+        Connections { opened, open: opened.saturating_sub(closed) }
     }
 
     /// The settings this server runs with.

@@ -70,6 +70,16 @@ pub enum Step {
         /// Milliseconds between SSE events.
         chunk_delay_ms: u64,
     },
+    /// A normal reply with a long text, `deltas` SSE `text_delta` events of about
+    /// `delta_bytes` each (a JSON reply carries the same text whole), spaced by the
+    /// server's `chunk_delay_ms`: a large answer, for what a gateway holds while its
+    /// client does not read.
+    LongStream {
+        /// How many `text_delta` events.
+        deltas: usize,
+        /// About how many bytes of text each carries.
+        delta_bytes: usize,
+    },
     /// Reads the request, then drops the connection (TCP reset) without a response byte.
     ResetBeforeResponse,
     /// Sends the 200 headers and the first `after_events` SSE events, then resets the

@@ -25,6 +25,7 @@ use axum::response::Response;
 use axum::routing::{get, head, post};
 use bytes::Bytes;
 use poolgate_wire::error::{self, ErrorType};
+use poolgate_wire::message::{Chunking, TextPieces};
 use poolgate_wire::{header, ids, message, request};
 
 use crate::chunks::Chunks;
@@ -306,6 +307,13 @@ fn play<'a>(ctx: &'a Ctx, step: Step) -> std::pin::Pin<Box<dyn Future<Output = R
                 reply(ctx, None, gap, None)
             }
             Step::ResetMidStream { after_events } => reply(ctx, None, default_gap, Some(after_events)),
+            Step::LongStream { deltas, delta_bytes } => {
+                // Words of six bytes, as many to a delta as fill it.
+                let words = (delta_bytes / 6).max(1);
+                let text = "lorem ".repeat(words * deltas.max(1));
+                let chunking = Chunking { text: TextPieces::Words(words), json_parts: 4 };
+                reply_chunked(ctx, Some(&text), default_gap, None, &chunking)
+            }
             Step::RateLimited { unified, retry_after } => rate_limited(ctx, unified, retry_after),
             Step::Overloaded => account_error(ctx, 529, ErrorType::Overloaded, "Overloaded"),
             Step::ServerError(status) => account_error(ctx, status, ErrorType::Api, "Internal server error"),
@@ -336,6 +344,11 @@ fn wants_stream(ctx: &Ctx) -> bool {
 /// The endpoint's normal reply, optionally spaced out by `gap` (SSE only) or cut after
 /// `cut` events (or half the body, for JSON).
 fn reply(ctx: &Ctx, text: Option<&str>, gap: Duration, cut: Option<usize>) -> Response {
+    reply_chunked(ctx, text, gap, cut, &CHUNKING)
+}
+
+/// [`reply`], with the SSE text split as `chunking` says.
+fn reply_chunked(ctx: &Ctx, text: Option<&str>, gap: Duration, cut: Option<usize>, chunking: &Chunking) -> Response {
     let (body, stream) = match ctx.endpoint {
         Endpoint::Messages => match reply::parse_messages(&ctx.body) {
             Ok(ask) => {
@@ -350,7 +363,7 @@ fn reply(ctx: &Ctx, text: Option<&str>, gap: Duration, cut: Option<usize>) -> Re
                     });
                 }
                 if stream {
-                    (Err(reply.events(&CHUNKING).into_iter().map(Bytes::from).collect()), true)
+                    (Err(reply.events(chunking).into_iter().map(Bytes::from).collect()), true)
                 } else {
                     (Ok(Bytes::from(reply.to_json())), false)
                 }

@@ -115,6 +115,18 @@ fn the_drain_window_fits_inside_the_grace_period() {
 }
 
 #[test]
+fn the_send_timeout_is_a_whole_number_of_ms_from_one_second_to_an_hour() {
+    for bad in ["0", "999", "3600001", "-5", "\"60s\"", "1.5"] {
+        let p = problems(&format!("[server]\nsend_timeout_ms = {bad}\n"));
+        assert_eq!(p.len(), 1, "{bad}: {p:?}");
+        assert!(p[0].starts_with("server.send_timeout_ms@Some(2): "), "{bad}: {p:?}");
+    }
+    for good in ["1000", "60000", "3600000"] {
+        assert!(problems(&format!("[server]\nsend_timeout_ms = {good}\n")).is_empty(), "{good}");
+    }
+}
+
+#[test]
 fn stage_names_are_checked_and_named_by_their_key() {
     let text = "[[policy.chain]]\nplugin = \"builtin:headroom\"\nname = \"evil\\n2026-01-01 ERROR forged\"\n\n\
                 [[policy.chain]]\nplugin = \"builtin:headroom\"\nname = \"\"\n\n\

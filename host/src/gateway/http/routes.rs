@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -22,6 +22,7 @@ use crate::gateway::reload::{ReloadError, ReloadRequest};
 use crate::gateway::request::dialect::{self, Dialect};
 use crate::gateway::request::errors::{ErrorType, error, final_error};
 use crate::gateway::request::finish::Early;
+use crate::gateway::request::read::Connection;
 use crate::gateway::request::{Api, Incoming, forward};
 
 /// Builds the router.
@@ -59,10 +60,14 @@ pub fn router(state: AppState) -> Router {
 /// Serves an API route: the client key, the body read, the request in the
 /// client's dialect translated to Anthropic's, then the phases ([`forward`]).
 /// A refusal here is written in the client's dialect too.
-async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
+async fn api(state: AppState, api: Api, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let (method, uri, mut headers) = (parts.method, parts.uri, parts.headers);
+    // The connection it came on (the server puts it there), asked at the
+    // request's end if its answer is dropped early.
+    let connection = parts.extensions.get::<Connection>().cloned();
     let gw = state.gateway;
     let early = Early { id: gw.next_request_id(), method: &method, path: uri.path(), started: gw.clock.instant() };
-    let mut headers = headers;
     let dialect = match api {
         Api::ChatCompletions => Dialect::Chat(Default::default()),
         Api::Models if dialect::openai_models(&mut headers) => Dialect::Models,
@@ -97,7 +102,7 @@ async fn api(state: AppState, api: Api, method: Method, uri: Uri, headers: Heade
         (body, uri, dialect)
     };
     drop(generation);
-    forward(gw, api, Incoming { id, method, uri, headers, body, client, dialect }).await
+    forward(gw, api, Incoming { id, method, uri, headers, body, client, dialect, connection }).await
 }
 
 /// The 415 for a POST whose body is not declared `application/json` (any
@@ -176,28 +181,22 @@ async fn read_body(
     }
 }
 
-async fn messages(State(s): State<AppState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
-    api(s, Api::Messages, method, uri, headers, body).await
+async fn messages(State(s): State<AppState>, req: Request) -> Response {
+    api(s, Api::Messages, req).await
 }
 
-async fn chat_completions(
-    State(s): State<AppState>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    api(s, Api::ChatCompletions, method, uri, headers, body).await
+async fn chat_completions(State(s): State<AppState>, req: Request) -> Response {
+    api(s, Api::ChatCompletions, req).await
 }
 
-async fn count_tokens(State(s): State<AppState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
-    api(s, Api::CountTokens, method, uri, headers, body).await
+async fn count_tokens(State(s): State<AppState>, req: Request) -> Response {
+    api(s, Api::CountTokens, req).await
 }
 
 /// `GET /v1/models`: Anthropic's list, or OpenAI's for a client that sends no
 /// `anthropic-version` (see `dialect`).
-async fn models(State(s): State<AppState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
-    api(s, Api::Models, method, uri, headers, body).await
+async fn models(State(s): State<AppState>, req: Request) -> Response {
+    api(s, Api::Models, req).await
 }
 
 /// Claude Code's reachability probes: answered at once, never with an auth error

@@ -43,6 +43,7 @@ use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::gateway::lifecycle::{self, OpenFiles};
 use crate::gateway::reload::Reloader;
+use crate::gateway::request::read::Connection;
 use crate::policy::PolicyEngine;
 
 /// Builds the reload hook once the gateway exists.
@@ -495,7 +496,10 @@ fn service(
         let answer = match refused {
             Some(r) => Either::Left(std::future::ready(Ok(r))),
             None => {
-                let req = req.map(|b| Body::new(AtEnd::new(b, shared.clone())));
+                let mut req = req.map(|b| Body::new(AtEnd::new(b, shared.clone())));
+                // The connection's state, for a request whose answer is
+                // dropped early to learn why (`server.send_timeout_ms`).
+                req.extensions_mut().insert(Connection(shared.clone()));
                 Either::Right(app.call(req))
             }
         };

@@ -9,8 +9,9 @@
 //! slot, tells the chain how the request ended (`observe`), completes the
 //! decision record, counts it in the metrics and keeps it. A `Finish`
 //! dropped before that (the client went away while its answer streamed or
-//! was read) completes as `client_gone`. The headers are the same on every
-//! path:
+//! was read) completes as `client_gone` — or `send_timeout`, when its
+//! connection was closed because the client took no byte of it. The headers
+//! are the same on every path:
 //!
 //! - `x-poolgate-request-id` always;
 //! - `x-poolgate-account`: the id of the account whose answer the response is
@@ -81,6 +82,8 @@ pub struct Finish {
     pub(super) done: bool,
     /// Its place on its client key's meter, settled with what it used.
     pub(super) key_lease: Option<crate::ledger::limits::KeyLease>,
+    /// The connection it came on: asked why, if the answer is dropped early.
+    pub(super) connection: Option<super::read::Connection>,
 }
 
 impl Finish {
@@ -252,9 +255,11 @@ impl Finish {
 
 impl Drop for Finish {
     /// Dropped before it completed: the client went away while its answer
-    /// was on its way.
+    /// was on its way — or stopped taking it, and its connection was closed
+    /// for it (`send_timeout`).
     fn drop(&mut self) {
-        self.end(Ending::ClientGone);
+        let timed_out = self.connection.as_ref().is_some_and(|c| c.0.send_timed_out());
+        self.end(if timed_out { Ending::SendTimeout } else { Ending::ClientGone });
     }
 }
 

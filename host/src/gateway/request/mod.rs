@@ -149,8 +149,7 @@ pub struct Ranked {
     at_us: u64,
 }
 
-/// An account the chain ranked that could not take the request: its pool
-/// index, why, and until when.
+/// An account the chain ranked that could not take the request: its pool index, why, and until when.
 pub type Unusable = (u32, PassCause, Option<u64>);
 
 /// Everything one request carries from phase to phase.
@@ -520,6 +519,7 @@ impl Exchange {
             status: 0,
             done: false,
             key_lease: self.key_lease,
+            connection: self.incoming.connection,
         }
     }
 }

@@ -31,6 +31,28 @@ pub struct Incoming {
     /// How the client's answers are written (the request itself is already
     /// Anthropic's here: see `dialect`).
     pub dialect: super::dialect::Dialect,
+    /// The connection it came on, when it came on one (not in the simulator).
+    pub connection: Option<Connection>,
+}
+
+/// What the connection a request came on knows about how it ended, asked by
+/// a request whose answer was dropped before its end. The HTTP surface
+/// implements it (its connection guard knows); the phases only ask.
+pub trait ClientConnection: Send + Sync {
+    /// Whether the connection was closed because its client accepted no
+    /// byte for `server.send_timeout_ms`.
+    fn send_timed_out(&self) -> bool;
+}
+
+/// The connection a request came on, as the request's extensions carry it:
+/// the connection's own shared state, not a copy.
+#[derive(Clone)]
+pub struct Connection(pub std::sync::Arc<dyn ClientConnection>);
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Connection")
+    }
 }
 
 /// What the gateway reads from a request body.

@@ -50,6 +50,10 @@ pub enum Ending {
     StreamError,
     /// The client went away before the answer was whole.
     ClientGone,
+    /// The client accepted no byte of its answer for
+    /// `server.send_timeout_ms`: its connection was closed and the upstream
+    /// request cancelled.
+    SendTimeout,
     /// The gateway was shutting down and the answer was still open when its
     /// grace period ended: cut, with an SSE `error` event for a stream.
     Shutdown,
@@ -79,6 +83,7 @@ impl Ending {
             Ending::Complete => "complete",
             Ending::StreamError => "stream_error",
             Ending::ClientGone => "client_gone",
+            Ending::SendTimeout => "send_timeout",
             Ending::Shutdown => "shutdown",
             Ending::Parked => "parked",
             Ending::AuthRefused => "auth_refused",

@@ -175,6 +175,7 @@ async fn send(gw: &Arc<Gateway>) -> (u16, String) {
         body: Bytes::from_static(body.as_bytes()),
         client: None,
         dialect: Default::default(),
+        connection: None,
     };
     let r = forward(gw.clone(), Api::Messages, incoming).await;
     let account = r.headers().get("x-poolgate-account").map_or("", |v| v.to_str().unwrap()).to_string();

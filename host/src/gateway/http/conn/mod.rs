@@ -17,6 +17,13 @@
 //!   (`server.body_timeout_ms`, in the route) and an answer may stream for
 //!   minutes.
 //!
+//! Whatever the phase, a write the client does not take — its window full,
+//! not one byte accepted for `server.send_timeout_ms` — ends the connection
+//! (nginx's `send_timeout`): the server sees the write fail and drops the
+//! answers on it, and with them their upstream requests. The timer runs only
+//! while bytes wait, so a stream that is merely quiet never trips it; a write
+//! that goes through costs one store.
+//!
 //! The server's own limits stay above the guard's, as a backstop. A
 //! connection that opens with the HTTP/2 preface is served as HTTP/2 and only
 //! its idleness is watched: no HTTP/1 byte is ever written into it.
@@ -62,6 +69,8 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// `server.idle_timeout_ms`.
     pub idle_timeout: Duration,
+    /// `server.send_timeout_ms`.
+    pub send_timeout: Duration,
 }
 
 impl Limits {
@@ -72,6 +81,7 @@ impl Limits {
             max_header_bytes: server.max_header_bytes,
             header_timeout: Duration::from_millis(server.header_timeout_ms),
             idle_timeout: Duration::from_millis(server.idle_timeout_ms),
+            send_timeout: Duration::from_millis(server.send_timeout_ms),
         }
     }
 }
@@ -114,6 +124,10 @@ pub struct Guard {
     timer: Pin<Box<Sleep>>,
     armed: Option<Instant>,
     refusing: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// Since when a write has waited without the client taking a byte.
+    stalled: Option<Instant>,
+    /// The send timeout's timer: made at the first write that waits.
+    send_timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl Guard {
@@ -131,6 +145,8 @@ impl Guard {
             timer: Box::pin(tokio::time::sleep_until(now + limits.header_timeout)),
             armed: None,
             refusing: None,
+            stalled: None,
+            send_timer: None,
         }
     }
 
@@ -322,12 +338,61 @@ impl AsyncRead for Guard {
     }
 }
 
+impl Guard {
+    /// Follows a write's progress: a byte taken clears the stall; a write
+    /// that waits starts it (or goes on with it) and fails once it has
+    /// lasted `server.send_timeout_ms`.
+    fn sent<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+        progress: impl Fn(&T) -> bool,
+    ) -> Poll<io::Result<T>> {
+        match polled {
+            Poll::Ready(Ok(done)) if progress(&done) => {
+                self.stalled = None;
+                Poll::Ready(Ok(done))
+            }
+            Poll::Pending => match self.poll_stall(cx) {
+                Poll::Ready(e) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            },
+            other => other,
+        }
+    }
+
+    /// Polls the send timer of a write that waits; the error that ends the
+    /// connection once it ran out (told once: counted, logged, and noted for
+    /// the requests on the connection, which end as `send_timeout`).
+    fn poll_stall(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        let since = *self.stalled.get_or_insert_with(Instant::now);
+        let at = since + self.limits.send_timeout;
+        let timer = self.send_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        if timer.deadline() != at {
+            timer.as_mut().reset(at);
+        }
+        ready!(timer.as_mut().poll(cx));
+        if self.shared.note_send_timeout() {
+            self.gateway.metrics.send_timeout();
+            let ms = self.limits.send_timeout.as_millis() as u64;
+            tracing::warn!(
+                send_timeout_ms = ms,
+                "a client accepted no byte of its answer for {ms} ms (server.send_timeout_ms): connection closed, \
+                 its requests' upstream cancelled"
+            );
+        }
+        Poll::Ready(io::Error::new(io::ErrorKind::TimedOut, "the client accepted no byte (server.send_timeout_ms)"))
+    }
+}
+
 impl AsyncWrite for Guard {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut().io.as_mut() {
+        let this = self.get_mut();
+        let polled = match this.io.as_mut() {
             Some(io) => Pin::new(io).poll_write(cx, buf),
-            None => Poll::Ready(Err(refused())),
-        }
+            None => return Poll::Ready(Err(refused())),
+        };
+        this.sent(cx, polled, |&n| n > 0)
     }
 
     fn poll_write_vectored(
@@ -335,10 +400,12 @@ impl AsyncWrite for Guard {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut().io.as_mut() {
+        let this = self.get_mut();
+        let polled = match this.io.as_mut() {
             Some(io) => Pin::new(io).poll_write_vectored(cx, bufs),
-            None => Poll::Ready(Err(refused())),
-        }
+            None => return Poll::Ready(Err(refused())),
+        };
+        this.sent(cx, polled, |&n| n > 0)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -346,16 +413,20 @@ impl AsyncWrite for Guard {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut().io.as_mut() {
+        let this = self.get_mut();
+        let polled = match this.io.as_mut() {
             Some(io) => Pin::new(io).poll_flush(cx),
-            None => Poll::Ready(Ok(())),
-        }
+            None => return Poll::Ready(Ok(())),
+        };
+        this.sent(cx, polled, |_| false)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut().io.as_mut() {
+        let this = self.get_mut();
+        let polled = match this.io.as_mut() {
             Some(io) => Pin::new(io).poll_shutdown(cx),
-            None => Poll::Ready(Ok(())),
-        }
+            None => return Poll::Ready(Ok(())),
+        };
+        this.sent(cx, polled, |_| false)
     }
 }

@@ -14,6 +14,8 @@ use futures_util::task::AtomicWaker;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::Notify;
 
+use crate::gateway::request::read::ClientConnection;
+
 /// The state one connection's guard and its requests share.
 #[derive(Default)]
 pub struct Shared {
@@ -30,6 +32,9 @@ pub struct Shared {
     known_notify: Notify,
     /// Whether it is HTTP/2 (known once `known` is).
     http2: AtomicBool,
+    /// Whether the guard ended the connection for a client that accepted no
+    /// byte of its answer for `server.send_timeout_ms`.
+    send_timed_out: AtomicBool,
 }
 
 /// A snapshot of the requests on a connection.
@@ -94,6 +99,12 @@ impl Shared {
         self.reader.register(cx.waker());
     }
 
+    /// Notes that the client accepted no byte for `server.send_timeout_ms`;
+    /// true the first time (the guard counts and logs it once).
+    pub(super) fn note_send_timeout(&self) -> bool {
+        !self.send_timed_out.swap(true, Ordering::AcqRel)
+    }
+
     /// A request's head arrived; `body_done` when it has no body to read.
     pub fn request_started(&self, body_done: bool) {
         self.body_done.store(body_done, Ordering::Release);
@@ -107,6 +118,13 @@ impl Shared {
     fn response_ended(&self) {
         self.ended.fetch_add(1, Ordering::AcqRel);
         self.reader.wake();
+    }
+}
+
+/// How a request's end learns why its client stopped taking its answer.
+impl ClientConnection for Shared {
+    fn send_timed_out(&self) -> bool {
+        self.send_timed_out.load(Ordering::Acquire)
     }
 }
 
