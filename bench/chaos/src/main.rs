@@ -57,8 +57,8 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
         /// Seconds after a round's last stream before its "after" figures (past the gateway's
-        /// 90 s idle timeout for upstream connections).
-        #[arg(long, default_value_t = 100)]
+        /// 90 s idle timeout for upstream connections, checked every few seconds).
+        #[arg(long, default_value_t = 120)]
         settle_secs: u64,
     },
 }

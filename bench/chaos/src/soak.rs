@@ -216,9 +216,12 @@ async fn round(gw: &Gateway, s: &SoakSettings) -> Round {
     r
 }
 
+/// An HTTP/1.1 client that keeps no idle connection (so every stream opens
+/// its own, as separate developers' clients do), or an HTTP/2 client whose one
+/// connection carries its streams.
 fn client(h2: bool) -> reqwest::Client {
-    let b = reqwest::Client::builder().timeout(Duration::from_secs(600)).pool_max_idle_per_host(0);
-    let b = if h2 { b.http2_prior_knowledge() } else { b.http1_only() };
+    let b = reqwest::Client::builder().timeout(Duration::from_secs(600));
+    let b = if h2 { b.http2_prior_knowledge() } else { b.http1_only().pool_max_idle_per_host(0) };
     b.build().expect("a reqwest client")
 }
 
