@@ -36,6 +36,7 @@
 //! let reply = Reply {
 //!     id: "msg_1".into(),
 //!     model: "claude-sonnet-4-5".into(),
+//!     thinking: None,
 //!     text: "Hello there".into(),
 //!     tool: None,
 //!     stop_reason: StopReason::EndTurn,

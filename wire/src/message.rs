@@ -1,8 +1,9 @@
 //! An assistant reply, rendered as Anthropic renders it: the JSON `message` of a
 //! plain answer, or the events of a stream.
 //!
-//! Both fakes answer with the same structure — one text block, then at most one
-//! tool call — so that is what a [`Reply`] holds. Fields are written in
+//! Both fakes answer with the same structure — a thinking block when the
+//! request enabled extended thinking, one text block, then at most one tool
+//! call — so that is what a [`Reply`] holds. Fields are written in
 //! Anthropic's order (`type` first in every event); the official SDKs parse
 //! every event, so each shape follows the Messages API field for field. How a
 //! stream is cut into deltas is each fake's choice, given as a [`Chunking`].
@@ -46,13 +47,17 @@ pub struct ToolUse {
     pub input: Value,
 }
 
-/// One assistant reply: a text block, then at most one tool call.
+/// One assistant reply: a thinking block if asked for, a text block, then at
+/// most one tool call.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Reply {
     /// `msg_…`.
     pub id: String,
     /// The model, as the request named it (echoed back).
     pub model: String,
+    /// The thinking block's text, when the request enabled extended thinking
+    /// (`"thinking": {"type": "enabled", …}`); it comes first, with a signature.
+    pub thinking: Option<String>,
     /// The text block.
     pub text: String,
     /// The tool call, if any.
@@ -99,7 +104,12 @@ impl Reply {
 
     /// The JSON `message` of a plain (not streamed) answer.
     pub fn to_json(&self) -> String {
-        let mut content = vec![Block::Text { text: &self.text }];
+        let signature = self.signature();
+        let mut content = Vec::with_capacity(3);
+        if let Some(thinking) = &self.thinking {
+            content.push(Block::Thinking { thinking, signature: &signature });
+        }
+        content.push(Block::Text { text: &self.text });
         if let Some(t) = &self.tool {
             content.push(Block::ToolUse { id: &t.id, name: &t.name, input: &t.input });
         }
@@ -108,29 +118,44 @@ impl Reply {
     }
 
     /// The events of a stream, each one framed, in Anthropic's order:
-    /// `message_start` (no content, one output token so far), the text block
-    /// (start, `ping`, `text_delta`s, stop), the tool block if any (its input in
-    /// `input_json_delta` parts), `message_delta` with the stop reason and the
-    /// output tokens, `message_stop`.
+    /// `message_start` (no content, one output token so far), the thinking
+    /// block if any (start, `thinking_delta`s, one `signature_delta`, stop), the
+    /// text block (start, `ping`, `text_delta`s, stop), the tool block if any
+    /// (its input in `input_json_delta` parts), `message_delta` with the stop
+    /// reason and the output tokens, `message_stop`.
     pub fn events(&self, chunking: &Chunking) -> Vec<String> {
         let mut out = Vec::with_capacity(16);
         out.push(render(&Event::MessageStart { message: self.message(Vec::new(), None, 1) }));
-        out.push(render(&Event::ContentBlockStart { index: 0, content_block: Block::Text { text: "" } }));
+        let mut index = 0;
+        if let Some(thinking) = &self.thinking {
+            let start = Block::Thinking { thinking: "", signature: "" };
+            out.push(render(&Event::ContentBlockStart { index, content_block: start }));
+            for piece in split_text(thinking, chunking.text) {
+                let delta = Delta::ThinkingDelta { thinking: piece };
+                out.push(render(&Event::ContentBlockDelta { index, delta }));
+            }
+            let delta = Delta::SignatureDelta { signature: &self.signature() };
+            out.push(render(&Event::ContentBlockDelta { index, delta }));
+            out.push(render(&Event::ContentBlockStop { index }));
+            index += 1;
+        }
+        out.push(render(&Event::ContentBlockStart { index, content_block: Block::Text { text: "" } }));
         out.push(sse::frame("ping", sse::PING));
         for piece in split_text(&self.text, chunking.text) {
-            out.push(render(&Event::ContentBlockDelta { index: 0, delta: Delta::TextDelta { text: piece } }));
+            out.push(render(&Event::ContentBlockDelta { index, delta: Delta::TextDelta { text: piece } }));
         }
-        out.push(render(&Event::ContentBlockStop { index: 0 }));
+        out.push(render(&Event::ContentBlockStop { index }));
         if let Some(tool) = &self.tool {
+            index += 1;
             let empty = Value::Object(Map::new());
             let start = Block::ToolUse { id: &tool.id, name: &tool.name, input: &empty };
-            out.push(render(&Event::ContentBlockStart { index: 1, content_block: start }));
+            out.push(render(&Event::ContentBlockStart { index, content_block: start }));
             let json = tool.input.to_string();
             for part in std::iter::once("").chain(split_json(&json, chunking.json_parts)) {
                 let delta = Delta::InputJsonDelta { partial_json: part };
-                out.push(render(&Event::ContentBlockDelta { index: 1, delta }));
+                out.push(render(&Event::ContentBlockDelta { index, delta }));
             }
-            out.push(render(&Event::ContentBlockStop { index: 1 }));
+            out.push(render(&Event::ContentBlockStop { index }));
         }
         out.push(render(&Event::MessageDelta {
             delta: StopDelta { stop_reason: self.stop_reason, stop_sequence: None },
@@ -138,6 +163,12 @@ impl Reply {
         }));
         out.push(render(&Event::MessageStop));
         out
+    }
+
+    /// The thinking block's signature: opaque to a client, so any stable
+    /// string of the reply does (the message id's, base64-looking).
+    fn signature(&self) -> String {
+        format!("sig{:016x}", crate::ids::fnv1a(self.id.as_bytes()))
     }
 
     fn message<'a>(&'a self, content: Vec<Block<'a>>, stop_reason: Option<StopReason>, output: u64) -> Message<'a> {
@@ -181,6 +212,7 @@ struct Message<'a> {
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum Block<'a> {
+    Thinking { thinking: &'a str, signature: &'a str },
     Text { text: &'a str },
     ToolUse { id: &'a str, name: &'a str, input: &'a Value },
 }
@@ -221,7 +253,10 @@ impl Event<'_> {
 
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[expect(clippy::enum_variant_names, reason = "serde names them Anthropic's delta types, which all end in `_delta`")]
 enum Delta<'a> {
+    ThinkingDelta { thinking: &'a str },
+    SignatureDelta { signature: &'a str },
     TextDelta { text: &'a str },
     InputJsonDelta { partial_json: &'a str },
 }
@@ -292,6 +327,7 @@ mod tests {
         Reply {
             id: "msg_1".into(),
             model: "claude-sonnet-4-5".into(),
+            thinking: None,
             text: "Let me call the tool for that.".into(),
             tool: tool.then(|| ToolUse {
                 id: "toolu_2".into(),
@@ -318,6 +354,28 @@ mod tests {
                 r#""usage":{"input_tokens":28,"output_tokens":9,"cache_creation_input_tokens":0,"cache_read_input_tokens":0}}"#
             )
         );
+    }
+
+    #[test]
+    fn thinking_comes_first_with_its_signature_and_moves_the_other_blocks_up() {
+        let mut r = reply(true);
+        r.thinking = Some("Two words.".into());
+        let json: Value = serde_json::from_str(&r.to_json()).unwrap();
+        let types: Vec<_> = json["content"].as_array().unwrap().iter().map(|b| b["type"].clone()).collect();
+        assert_eq!(types, [json!("thinking"), json!("text"), json!("tool_use")]);
+        assert_eq!(json["content"][0]["thinking"], "Two words.");
+        let events = r.events(&MOCK);
+        let datas: Vec<Value> =
+            events.iter().map(|e| serde_json::from_str(e.lines().nth(1).unwrap()[6..].trim()).unwrap()).collect();
+        assert_eq!(datas[1]["content_block"], json!({"type": "thinking", "thinking": "", "signature": ""}));
+        assert_eq!(datas[2]["delta"], json!({"type": "thinking_delta", "thinking": "Two "}));
+        assert_eq!(datas[4]["delta"]["type"], "signature_delta");
+        assert_eq!(datas[4]["delta"]["signature"], json["content"][0]["signature"]);
+        assert_eq!(datas[5], json!({"type": "content_block_stop", "index": 0}));
+        assert_eq!(datas[6]["content_block"]["type"], "text");
+        assert_eq!(datas[6]["index"], 1);
+        let tool_start = datas.iter().find(|d| d["content_block"]["type"] == "tool_use").unwrap();
+        assert_eq!(tool_start["index"], 2);
     }
 
     #[test]

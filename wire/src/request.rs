@@ -27,6 +27,15 @@ pub struct MessagesRequest<'a> {
     pub tools: Vec<Tool<'a>>,
     /// `tool_choice`, if given.
     pub tool_choice: Option<ToolChoice>,
+    /// Whether extended thinking is on (`"thinking": {"type": "enabled", …}`).
+    pub thinking: bool,
+}
+
+/// A request's `thinking`: only whether it is on matters to a reply.
+#[derive(Debug, Deserialize)]
+struct ThinkingConfig {
+    #[serde(rename = "type")]
+    kind: String,
 }
 
 /// A tool a request declares.
@@ -61,6 +70,7 @@ struct Fields<'a> {
     #[serde(borrow)]
     tools: Option<Vec<Tool<'a>>>,
     tool_choice: Option<ToolChoice>,
+    thinking: Option<ThinkingConfig>,
 }
 
 /// The types of the top-level fields [`Fields`] reads.
@@ -71,6 +81,7 @@ const FIELD_TYPES: &[(&str, Expect)] = &[
     ("stream", Expect::Boolean),
     ("tools", Expect::Array),
     ("tool_choice", Expect::Object),
+    ("thinking", Expect::Object),
 ];
 
 impl<'a> Fields<'a> {
@@ -179,6 +190,7 @@ impl<'a> MessagesRequest<'a> {
             stream: f.stream.unwrap_or(false),
             tools: f.tools.unwrap_or_default(),
             tool_choice: f.tool_choice,
+            thinking: f.thinking.is_some_and(|t| t.kind == "enabled"),
         })
     }
 

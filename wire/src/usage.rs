@@ -210,6 +210,7 @@ mod tests {
         Reply {
             id: "msg_1".into(),
             model: "claude-sonnet-4-5".into(),
+            thinking: None,
             text: "the \"usage\": {\"input_tokens\": 999} of a quote".into(),
             tool: None,
             stop_reason: StopReason::EndTurn,

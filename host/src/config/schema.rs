@@ -184,6 +184,7 @@ pub const OAUTH: &[Field] = &[
     f("refresh_before_ms", Kind::Int(0, 30 * MS_DAY)),
     f("check_interval_ms", Kind::Int(100, MS_DAY)),
     f("timeout_ms", Kind::Int(100, 600_000)),
+    f("request_wait_ms", Kind::Int(0, 600_000)),
     f("max_backoff_ms", Kind::Int(1_000, MS_DAY)),
     f("usage_poll_ms", Kind::Int(0, MS_DAY)),
     f("overage", Kind::OneOf(&["allow", "warn", "avoid"])),

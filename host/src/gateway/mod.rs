@@ -35,6 +35,7 @@ pub mod generation;
 pub mod http;
 pub mod keys;
 pub mod lifecycle;
+pub mod memory;
 pub mod persist;
 pub mod reload;
 pub mod request;

@@ -27,6 +27,10 @@ pub struct OAuthConfig {
     pub check_interval_ms: u64,
     /// Longest wait for the token endpoint.
     pub timeout_ms: u64,
+    /// How long a request that met a 401 on a seat waits for the seat's
+    /// refresh before it fails over to another account; the refresh goes
+    /// on (bounded by `timeout_ms`) and the seat serves again once it lands.
+    pub request_wait_ms: u64,
     /// Longest pause between refresh attempts of a seat whose refreshes fail
     /// for want of an answer (the pause doubles from 5 s up to this).
     pub max_backoff_ms: u64,
@@ -62,6 +66,7 @@ impl Default for OAuthConfig {
             refresh_before_ms: 45 * 60 * 1000,
             check_interval_ms: 5 * 60 * 1000,
             timeout_ms: 15_000,
+            request_wait_ms: 3_000,
             max_backoff_ms: 5 * 60 * 1000,
             usage_poll_ms: 5 * 60 * 1000,
             overage: Overage::default(),

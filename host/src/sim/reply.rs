@@ -78,6 +78,7 @@ pub fn reply(ask: &Ask, id: String, tool_id: String, input_tokens: u64, words: u
     Reply {
         id,
         model: ask.model.clone(),
+        thinking: None,
         text: prose(capped as usize, seed),
         tool,
         stop_reason,

@@ -232,6 +232,7 @@ impl Provider {
         let reply = Reply {
             id: format!("msg_sim{now}"),
             model: entry.model.clone(),
+            thinking: None,
             text: "ok".into(),
             tool: None,
             stop_reason: StopReason::EndTurn,

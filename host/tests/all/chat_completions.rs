@@ -217,15 +217,29 @@ async fn the_record_and_the_metrics_keep_the_status_the_chat_client_got() {
     assert_eq!(record["attempts"][0]["status"], 400, "the attempt keeps what the account said: {record}");
     seen.push(("a".to_owned(), 503));
 
-    // Headers and half the body, then a reset.
+    // Headers and half the body, then a reset: the answer is read whole to be
+    // translated, so nothing reached the client yet — the next account serves.
     mock.account("key-a").push(Step::ResetMidStream { after_events: 0 });
+    let r = chat(&gw, &ask).await;
+    assert_eq!((r.status().as_u16(), r.headers()["x-poolgate-account"].to_str().unwrap()), (200, "b"));
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["object"], "chat.completion", "{v}");
+    let record = last().await;
+    let first = &record["attempts"][0];
+    assert_eq!((first["account"].as_str(), first["outcome"].as_str()), (Some("a"), Some("failover")), "{record}");
+    assert!(first["failure"].as_str().unwrap_or("").contains("broke"), "{record}");
+    seen.push(("b".to_owned(), 200));
+
+    // Every account cuts its answer: nothing whole to translate, a 502.
+    mock.account("key-a").push(Step::ResetMidStream { after_events: 0 });
+    mock.account("key-b").push(Step::ResetMidStream { after_events: 0 });
     let r = chat(&gw, &ask).await;
     assert_eq!(r.status(), 502);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["type"], "server_error", "{v}");
     let record = last().await;
-    assert_eq!((record["status"].as_u64(), record["outcome"].as_str()), (Some(502), Some("stream_error")), "{record}");
-    seen.push(("a".to_owned(), 502));
+    assert_eq!(record["status"].as_u64(), Some(502), "{record}");
+    seen.push((record["account"].as_str().unwrap_or("-").to_owned(), 502));
 
     // Every account overloaded: the pool's own answer.
     mock.account("key-a").set_default(Step::Overloaded);

@@ -16,6 +16,7 @@ mod support;
 mod alert_rules;
 mod builtin_fixtures;
 mod chain_order;
+mod chaos;
 mod chat_completions;
 mod claude_code;
 mod clients;

@@ -16,6 +16,9 @@ use serde_json::Value;
 /// The text of a reply when the script does not give one.
 pub const DEFAULT_TEXT: &str = "Hello! This is the mock upstream answering.";
 
+/// The thinking block of a request that enabled extended thinking.
+const THINKING: &str = "The user wants an answer; a short one will do.";
+
 /// The text that comes before a tool call.
 const TOOL_PREAMBLE: &str = "Let me call the tool for that.";
 
@@ -44,6 +47,8 @@ pub(crate) struct Ask {
     pub input_tokens: u64,
     /// Whether the request marks a prompt-cache breakpoint (`cache_control`).
     pub cached: bool,
+    /// Whether the request enabled extended thinking.
+    pub thinking: bool,
 }
 
 /// Parses a Messages request, or says what is wrong in Anthropic's words.
@@ -51,7 +56,8 @@ pub(crate) fn parse_messages(body: &[u8]) -> Result<Ask, String> {
     let req = MessagesRequest::parse(body)?;
     let tool = req.tools.first().map(|t| (t.name.clone(), t.sample_input(SAMPLE_TEXT)));
     let cached = has_cache_control(body);
-    Ok(Ask { model: req.model, stream: req.stream, tool, input_tokens: estimate_input_tokens(body), cached })
+    let (model, stream, thinking) = (req.model, req.stream, req.thinking);
+    Ok(Ask { model, stream, tool, input_tokens: estimate_input_tokens(body), cached, thinking })
 }
 
 /// Whether `body` holds a `cache_control` key anywhere.
@@ -75,7 +81,9 @@ pub(crate) fn reply(ask: Ask, text: Option<&str>, ids: &impl Fn(&str) -> String)
         (None, None) => DEFAULT_TEXT.to_owned(),
     };
     let tool_json = tool.as_ref().map(|t| t.input.to_string());
-    let output_tokens = output_tokens(&text, tool_json.as_deref());
+    let thinking = ask.thinking.then(|| THINKING.to_owned());
+    let output_tokens =
+        output_tokens(&text, tool_json.as_deref()) + thinking.as_deref().map_or(0, |t| output_tokens(t, None));
     let stop_reason = if tool.is_some() { StopReason::ToolUse } else { StopReason::EndTurn };
     // A request with a cache breakpoint reports cache use, by a fixed rule
     // (what a gateway's usage ledger must then count to the token): twice its
@@ -87,6 +95,7 @@ pub(crate) fn reply(ask: Ask, text: Option<&str>, ids: &impl Fn(&str) -> String)
     Reply {
         id: ids("msg_"),
         model: ask.model,
+        thinking,
         text,
         tool,
         stop_reason,

@@ -88,6 +88,7 @@ impl Running {
         // before it serves, then kept fresh in the background.
         crate::gateway::seat_keeper::heal(&gateway).await;
         crate::gateway::seat_keeper::spawn(&gateway);
+        crate::gateway::memory::spawn(&gateway);
         // After the first generation: the chain's own built-ins are in memory by now.
         warm.warm_builtins();
         size_connections(&gateway, lifecycle::raise_open_files());

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 
 use super::admission::Lease;
 use super::finish::{note, outcome_of};
@@ -56,7 +56,9 @@ pub enum How {
     },
     /// No response at all (connect error, timeout).
     Unreachable(String),
-    /// A 2xx whose body broke before its first chunk.
+    /// A 2xx whose body broke before the client got a byte of it: before
+    /// its first chunk, or, for an answer read whole to be translated,
+    /// before it was whole.
     Broke {
         /// The status it had announced.
         status: StatusCode,
@@ -139,9 +141,10 @@ pub fn next(attempted: Attempted) -> Next {
             Next::FailOver(Failure::Refused { account, status, retry_after_ms: reading.retry_after_ms })
         }
         How::Unreachable(why) => Next::FailOver(Failure::Unreachable { account, why }),
-        How::Broke { why, .. } => {
-            Next::FailOver(Failure::Unreachable { account, why: format!("stream failed before the first byte: {why}") })
-        }
+        How::Broke { why, .. } => Next::FailOver(Failure::Unreachable {
+            account,
+            why: format!("the answer broke before the client got a byte: {why}"),
+        }),
     }
 }
 
@@ -212,8 +215,46 @@ pub async fn send(gw: &Gateway, generation: &Generation, send: Send<'_>) -> Atte
         }
         Some(Err(_)) => Bytes::new(),
     };
+    let (first, rest) = match incoming.dialect.is_openai() && status.is_success() && !sse {
+        true => match read_ahead(gw, first, rest).await {
+            Ok(read) => read,
+            Err(why) => {
+                tracing::warn!(request = incoming.id, account = %account.config.id, error = %why, "upstream answer broke before it was whole");
+                return attempted(reading, How::Broke { status, why });
+            }
+        },
+        false => (first, rest),
+    };
     let answered = Answered { account: account.index, status, headers, first, rest, sse, lease };
     attempted(reading, How::Answered(answered))
+}
+
+/// The most of an answer that is read whole to be translated.
+pub const WHOLE_LIMIT: usize = 64 << 20;
+
+/// Reads a 2xx answer that is translated for its client whole, inside the
+/// attempt: nothing has reached the client yet, so an answer that breaks on
+/// the way fails over like one that broke before its first byte (the chaos
+/// run found a Chat Completions client failed by one cut account while
+/// others could serve). A shutdown's cut stops the reading where it is; the
+/// commit then answers the client that the grace period ended.
+async fn read_ahead(gw: &Gateway, first: Bytes, mut rest: Rest) -> Result<(Bytes, Rest), String> {
+    let mut cut = gw.lifecycle.on_cut();
+    let mut out = bytes::BytesMut::from(&first[..]);
+    loop {
+        tokio::select! {
+            biased;
+            chunk = rest.next() => match chunk {
+                None => return Ok((out.freeze(), Box::pin(futures_util::stream::empty()))),
+                Some(Ok(chunk)) if out.len() + chunk.len() > WHOLE_LIMIT => {
+                    return Err(format!("the body is larger than {} MiB", WHOLE_LIMIT >> 20));
+                }
+                Some(Ok(chunk)) => out.extend_from_slice(&chunk),
+                Some(Err(e)) => return Err(format!("the body broke: {e}")),
+            },
+            () = &mut cut => return Ok((out.freeze(), rest)),
+        }
+    }
 }
 
 /// Sends the request; for an OAuth seat whose token the upstream refused
@@ -235,16 +276,17 @@ async fn send_refreshing(
         return Ok(response);
     }
     let oauth = &generation.config.oauth;
-    let refreshed = seat
-        .refresh(
-            crate::oauth::Why::Unauthorized,
-            Some(&token),
-            || gw.clock.now_ms(),
-            oauth.refresh_before_ms,
-            oauth.max_backoff_ms,
-        )
-        .await;
-    crate::gateway::seat_keeper::note(&gw.metrics, &account.config.id, &account.state, &refreshed, gw.clock.now_ms());
+    let wait = Duration::from_millis(oauth.request_wait_ms);
+    let bounds = (oauth.refresh_before_ms, oauth.max_backoff_ms);
+    let Some(refreshed) = refresh_within(gw, account, seat.clone(), token, wait, bounds).await else {
+        tracing::warn!(
+            request = incoming.id,
+            account = %account.config.id,
+            wait_ms = oauth.request_wait_ms,
+            "401 on an OAuth seat whose refresh takes longer than oauth.request_wait_ms: failing over while it goes on"
+        );
+        return Ok(response);
+    };
     match refreshed {
         Ok(_) => {
             tracing::info!(request = incoming.id, account = %account.config.id, "401 on an OAuth seat: token refreshed, sending again");
@@ -260,6 +302,36 @@ async fn send_refreshing(
             tracing::warn!(request = incoming.id, account = %account.config.id, error, "401 on an OAuth seat and no new token");
             Ok(response)
         }
+    }
+}
+
+/// Refreshes `account`'s seat after a 401 on `token`, waiting for it at most
+/// `wait`: `None` past that. The refresh runs as a task of its own, so a
+/// request that stops waiting never cuts it short — a refresh token is
+/// single-use, and a refresh dropped after the token endpoint spent it would
+/// lose the seat's new pair. The chaos run found requests held 15 s (the token
+/// endpoint's whole timeout) on a seat whose endpoint hung, while other
+/// accounts could serve.
+async fn refresh_within(
+    gw: &Gateway,
+    account: &PoolAccount,
+    seat: std::sync::Arc<crate::oauth::Seat>,
+    token: HeaderValue,
+    wait: Duration,
+    (before_ms, max_backoff_ms): (u64, u64),
+) -> Option<Result<crate::oauth::Refreshed, crate::oauth::SeatError>> {
+    let (clock, metrics, state, id) =
+        (gw.clock.clone(), gw.metrics.clone(), account.state.clone(), account.config.id.clone());
+    let refresh = tokio::spawn(async move {
+        let why = crate::oauth::Why::Unauthorized;
+        let refreshed = seat.refresh(why, Some(&token), || clock.now_ms(), before_ms, max_backoff_ms).await;
+        crate::gateway::seat_keeper::note(&metrics, &id, &state, &refreshed, clock.now_ms());
+        refreshed
+    });
+    match tokio::time::timeout(wait, refresh).await {
+        Ok(Ok(refreshed)) => Some(refreshed),
+        Ok(Err(panicked)) => Some(Err(crate::oauth::SeatError::Failed(format!("the refresh failed: {panicked}")))),
+        Err(_) => None,
     }
 }
 
@@ -379,7 +451,7 @@ pub fn failure(how: &How) -> Option<String> {
     match how {
         How::Answered(_) | How::Refused { .. } => None,
         How::Unreachable(why) => Some(why.clone()),
-        How::Broke { why, .. } => Some(format!("stream failed before the first byte: {why}")),
+        How::Broke { why, .. } => Some(format!("the answer broke before the client got a byte: {why}")),
     }
 }
 

@@ -31,6 +31,7 @@ use axum::body::Body;
 use axum::response::Response;
 use http::{StatusCode, header};
 
+use super::attempt::WHOLE_LIMIT;
 use super::body::{ANTHROPIC_PING, OPENAI_KEEPALIVE, Translate, with_keepalive};
 use super::errors::{ErrorType, error};
 use super::finish::Finish;
@@ -307,9 +308,6 @@ impl Stream for Relay {
         }
     }
 }
-
-/// The most of an answer that is read whole to be translated.
-const WHOLE_LIMIT: usize = 64 << 20;
 
 /// Reads the account's answer whole (`first`, then `rest`) and answers with
 /// it in the client's dialect; an answer that breaks first is a 502, and one

@@ -168,3 +168,57 @@ async fn a_seat_whose_token_expired_while_its_token_endpoint_is_down_is_demoted_
     let a_status = account(&status(&gw).await, "a").clone();
     assert!(a_status["cooldown"].is_null() && a_status["oauth"]["blocked"].is_null(), "{a_status}");
 }
+
+/// A token endpoint that takes seconds: the request that met the seat's 401
+/// waits `request_wait_ms` for the refresh, then fails over to the other
+/// seat; the refresh goes on without it, lands, and the seat serves again
+/// with its new pair — a request leaving never cuts a refresh short (its
+/// refresh token is single-use).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waits_request_wait_ms_for_a_slow_refresh_then_fails_over_while_it_lands() {
+    let mock = MockUpstream::start().await;
+    let dir = tempdir::Dir::new("oauth-wait");
+    let a = seat(&mock, "acct-a", "a", Duration::from_secs(3600));
+    let b = seat(&mock, "acct-b", "b", Duration::from_secs(3600));
+    // b has less left: every request goes to a while a can serve.
+    mock.account("acct-b").set_quota(Quota::unified(0.8, 0.7));
+    support::write_credentials(&dir.0.join("seats/a.json"), &a.issue());
+    support::write_credentials(&dir.0.join("seats/b.json"), &b.issue());
+    let oauth = "check_interval_ms = 86400000\nrequest_wait_ms = 300";
+    let gw = start(&config(&mock, &dir.0, &["a", "b"], oauth), &dir.0);
+    let served = async || {
+        let r = support::send_message(&Gateway::client(), &gw.url, "claude-sonnet-4-5").await.unwrap();
+        (r.status().as_u16(), r.headers()["x-poolgate-account"].to_str().unwrap().to_string())
+    };
+    // Once the gateway has read both seats' quota (an unread seat is tried
+    // to read it), a serves.
+    support::eventually("both are read and a serves", Duration::from_secs(5), async || {
+        let both = served().await.1 != served().await.1;
+        both && served().await == (200, "a".to_string()) && served().await == (200, "a".to_string())
+    })
+    .await;
+    let before = stored(&dir.0.join("seats/a.json"))["refresh_token"].clone();
+    mock.oauth().set_mode(TokenMode::Slow(Duration::from_secs(3)));
+    a.expire_access_tokens();
+    let sent = poolgate::clock::machine_instant();
+    assert_eq!(served().await, (200, "b".to_string()), "failed over to the other seat");
+    let waited = sent.elapsed();
+    assert!(waited < Duration::from_millis(2_500), "waited {waited:?}, not the 3 s refresh");
+    assert_eq!(refresh_answers(&mock, 200), 0, "the refresh was still under way");
+    support::eventually("the refresh lands without the request", Duration::from_secs(10), async || {
+        refresh_answers(&mock, 200) == 1
+    })
+    .await;
+    mock.oauth().set_mode(TokenMode::Normal);
+    let st = status(&gw).await;
+    assert_eq!(account(&st, "a")["oauth"]["needs_login"], false, "{st}");
+    support::eventually("the new pair is stored", Duration::from_secs(5), async || {
+        stored(&dir.0.join("seats/a.json"))["refresh_token"] != before
+    })
+    .await;
+    support::eventually("the refreshed seat serves again", Duration::from_secs(5), async || {
+        served().await == (200, "a".to_string())
+    })
+    .await;
+    assert_eq!(refresh_answers(&mock, 200), 1, "one refresh, kept");
+}
