@@ -23,7 +23,7 @@ const MIN_GAP_MS: u64 = 10_000;
 /// The smallest drop worth a trim: a few connections free little.
 const MIN_DROP: usize = 64;
 /// When to trim again after a drop, ms: past the upstream connections' 90 s
-/// idle timeout (`https::client`), when what they held is free too.
+/// idle timeout (`https::client`), when what the idle ones kept is free too.
 const FOLLOW_UP_MS: u64 = 100_000;
 
 /// When to trim, from the connections open over time (time passed in).
