@@ -55,7 +55,7 @@ pub fn install_crypto() {
 const IDLE_PER_HOST: usize = 512;
 
 /// HTTP/2 where TLS negotiates it, idle connections kept 90 s, at most
-/// [`IDLE_PER_HOST`] of them a host.
+/// `IDLE_PER_HOST` of them a host.
 pub fn client(connect_timeout: Duration) -> Result<HttpsClient> {
     install_crypto();
     let mut tcp = HttpConnector::new();

@@ -6,7 +6,7 @@
 //! `cache_creation_input_tokens`) and an early `output_tokens`;
 //! `message_delta` carries the **cumulative** `output_tokens` (and, on newer
 //! API versions, the input side again, also cumulative). So the last value
-//! seen of each field is the answer's — [`Usage::merge`] keeps it.
+//! seen of each field is the answer's — `Usage::merge` keeps it.
 //!
 //! The [`Scanner`] is on the hot path of every streamed answer, so it does not
 //! parse events: it looks for the bytes `"usage":` (a key; inside any JSON
