@@ -46,7 +46,6 @@ pub fn install_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// A pooled client: TCP_NODELAY, `connect_timeout` per connection attempt,
 /// Idle upstream connections kept per host: a pool's steady load, not its
 /// bursts. With no bound, 10,000 streams that ended together left 10,000
 /// idle connections — and their buffers, ~300 MiB — for the 90 to 180 s the
@@ -54,6 +53,7 @@ pub fn install_crypto() {
 /// past this pays a new connection instead.
 const IDLE_PER_HOST: usize = 512;
 
+/// A pooled client: TCP_NODELAY, `connect_timeout` per connection attempt,
 /// HTTP/2 where TLS negotiates it, idle connections kept 90 s, at most
 /// `IDLE_PER_HOST` of them a host.
 pub fn client(connect_timeout: Duration) -> Result<HttpsClient> {
