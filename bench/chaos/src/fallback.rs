@@ -1,5 +1,7 @@
-//! The fallback backend of a chaos run: an OpenAI-compatible Chat Completions
-//! server that answers, or fails every request while the injector says so.
+//! The fallback backend of a chaos run (and of the fallback tests): an
+//! OpenAI-compatible Chat Completions server that answers "from the
+//! fallback", as JSON or as a stream, or fails every request (503) while told
+//! to; it counts what it was asked and keeps the last request.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -8,6 +10,7 @@ use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 /// A running fallback backend.
@@ -17,6 +20,7 @@ pub struct Fallback {
     pub url: String,
     failing: Arc<AtomicBool>,
     asked: Arc<AtomicU64>,
+    last: Arc<Mutex<Option<Value>>>,
 }
 
 impl Fallback {
@@ -25,13 +29,15 @@ impl Fallback {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let (failing, asked) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
-        let (f, a) = (failing.clone(), asked.clone());
+        let last = Arc::new(Mutex::new(None));
+        let (f, a, l) = (failing.clone(), asked.clone(), last.clone());
         let app = Router::new().route(
             "/v1/chat/completions",
             post(move |body: axum::Json<Value>| {
-                let (f, a) = (f.clone(), a.clone());
+                let (f, a, l) = (f.clone(), a.clone(), l.clone());
                 async move {
                     a.fetch_add(1, Ordering::Relaxed);
+                    *l.lock() = Some(body.0.clone());
                     if f.load(Ordering::Relaxed) {
                         return (StatusCode::SERVICE_UNAVAILABLE, "the fallback is down").into_response();
                     }
@@ -42,7 +48,7 @@ impl Fallback {
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Ok(Fallback { url, failing, asked })
+        Ok(Fallback { url, failing, asked, last })
     }
 
     /// Makes it fail (503) or answer.
@@ -58,6 +64,11 @@ impl Fallback {
     /// Requests it received.
     pub fn asked(&self) -> u64 {
         self.asked.load(Ordering::Relaxed)
+    }
+
+    /// The last request it received (its JSON body).
+    pub fn last_request(&self) -> Option<Value> {
+        self.last.lock().clone()
     }
 }
 

@@ -6,12 +6,10 @@
 
 use crate::support;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use axum::Router;
 use axum::response::IntoResponse;
 use axum::routing::post;
+use poolgate_chaos::fallback::Fallback;
 use poolgate_mock_upstream::{MockUpstream, Step};
 use serde_json::{Value, json};
 use support::{Gateway, message};
@@ -24,60 +22,17 @@ async fn serve(app: Router) -> String {
     url
 }
 
-/// A tiny OpenAI-compatible backend: it answers "from the fallback", as JSON
-/// or as a stream, and counts what it was asked (and for which model).
-async fn backend() -> (String, Arc<AtomicUsize>, Arc<parking_lot::Mutex<Vec<Value>>>) {
-    let asked = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let (a, s) = (asked.clone(), seen.clone());
-    let app = Router::new().route(
-        "/v1/chat/completions",
-        post(move |body: axum::Json<Value>| {
-            let (a, s) = (a.clone(), s.clone());
-            async move {
-                a.fetch_add(1, Ordering::SeqCst);
-                s.lock().push(body.0.clone());
-                let model = body.0["model"].as_str().unwrap_or("").to_string();
-                if body.0["stream"] == json!(true) {
-                    let chunk = |delta: Value, finish: Value| {
-                        format!("data: {}\n\n", json!({"id":"c1","object":"chat.completion.chunk","created":1,"model":model,"choices":[{"index":0,"delta":delta,"finish_reason":finish}]}))
-                    };
-                    let body = [
-                        chunk(json!({"role":"assistant","content":""}), Value::Null),
-                        chunk(json!({"content":"from the "}), Value::Null),
-                        chunk(json!({"content":"fallback"}), Value::Null),
-                        chunk(json!({}), json!("stop")),
-                        format!("data: {}\n\n", json!({"id":"c1","object":"chat.completion.chunk","created":1,"model":model,"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}})),
-                        "data: [DONE]\n\n".to_string(),
-                    ]
-                    .concat();
-                    return ([(http::header::CONTENT_TYPE, "text/event-stream")], body).into_response();
-                }
-                let answer = json!({"id":"c1","object":"chat.completion","created":1,"model":model,
-                    "choices":[{"index":0,"message":{"role":"assistant","content":"from the fallback"},"finish_reason":"stop"}],
-                    "usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}});
-                axum::Json(answer).into_response()
-            }
-        }),
-    );
-    (serve(app).await, asked, seen)
+/// The chaos run's fallback backend: it answers "from the fallback", as JSON
+/// or as a stream, counts what it was asked and keeps the last request.
+async fn backend() -> Fallback {
+    Fallback::start().await.unwrap()
 }
 
-/// A backend that answers every request 500, counting them.
-async fn failing_backend() -> (String, Arc<AtomicUsize>) {
-    let asked = Arc::new(AtomicUsize::new(0));
-    let a = asked.clone();
-    let app = Router::new().route(
-        "/v1/chat/completions",
-        post(move || {
-            let a = a.clone();
-            async move {
-                a.fetch_add(1, Ordering::SeqCst);
-                (http::StatusCode::INTERNAL_SERVER_ERROR, "down").into_response()
-            }
-        }),
-    );
-    (serve(app).await, asked)
+/// A backend that fails every request (503), counting them.
+async fn failing_backend() -> Fallback {
+    let down = backend().await;
+    down.set_failing(true);
+    down
 }
 
 fn config(mock: &MockUpstream, backend: &str, accounts: bool) -> String {
@@ -111,14 +66,15 @@ async fn post_messages(gw: &Gateway, body: &Value) -> reqwest::Response {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_pool_answers_through_the_fallback_never_while_an_account_serves() {
     let mock = MockUpstream::start().await;
-    let (url, asked, seen) = backend().await;
+    let fb = backend().await;
+    let url = fb.url.clone();
     let gw = Gateway::start(&config(&mock, &url, true), &env());
     mock.account("key-a");
     // The account serves: the fallback is not asked.
     let r = post_messages(&gw, &message("claude-sonnet-4-5", false)).await;
     assert_eq!(r.status(), 200);
     assert!(r.headers().get("x-poolgate-fallback").is_none());
-    assert_eq!(asked.load(Ordering::SeqCst), 0);
+    assert_eq!(fb.asked(), 0);
     // Parked (a unified 429): Messages JSON through the backend, marked.
     mock.account("key-a").set_default(Step::RateLimited { unified: true, retry_after: None });
     let r = post_messages(&gw, &message("claude-sonnet-4-5", false)).await;
@@ -128,7 +84,7 @@ async fn an_exhausted_pool_answers_through_the_fallback_never_while_an_account_s
     assert_eq!(v["type"], "message", "{v}");
     assert_eq!(v["model"], "claude-sonnet-4-5", "the client's model is named back");
     assert_eq!(v["content"][0]["text"], "from the fallback");
-    assert_eq!(seen.lock().last().unwrap()["model"], "gpt-backup", "the model is swapped");
+    assert_eq!(fb.last_request().unwrap()["model"], "gpt-backup", "the model is swapped");
     // A Claude Code–style stream through the backend, event by event.
     let r = post_messages(&gw, &message("claude-sonnet-4-5", true)).await;
     assert_eq!(r.headers()["x-poolgate-fallback"], "backup/gpt-backup");
@@ -163,12 +119,13 @@ async fn an_exhausted_pool_answers_through_the_fallback_never_while_an_account_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_pool_still_answers_503_and_never_falls_back() {
     let mock = MockUpstream::start().await;
-    let (url, asked, _) = backend().await;
+    let fb = backend().await;
+    let url = fb.url.clone();
     let gw = Gateway::start(&config(&mock, &url, false), &env());
     let r = post_messages(&gw, &message("claude-sonnet-4-5", false)).await;
     assert_eq!(r.status(), 503);
     assert!(r.headers().get("x-poolgate-fallback").is_none());
-    assert_eq!(asked.load(Ordering::SeqCst), 0);
+    assert_eq!(fb.asked(), 0);
 }
 
 /// A backend that fails rests while the next one is tried; and once the
@@ -176,14 +133,16 @@ async fn an_empty_pool_still_answers_503_and_never_falls_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_backend_rests_and_the_pool_takes_over_again_once_it_recovers() {
     let mock = MockUpstream::start().await;
-    let (url, asked, _) = backend().await;
-    let (down, down_asked) = failing_backend().await;
+    let fb = backend().await;
+    let url = fb.url.clone();
+    let down = failing_backend().await;
     let cfg = format!(
         "[server]\nadmin_token_env = \"PG_ADMIN\"\n\n[cooldowns]\ntransient_ms = 1000\n\n\
          [[accounts]]\nid = \"a\"\napi_key_env = \"KEY_A\"\nbase_url = \"{}\"\n\n\
-         [[fallback]]\nname = \"down\"\nbase_url = \"{down}\"\nmodel = \"m1\"\ncooldown_ms = 60000\n\n\
+         [[fallback]]\nname = \"down\"\nbase_url = \"{}\"\nmodel = \"m1\"\ncooldown_ms = 60000\n\n\
          [[fallback]]\nname = \"backup\"\nbase_url = \"{url}\"\napi_key_env = \"FB_KEY\"\nmodel = \"gpt-backup\"\n",
-        mock.base_url()
+        mock.base_url(),
+        down.url
     );
     let gw = Gateway::start(&cfg, &env());
     let a = mock.account("key-a");
@@ -193,8 +152,8 @@ async fn a_failing_backend_rests_and_the_pool_takes_over_again_once_it_recovers(
     assert_eq!(r.headers()["x-poolgate-fallback"], "backup/gpt-backup", "the first backend is down: the next one");
     let r = post_messages(&gw, &message("claude-sonnet-4-5", false)).await;
     assert_eq!(r.headers()["x-poolgate-fallback"], "backup/gpt-backup");
-    assert_eq!(asked.load(Ordering::SeqCst), 2);
-    assert_eq!(down_asked.load(Ordering::SeqCst), 1, "the failed backend rests instead of being asked again");
+    assert_eq!(fb.asked(), 2);
+    assert_eq!(down.asked(), 1, "the failed backend rests instead of being asked again");
     // The account's cooldown ends: the pool serves again, the fallback rests.
     support::eventually("the pool serves again", std::time::Duration::from_secs(10), async || {
         let r = post_messages(&gw, &message("claude-sonnet-4-5", false)).await;
@@ -294,7 +253,7 @@ async fn breaking_backend() -> String {
 async fn a_fallback_stream_is_recorded_when_it_ends_whole_or_broken() {
     let mock = MockUpstream::start().await;
     mock.account("key-a").set_default(Step::RateLimited { unified: true, retry_after: None });
-    let (url, _, _) = backend().await;
+    let url = backend().await.url;
     let gw = Gateway::start(&config(&mock, &url, true), &env());
     let last = async |gw: &Gateway| gw.admin_json("/admin/decisions?limit=1", "fb-admin").await[0].clone();
     let text = post_messages(&gw, &message("claude-sonnet-4-5", true)).await.text().await.unwrap();
