@@ -21,35 +21,29 @@ pub enum Ending {
     Broken(String),
 }
 
-/// One event of an Anthropic stream: its `event:` name and its data.
+/// One event of a stream: its `event:` name (`message` when it has none, as
+/// OpenAI's have none) and its data, parsed and as sent.
 #[derive(Clone, Debug)]
 pub struct Event {
-    /// The `event:` line.
+    /// The `event:` field, or `message`.
     pub name: String,
-    /// The `data:` line, parsed (`Null` if it is not JSON).
+    /// The data, parsed (`Null` if it is not JSON).
     pub data: Value,
+    /// The data as sent.
+    pub raw: String,
 }
 
-/// Splits an SSE body into events (`event:` and `data:` lines, a blank line
-/// ending each). What follows the last blank line is an incomplete event: it
-/// is returned as the second value, so a cut mid-event is seen.
+/// Reads an SSE body with the parser the gateway and its tests use
+/// (`poolgate_wire::sse`, the rules a browser follows); the second value is
+/// whether the body ends where an event does — a cut mid-event leaves that
+/// event unread and says so.
 pub fn events(body: &str) -> (Vec<Event>, bool) {
-    let mut out = Vec::new();
-    let complete = body.ends_with("\n\n") || body.is_empty();
-    for block in body.split("\n\n").filter(|b| !b.trim().is_empty()) {
-        let (mut name, mut data) = (String::new(), String::new());
-        for line in block.lines() {
-            if let Some(v) = line.strip_prefix("event:") {
-                name = v.trim().to_string();
-            } else if let Some(v) = line.strip_prefix("data:") {
-                data.push_str(v.trim_start());
-            }
-        }
-        out.push(Event { name, data: serde_json::from_str(&data).unwrap_or(Value::Null) });
-    }
-    if !complete {
-        out.pop();
-    }
+    let complete = body.is_empty() || body.ends_with("\n\n");
+    let parsed = poolgate_wire::sse::Parser::new().feed(body.as_bytes());
+    let out = parsed
+        .into_iter()
+        .map(|e| Event { data: serde_json::from_str(&e.data).unwrap_or(Value::Null), name: e.name, raw: e.data })
+        .collect();
     (out, complete)
 }
 
@@ -95,7 +89,7 @@ impl Machine {
             return Err("after message_stop".into());
         }
         let data_type = e.data["type"].as_str().unwrap_or("");
-        if !e.name.is_empty() && data_type != e.name {
+        if e.name != "message" && data_type != e.name {
             return Err(format!("data type `{data_type}` under event `{}`", e.name));
         }
         match data_type {
@@ -170,8 +164,7 @@ pub fn chat(body: &str) -> Ending {
     if !complete {
         return Ending::Broken("cut in the middle of a chunk".into());
     }
-    let datas: Vec<&str> =
-        body.split("\n\n").filter_map(|b| b.lines().find_map(|l| l.strip_prefix("data:")).map(str::trim)).collect();
+    let datas: Vec<&str> = events.iter().map(|e| e.raw.as_str()).collect();
     if datas.last() != Some(&"[DONE]") {
         return Ending::Broken(format!("ended after {} chunks without [DONE]", events.len()));
     }
