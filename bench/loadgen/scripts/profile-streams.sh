@@ -28,14 +28,14 @@ for _ in $(seq 1 300); do
 done
 [ -n "$pid" ] || { echo "no 500-delta gateway found"; kill "$lgpid"; exit 1; }
 echo "profiling poolgate pid $pid; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-perf record -F 499 --call-graph dwarf,8192 -p "$pid" -o "$out/perf.data" 2>"$out/perf.err" &
+perf record -F 999 --call-graph dwarf,8192 -p "$pid" -o "$out/perf.data" 2>"$out/perf.err" &
 perfpid=$!
 wait "$lgpid"
 wait "$perfpid" || true
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 grep -E "CPU per|relayed" "$out/loadgen.out" | grep -v "÷" || true
-perf report -i "$out/perf.data" --no-children --sort dso,sym --stdio -g none --percent-limit 0 2>/dev/null >"$out/self.txt"
-perf report -i "$out/perf.data" --children --sort sym --stdio -g none --percent-limit 1 2>/dev/null >"$out/children.txt"
+perf report --no-inline -i "$out/perf.data" --no-children --sort dso,sym --stdio -g none --percent-limit 0 2>/dev/null >"$out/self.txt"
+perf report --no-inline -i "$out/perf.data" --children --sort sym --stdio -g none --percent-limit 1 2>/dev/null >"$out/children.txt"
 python3 - "$out/self.txt" <<'PY'
 import re, sys
 groups = {}

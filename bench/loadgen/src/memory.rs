@@ -65,6 +65,7 @@ struct Fig {
     after: u64,
     open_s: f64,
     fds: usize,
+    fds_after: usize,
 }
 
 async fn hold(hop: &Hop, n: usize, args: &crate::Args, req: &Request) -> Result<Fig> {
@@ -92,6 +93,7 @@ pub async fn run(ctx: &Ctx, args: &crate::Args, table: &mut Table) -> Result<()>
         tokio::time::sleep(Duration::from_secs(args.settle)).await;
         for (hop, f) in hops.iter().zip(&mut figs) {
             f.after = status_kib(hop.pid, "VmRSS:")?;
+            f.fds_after = fds(hop.pid);
         }
         table.section(format!(
             "{n} concurrent open streams, HTTP/2 from the client ({} per connection), HTTP/1.1 to the mock; after = {} s after closing",
@@ -110,6 +112,7 @@ pub async fn run(ctx: &Ctx, args: &crate::Args, table: &mut Table) -> Result<()>
             true,
         );
         table.add(format!("fds at the height ({n})"), &by(&|f| f.fds as f64), 0, false);
+        table.add(format!("fds after close ({n})"), &by(&|f| f.fds_after as f64), 0, false);
         table.add(format!("seconds to open all ({n})"), &by(&|f| f.open_s), 1, false);
     }
     Ok(())

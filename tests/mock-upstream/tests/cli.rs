@@ -16,7 +16,8 @@ impl Drop for Killed {
 
 async fn stream_text(url: &str, key: &str) -> String {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let body =
+        r#"{"model":"claude-sonnet-4-5","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
     let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(30)).build().unwrap();
     let r = http
         .post(format!("{url}/v1/messages"))

@@ -22,7 +22,7 @@ use hyper::header::{self, HeaderMap, HeaderName};
 use hyper::{Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 
 #[derive(Parser)]
@@ -82,7 +82,12 @@ async fn main() -> Result<()> {
     let upstream: &'static str = Box::leak(args.upstream.trim_end_matches('/').to_string().into_boxed_str());
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    let client: Upstream = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(usize::MAX).build(connector);
+    // The timer lets the pool close connections idle for 90 s (hyper-util's
+    // default idle timeout, the gateway's too): without one they stay forever.
+    let client: Upstream = Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_max_idle_per_host(usize::MAX)
+        .build(connector);
     let listener = tokio::net::TcpListener::bind(args.listen).await.context("bind")?;
     println!("passthrough listening on http://{}", listener.local_addr()?);
     std::io::stdout().flush()?;
