@@ -27,6 +27,17 @@ pub fn status_kib(pid: u32, field: &str) -> Result<u64> {
     Ok(line.split_whitespace().nth(1).context("value")?.parse()?)
 }
 
+/// Read and write system calls `pid` has made (`syscr`, `syscw` of /proc/<pid>/io):
+/// reads include recv, writes include writev and sendmsg.
+pub fn syscalls(pid: u32) -> Result<(u64, u64)> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io"))?;
+    let field = |name: &str| -> Result<u64> {
+        let line = io.lines().find_map(|l| l.strip_prefix(name)).context("io field")?;
+        Ok(line.trim().parse()?)
+    };
+    Ok((field("syscr:")?, field("syscw:")?))
+}
+
 /// Open descriptors of `pid`.
 pub fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)

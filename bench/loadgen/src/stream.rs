@@ -43,15 +43,16 @@ pub async fn run(ctx: &Ctx, args: &crate::Args, table: &mut Table) -> Result<()>
             check(&client, hop, &req, deltas).await?;
         }
     }
-    // [length][hop]: (cpu seconds, requests, wall seconds)
-    let mut acc = vec![vec![(0.0, 0u64, 0.0); sets[0].len()]; 2];
+    // [length][hop]: (cpu seconds, requests, wall seconds, read and write syscalls)
+    let mut acc = vec![vec![(0.0, 0u64, 0.0, 0u64, 0u64); sets[0].len()]; 2];
     for _ in 0..args.rounds {
         for h in 0..sets[0].len() {
             for (l, set) in sets.iter().enumerate() {
-                let phase = Phase::start(set[h].pid)?;
+                let (phase, io) = (Phase::start(set[h].pid)?, measure::syscalls(set[h].pid)?);
                 let (_, n) = measure::throughput(&client, &set[h].url, 32, args.stream_seconds, &req).await?;
+                let (cpu, io2) = (phase.seconds()?, measure::syscalls(set[h].pid)?);
                 let a = &mut acc[l][h];
-                *a = (a.0 + phase.seconds()?, a.1 + n, a.2 + args.stream_seconds);
+                *a = (a.0 + cpu, a.1 + n, a.2 + args.stream_seconds, a.3 + io2.0 - io.0, a.4 + io2.1 - io.1);
             }
         }
     }
@@ -72,6 +73,19 @@ pub async fn run(ctx: &Ctx, args: &crate::Args, table: &mut Table) -> Result<()>
     for (l, d) in [(0, lo), (1, hi)] {
         let rps: Vec<(&str, f64)> = names.iter().zip(&acc[l]).map(|(n, a)| (*n, a.1 as f64 / a.2)).collect();
         table.add(format!("streams per second at c=32, {d} deltas"), &rps, 0, true);
+    }
+    // Where the time goes: one write system call per relayed event or fewer.
+    // /proc/<pid>/io counts read/write/readv/writev only, not send/recv: tokio
+    // reads with recv, HAProxy uses send/recv (its 0 means "not counted").
+    for (l, d) in [(0, lo), (1, hi)] {
+        let per: Vec<(&str, f64)> =
+            names.iter().zip(&acc[l]).map(|(n, a)| (*n, a.4 as f64 / a.1.max(1) as f64)).collect();
+        table.add(
+            format!("write/writev syscalls per streamed request, {d} deltas (HAProxy: send, not counted)"),
+            &per,
+            1,
+            false,
+        );
     }
     ttfb(&client, &sets[0], args, &req, table).await
 }
