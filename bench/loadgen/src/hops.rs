@@ -21,6 +21,8 @@ pub struct Ctx {
     pub dir: PathBuf,
     pub setup: Setup,
     pub haproxy: bool,
+    /// HAProxy with `option http-no-delay`.
+    pub haproxy_no_delay: bool,
 }
 
 /// One hop of a run.
@@ -47,7 +49,7 @@ pub fn start(ctx: &Ctx, upstream: &Proc, tag: &str, direct: bool) -> Result<Vec<
     let gw = procs::gateway(&ctx.bin, &upstream.url, &ctx.dir.join(tag), &ctx.setup)?;
     hops.push(Hop { name: "poolgate", url: gw.url.clone(), h2_url: gw.url.clone(), pid: gw.pid(), _proc: Some(gw) });
     if ctx.haproxy {
-        let (hp, h2_url) = procs::haproxy(&upstream.url, &ctx.dir)?;
+        let (hp, h2_url) = procs::haproxy(&upstream.url, &ctx.dir, ctx.haproxy_no_delay)?;
         hops.push(Hop { name: "haproxy", url: hp.url.clone(), h2_url, pid: hp.pid(), _proc: Some(hp) });
     }
     let pt = procs::passthrough(&ctx.passthrough, &upstream.url)?;

@@ -63,6 +63,12 @@ pub struct Args {
     /// Bytes of text per delta (whole six-byte words).
     #[arg(long, default_value_t = 36)]
     delta_bytes: usize,
+    /// Milliseconds between two events of a stream. At 0 the mock writes a
+    /// whole stream at once and a hop that reads what is buffered (HAProxy)
+    /// relays many events per system call; a model's deltas come tens of ms
+    /// apart, each on its own: 1 or more measures that case.
+    #[arg(long, default_value_t = 0)]
+    delta_gap_ms: u64,
     /// Seconds of streamed load at c=32 per hop, length and round.
     #[arg(long, default_value_t = 4.0)]
     stream_seconds: f64,
@@ -96,6 +102,10 @@ pub struct Args {
     /// Skip the HAProxy reference hop (measured by default when `haproxy` is on PATH).
     #[arg(long)]
     no_haproxy: bool,
+    /// HAProxy with `option http-no-delay` (sends each piece of a streamed
+    /// response as it comes; without it, small pieces may wait for more).
+    #[arg(long)]
+    haproxy_no_delay: bool,
     /// Send the minimal request of the first version of this tool (three headers,
     /// no session) instead of Claude Code's headers and metadata.
     #[arg(long)]
@@ -149,6 +159,7 @@ async fn main() -> Result<()> {
         dir: dir.clone(),
         setup,
         haproxy: !args.no_haproxy && procs::haproxy_available(),
+        haproxy_no_delay: args.haproxy_no_delay,
     };
     println!(
         "poolgate-loadgen: {} requests, {}, ledger {}, tracing {}, state {}{}; load average before: {}",
@@ -167,21 +178,28 @@ async fn main() -> Result<()> {
         );
     }
     let mut table = table::Table::default();
+    let done = phases(&ctx, &args, &mut table).await;
+    table.print();
+    // What a failed phase measured before it failed is still printed above.
+    done?;
+    println!("\nload average after: {}\n\n{}", loadavg(), table.json());
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+async fn phases(ctx: &hops::Ctx, args: &Args, table: &mut table::Table) -> Result<()> {
     if !args.no_json {
-        json::run(&ctx, &args, &mut table).await?;
+        json::run(ctx, args, table).await?;
         println!("  JSON phase done; load average {}", loadavg());
     }
     if !args.no_stream {
-        stream::run(&ctx, &args, &mut table).await?;
+        stream::run(ctx, args, table).await?;
         println!("  streams phase done; load average {}", loadavg());
     }
     if !args.no_memory {
-        memory::run(&ctx, &args, &mut table).await?;
+        memory::run(ctx, args, table).await?;
         println!("  memory phase done; load average {}", loadavg());
     }
-    table.print();
-    println!("\nload average after: {}\n\n{}", loadavg(), table.json());
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use poolgate_chaos::grammar::{self, Ending};
 
 use crate::hops::{self, Ctx, Hop};
@@ -32,8 +32,8 @@ async fn check(client: &reqwest::Client, hop: &Hop, req: &Request, deltas: usize
 pub async fn run(ctx: &Ctx, args: &crate::Args, table: &mut Table) -> Result<()> {
     let (lo, hi) = (args.deltas[0], args.deltas[1]);
     let (up_lo, up_hi) = (
-        procs::mock(&ctx.mock_bin, Reply::Long { deltas: lo, bytes: args.delta_bytes })?,
-        procs::mock(&ctx.mock_bin, Reply::Long { deltas: hi, bytes: args.delta_bytes })?,
+        procs::mock(&ctx.mock_bin, Reply::Long { deltas: lo, bytes: args.delta_bytes, gap_ms: args.delta_gap_ms })?,
+        procs::mock(&ctx.mock_bin, Reply::Long { deltas: hi, bytes: args.delta_bytes, gap_ms: args.delta_gap_ms })?,
     );
     let sets = [hops::start(ctx, &up_lo, "lo", true)?, hops::start(ctx, &up_hi, "hi", true)?];
     let client = measure::client()?;
@@ -57,8 +57,8 @@ pub async fn run(ctx: &Ctx, args: &crate::Args, table: &mut Table) -> Result<()>
         }
     }
     table.section(format!(
-        "Streams: {lo} and {hi} text deltas of {} B (+7 framing events), c=32, {} round(s) of {} s per hop and length",
-        args.delta_bytes, args.rounds, args.stream_seconds
+        "Streams: {lo} and {hi} text deltas of {} B (+7 framing events) {} ms apart, c=32, {} round(s) of {} s per hop and length",
+        args.delta_bytes, args.delta_gap_ms, args.rounds, args.stream_seconds
     ));
     let names: Vec<&str> = sets[0].iter().map(|h| h.name).collect();
     let ms = |l: usize| -> Vec<(&str, f64)> {
@@ -102,7 +102,9 @@ async fn ttfb(
     let mut v = vec![(Vec::new(), Vec::new()); hops.len()];
     for _ in 0..4 {
         for (hop, (p50, p99)) in hops.iter().zip(&mut v) {
-            let (a, b) = measure::latency(client, &hop.url, block, req, true).await?;
+            let (a, b) = measure::latency(client, &hop.url, block, req, true)
+                .await
+                .with_context(|| format!("time to first byte through {}", hop.name))?;
             p50.push(a);
             p99.push(b);
         }
