@@ -18,6 +18,7 @@
 # Usage: bench/overhead.sh [--quick] [--no-json] [--no-stream] [--no-memory]
 #                          [--chain a,b,c] [--no-ledger] [--tracing]
 #                          [--streams 1000,10000] [--settle S] [--deltas 50,500]
+#                          [--delta-gap-ms 1] [--haproxy-no-delay]
 #                          [--bare-request] [--no-haproxy] [--sse] …
 #                          (poolgate-loadgen --help lists them all)
 set -euo pipefail
