@@ -47,7 +47,7 @@ for line in open(sys.argv[1]):
     pct, dso, kind, sym = float(m[1]), m[2], m[3], m[4].strip()
     if kind == "k":
         g = "kernel (syscalls, TCP, wakeups)"
-    elif re.match(r"(<?)(hyper|h2|hyper_util|tokio|mio|http|http_body|bytes|futures_\w+|tower\w*|axum)::", sym):
+    elif re.match(r"(<?)(&?)(mut )?(hyper|h2|hyper_util|tokio|mio|http|http_body|http_body_util|httparse|atomic_waker|bytes|futures_\w+|tower\w*|axum|axum_core)::", sym):
         g = "hyper + tokio + HTTP stack"
     elif re.match(r"(<?)(poolgate\w*)::", sym) or "poolgate" in sym.split("::")[0]:
         g = "poolgate's own code"
