@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
-use poolgate_mock_upstream::{Config, MockUpstream, Quota};
+use poolgate_mock_upstream::{Config, MockUpstream, Quota, Step};
 
 #[derive(Parser)]
 #[command(version, about = "A mock Anthropic Messages API upstream for poolgate's tests and benchmarks.")]
@@ -31,6 +31,15 @@ struct Args {
     /// Report this 5h and 7d utilization (a fraction) in unified quota headers.
     #[arg(long, value_name = "FRACTION")]
     utilization: Option<f64>,
+    /// Every `--credential` answers a long reply: this many SSE `text_delta` events
+    /// (a JSON reply carries the same text whole), for measuring what a hop costs
+    /// per relayed event. Other credentials (with `--accept-any`) answer as usual.
+    #[arg(long, value_name = "N")]
+    stream_deltas: Option<usize>,
+    /// About how many bytes of text each `--stream-deltas` event carries (whole
+    /// six-byte words, at least one).
+    #[arg(long, default_value_t = 36, value_name = "B", requires = "stream_deltas")]
+    delta_bytes: usize,
 }
 
 #[tokio::main]
@@ -54,7 +63,10 @@ async fn main() -> ExitCode {
         }
     };
     for credential in &args.credentials {
-        upstream.account(credential);
+        let account = upstream.account(credential);
+        if let Some(deltas) = args.stream_deltas {
+            account.set_default(Step::LongStream { deltas, delta_bytes: args.delta_bytes });
+        }
     }
     println!("listening on {}", upstream.base_url());
     // Scripts wait for the line above through a pipe, where stdout is block-buffered.
