@@ -22,6 +22,10 @@
 #   EXTRA_A=$'[ledger]\nfile = ""' EXTRA_B=$'[ledger]\nfile = "@WORK@/ledger.sqlite"' \
 #     bench/instructions.sh target/release target/release 1000
 #
+# MOCK_ARGS: more arguments for the mock upstream, e.g. `--utilization 0.3`
+# (it then sends the unified quota headers an Anthropic answer carries, which
+# the gateway reads, learns from and pools into the client's answer).
+#
 # SETTLE_S: seconds to wait after the last request before reading the count,
 # so work the requests left behind (spans still to export) is counted.
 #
@@ -61,7 +65,7 @@ PY
 measure() { # bin dir, extra TOML -> instructions per request
     local bin=$1 extra=${2:-} mock_port gw_port
     mock_port=$(free_port)
-    "$bin/poolgate-mock-upstream" --listen "127.0.0.1:$mock_port" --accept-any >"$work/mock.log" 2>&1 &
+    "$bin/poolgate-mock-upstream" --listen "127.0.0.1:$mock_port" --accept-any ${MOCK_ARGS:-} >"$work/mock.log" 2>&1 &
     local mock=$!
     gw_port=$(free_port)
     {

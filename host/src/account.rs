@@ -127,7 +127,7 @@ pub struct ModelGate {
 }
 
 /// One quota window reading.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WindowReading {
     /// `5h`, `7d`, `7d_<bucket>`, `overage`, `requests`, `tokens`, ...
@@ -143,6 +143,29 @@ pub struct WindowReading {
     /// When it was read; a case file may leave it out to mean "now".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_at_ms: Option<u64>,
+}
+
+impl Clone for WindowReading {
+    fn clone(&self) -> Self {
+        let mut copy = WindowReading {
+            name: String::new(),
+            utilization: 0.0,
+            resets_at_ms: None,
+            status: Status::Unknown,
+            observed_at_ms: None,
+        };
+        copy.clone_from(self);
+        copy
+    }
+
+    /// Into the name's own buffer: a window updated by every answer keeps
+    /// its name's allocation (`learned::accounts`, #30).
+    fn clone_from(&mut self, source: &Self) {
+        let WindowReading { name, utilization, resets_at_ms, status, observed_at_ms } = source;
+        self.name.clone_from(name);
+        (self.utilization, self.resets_at_ms, self.status, self.observed_at_ms) =
+            (*utilization, *resets_at_ms, *status, *observed_at_ms);
+    }
 }
 
 /// Everything the chain knows about one account at one moment.

@@ -395,12 +395,19 @@ impl Generation {
     /// The candidates for a request of model `family` at `now`, leaving out the
     /// pool indices in `exclude` (accounts already tried).
     pub fn candidates(&self, family: Option<&str>, now: u64, exclude: &[u32]) -> Candidates {
-        let snapshots = self
+        let freshness_ms = self.config.policy.freshness_ms;
+        let mut windows = Vec::new();
+        let accounts = self
             .accounts
             .iter()
             .filter(|a| !exclude.contains(&a.index))
-            .map(|a| (a.index, a.state.snapshot(&a.config, now)));
-        view::candidates(snapshots, family, now, self.config.policy.freshness_ms)
+            .map(|a| {
+                a.state.with_view(&a.config, now, |snapshot, readings| {
+                    view::account(snapshot, readings, a.index, family, now, freshness_ms, &mut windows)
+                })
+            })
+            .collect();
+        Candidates { accounts, windows }
     }
 
     /// The account at pool index `index`.

@@ -27,7 +27,9 @@
 //! pooled utilization and `reset` is that window's. Plain data, a pure
 //! function of the snapshots and the time.
 
-use crate::account::{AccountSnapshot, Status};
+use std::borrow::Cow;
+
+use crate::account::{AccountSnapshot, Status, WindowReading};
 
 /// One window of the pool.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,23 +100,73 @@ fn least_severe(statuses: impl Iterator<Item = Status>) -> Option<Status> {
 /// `None` when no serving account has read a subscription window or a
 /// unified status (an API-key pool: nothing to pool).
 pub fn pooled(accounts: &[AccountSnapshot], now_ms: u64) -> Option<PooledQuota> {
-    let serving: Vec<&AccountSnapshot> = accounts
-        .iter()
-        .filter(|a| !a.disabled && (a.status != Status::Unknown || a.windows.iter().any(|w| is_pooled_window(&w.name))))
+    let mut seats = Vec::with_capacity(accounts.len());
+    let mut windows = Vec::new();
+    for a in accounts {
+        seats.push(Seat { disabled: a.disabled, status: a.status, resets_at_ms: a.resets_at_ms });
+        let seat = seats.len() - 1;
+        windows.extend(a.windows.iter().filter_map(|w| SeatWindow::of(seat, w, Cow::Borrowed(w.name.as_str()))));
+    }
+    pooled_seats(&seats, &windows, now_ms)
+}
+
+/// What pooling reads of one account besides its windows.
+#[derive(Debug, Clone, Copy)]
+pub struct Seat {
+    /// Disabled (never serving).
+    pub disabled: bool,
+    /// The top-level unified status.
+    pub status: Status,
+    /// The top-level reset, ms.
+    pub resets_at_ms: Option<u64>,
+}
+
+/// One pooled window (see [`is_pooled_window`]) of one account.
+#[derive(Debug, Clone)]
+pub struct SeatWindow<'a> {
+    /// The account's place in the seats.
+    pub seat: usize,
+    /// The window's name.
+    pub name: Cow<'a, str>,
+    /// As read.
+    pub utilization: f64,
+    /// As read.
+    pub resets_at_ms: Option<u64>,
+    /// As read.
+    pub status: Status,
+}
+
+impl<'a> SeatWindow<'a> {
+    /// Window `w` of seat `seat`, named `name`, if it is a pooled window.
+    pub fn of(seat: usize, w: &WindowReading, name: Cow<'a, str>) -> Option<SeatWindow<'a>> {
+        let (utilization, resets_at_ms, status) = (w.utilization, w.resets_at_ms, w.status);
+        is_pooled_window(&w.name).then_some(SeatWindow { seat, name, utilization, resets_at_ms, status })
+    }
+}
+
+/// [`pooled`], from each account's top-level reading (`seats`, in pool
+/// order) and its pooled windows (`windows`, each account's in its order):
+/// what the gateway pools for every answer, read under each account's lock
+/// in turn without copying a snapshot of it (#30).
+pub fn pooled_seats(seats: &[Seat], windows: &[SeatWindow<'_>], now_ms: u64) -> Option<PooledQuota> {
+    let has_window = |seat: usize| windows.iter().any(|w| w.seat == seat);
+    let serving: Vec<usize> = (0..seats.len())
+        .filter(|&i| !seats[i].disabled && (seats[i].status != Status::Unknown || has_window(i)))
         .collect();
     if serving.is_empty() {
         return None;
     }
-    let mut names: Vec<&str> =
-        serving.iter().flat_map(|a| &a.windows).map(|w| w.name.as_str()).filter(|n| is_pooled_window(n)).collect();
+    let is_serving = |seat: usize| serving.binary_search(&seat).is_ok();
+    let mut names: Vec<&str> = windows.iter().filter(|w| is_serving(w.seat)).map(|w| &*w.name).collect();
     names.sort_unstable();
     names.dedup();
     let windows = names
         .into_iter()
         .map(|name| {
-            let readings: Vec<_> = serving.iter().filter_map(|a| a.windows.iter().find(|w| w.name == name)).collect();
-            let reset = |w: &&crate::account::WindowReading| w.resets_at_ms.filter(|&r| r > now_ms);
-            let used = |w: &&crate::account::WindowReading| if reset(w).is_some() { w.utilization } else { 0.0 };
+            let readings: Vec<&SeatWindow<'_>> =
+                serving.iter().filter_map(|&s| windows.iter().find(|w| w.seat == s && w.name == name)).collect();
+            let reset = |w: &&SeatWindow<'_>| w.resets_at_ms.filter(|&r| r > now_ms);
+            let used = |w: &&SeatWindow<'_>| if reset(w).is_some() { w.utilization } else { 0.0 };
             let utilization = readings.iter().map(used).sum::<f64>() / readings.len() as f64;
             PooledWindow {
                 name: name.to_string(),
@@ -129,9 +181,9 @@ pub fn pooled(accounts: &[AccountSnapshot], now_ms: u64) -> Option<PooledQuota> 
         })
         .collect();
     // A status whose reset has passed no longer holds.
-    let status = least_severe(serving.iter().map(|a| match a.resets_at_ms {
-        Some(r) if r <= now_ms && a.status != Status::Unknown => Status::Allowed,
-        _ => a.status,
+    let status = least_severe(serving.iter().map(|&i| match seats[i].resets_at_ms {
+        Some(r) if r <= now_ms && seats[i].status != Status::Unknown => Status::Allowed,
+        _ => seats[i].status,
     }))
     .unwrap_or(Status::Unknown);
     Some(PooledQuota { accounts: serving.len(), status, windows })

@@ -126,7 +126,11 @@ impl Stage {
             }
             Admit::Call(t) => {
                 *ticket = Some(t);
-                req.decided_by = Some(reason.to_string());
+                // Into the previous stage's buffer: one copy per request,
+                // not one per stage.
+                let by = req.decided_by.get_or_insert_with(String::new);
+                by.clear();
+                by.push_str(reason);
                 let outcome = self
                     .plugin
                     .rank(req, current, windows)

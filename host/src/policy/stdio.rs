@@ -66,6 +66,10 @@ impl StdioBuffer {
 /// The last lines of `bytes` that say something: blank lines and Rust's
 /// "note: run with `RUST_BACKTRACE=1`" hint are left out.
 pub fn tail(bytes: &[u8]) -> Option<String> {
+    // Nearly every call writes nothing: then there is nothing to scan.
+    if bytes.is_empty() {
+        return None;
+    }
     let text = String::from_utf8_lossy(bytes);
     let lines: Vec<&str> = text
         .lines()

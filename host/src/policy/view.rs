@@ -15,7 +15,7 @@ use std::borrow::Borrow;
 use super::bindings as wit;
 use super::chain::Candidates;
 use super::names;
-use crate::account::{AccountSnapshot, Cooldown, CooldownReason, Status};
+use crate::account::{AccountSnapshot, Cooldown, CooldownReason, Status, WindowReading};
 
 /// The candidates of a request for model `family` at `now`: each account with
 /// its pool index, in pool order.
@@ -26,8 +26,13 @@ pub fn candidates<A: Borrow<AccountSnapshot>>(
     freshness_ms: u64,
 ) -> Candidates {
     let mut windows = Vec::new();
-    let accounts =
-        accounts.into_iter().map(|(i, a)| account(a.borrow(), i, family, now, freshness_ms, &mut windows)).collect();
+    let accounts = accounts
+        .into_iter()
+        .map(|(i, a)| {
+            let a = a.borrow();
+            account(a, &a.windows, i, family, now, freshness_ms, &mut windows)
+        })
+        .collect();
     Candidates { accounts, windows }
 }
 
@@ -37,9 +42,11 @@ pub fn pool_entry(id: &str, alias: &str, primary: bool) -> wit::AccountInfo {
 }
 
 /// The record of pool index `index`, as a request for `family` at `now` sees
-/// it; the account's windows are appended to `windows`.
-fn account(
+/// it; the account's windows (`readings`: the snapshot's own windows are not
+/// read) are appended to `windows`.
+pub fn account<'r>(
     a: &AccountSnapshot,
+    readings: impl IntoIterator<Item = &'r WindowReading>,
     index: u32,
     family: Option<&str>,
     now: u64,
@@ -47,7 +54,7 @@ fn account(
     windows: &mut Vec<wit::QuotaWindow>,
 ) -> wit::Account {
     let mut newest: Option<u64> = None;
-    for w in &a.windows {
+    for w in readings {
         let observed = w.observed_at_ms.unwrap_or(now);
         newest = Some(newest.map_or(observed, |n: u64| n.max(observed)));
         let rolled_over = w.resets_at_ms.is_some_and(|r| r <= now);

@@ -204,8 +204,11 @@ pub async fn send(gw: &Gateway, generation: &Generation, send: Send<'_>) -> Atte
         return attempted(reading, How::Refused { status, body });
     }
     let sse = upstream::is_plain_sse(response.headers());
-    let headers = response.headers().clone();
-    let mut rest: Rest = Box::pin(upstream::body_stream(response));
+    // The headers are moved out, not copied: an answer carries some thirty
+    // (the unified quota family), each name a copy of its own once cloned.
+    let (mut parts, body) = response.into_parts();
+    let headers = std::mem::take(&mut parts.headers);
+    let mut rest: Rest = Box::pin(upstream::body_stream(http::Response::from_parts(parts, body)));
     let first = match rest.next().await {
         Some(Ok(b)) => b,
         None => Bytes::new(),

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::response::Response;
-use http::{HeaderValue, Method};
+use http::{HeaderName, HeaderValue, Method};
 
 use super::admission::Lease;
 use super::record::{Ending, RequestRecord};
@@ -35,6 +35,14 @@ use crate::gateway::Gateway;
 use crate::gateway::generation::{Generation, PoolAccount};
 use crate::learned::accounts::Change;
 use crate::policy::types as wit;
+
+// The gateway's own headers, by name made once: a name given as a string is
+// parsed, and copied, on every answer (#30).
+static REQUEST_ID: HeaderName = HeaderName::from_static("x-poolgate-request-id");
+static ACCOUNT: HeaderName = HeaderName::from_static("x-poolgate-account");
+static REASON: HeaderName = HeaderName::from_static("x-poolgate-reason");
+static POLICY_ERROR: HeaderName = HeaderName::from_static("x-poolgate-policy-error");
+static ATTEMPTS: HeaderName = HeaderName::from_static("x-poolgate-attempts");
 
 /// How the chain hears a request ended: the request as it saw it, the pool
 /// index of the account, and the outcome.
@@ -93,11 +101,11 @@ impl Finish {
         self.status = r.status().as_u16();
         let record = &self.record;
         let h = r.headers_mut();
-        h.insert("x-poolgate-request-id", HeaderValue::from(record.id));
+        h.insert(REQUEST_ID.clone(), HeaderValue::from(record.id));
         if self.account_answers
             && let Some(v) = record.account.as_deref().and_then(|a| HeaderValue::from_str(a).ok())
         {
-            h.insert("x-poolgate-account", v);
+            h.insert(ACCOUNT.clone(), v);
         }
         // On an account's answer, also the accounts passed over on the way
         // to it and why (`decisions::reason_header`).
@@ -114,7 +122,7 @@ impl Finish {
             }
         }
         if let Some(v) = Some(&reason).filter(|r| !r.is_empty()).and_then(|r| HeaderValue::from_str(r).ok()) {
-            h.insert("x-poolgate-reason", v);
+            h.insert(REASON.clone(), v);
         }
         let policy_error = record
             .attempts
@@ -123,10 +131,10 @@ impl Finish {
             .find_map(|a| a.decision.policy_errors.first())
             .map(|e| format!("{}:{}", e.stage, e.cause.as_str()));
         if let Some(v) = policy_error.and_then(|p| HeaderValue::from_str(&p).ok()) {
-            h.insert("x-poolgate-policy-error", v);
+            h.insert(POLICY_ERROR.clone(), v);
         }
         if !record.attempts.is_empty() {
-            h.insert("x-poolgate-attempts", HeaderValue::from(record.attempts.len()));
+            h.insert(ATTEMPTS.clone(), HeaderValue::from(record.attempts.len()));
         }
         if self.account_answers && record.fallback.is_none() {
             super::unified::pool_headers(&self.generation, h, self.gateway.clock.now_ms());
@@ -304,7 +312,7 @@ impl Early<'_> {
     /// (`client`, its name): the log line says who was refused.
     pub fn refuse_from(&self, gw: &Gateway, reason: &'static str, client: Option<&str>, mut r: Response) -> Response {
         gw.metrics.refused(reason);
-        r.headers_mut().insert("x-poolgate-request-id", HeaderValue::from(self.id));
+        r.headers_mut().insert(REQUEST_ID.clone(), HeaderValue::from(self.id));
         log_line(&RequestLine {
             id: self.id,
             method: self.method.as_str(),

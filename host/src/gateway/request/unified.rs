@@ -12,12 +12,14 @@
 //! the headers are pooled and over how many accounts. A pool with no
 //! subscription readings (API keys) leaves the answer as it came.
 
+use std::borrow::Cow;
+
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::account::Status;
 use crate::config::UnifiedHeaders;
 use crate::gateway::generation::Generation;
-use crate::learned::pooled::{PooledQuota, claim, pooled};
+use crate::learned::pooled::{PooledQuota, Seat, SeatWindow, claim, pooled_seats};
 
 const PREFIX: &str = "anthropic-ratelimit-unified-";
 
@@ -25,12 +27,27 @@ const PREFIX: &str = "anthropic-ratelimit-unified-";
 /// accounts but those an operator disabled at run time (as a config's
 /// `enabled = false` does, that takes one out of the pool).
 pub fn pool_quota(generation: &Generation, now_ms: u64) -> Option<PooledQuota> {
-    // Most answers of an API-key pool: nothing to pool, no snapshot taken.
-    let snapshots: Vec<_> = (generation.accounts.iter())
-        .filter(|a| !a.state.is_runtime_disabled() && a.state.has_unified())
-        .map(|a| a.state.snapshot(&a.config, now_ms))
-        .collect();
-    pooled(&snapshots, now_ms)
+    // Most answers of an API-key pool: nothing to pool, no account read.
+    // Pooling reads each account's top-level reading and its pooled windows,
+    // under its lock, into two lists: no snapshot of it copied (#30).
+    let (mut seats, mut windows) = (Vec::new(), Vec::new());
+    for a in (generation.accounts.iter()).filter(|a| !a.state.is_runtime_disabled() && a.state.has_unified()) {
+        a.state.with_view(&a.config, now_ms, |s, readings| {
+            seats.push(Seat { disabled: s.disabled, status: s.status, resets_at_ms: s.resets_at_ms });
+            let seat = seats.len() - 1;
+            windows.extend(readings.filter_map(|w| SeatWindow::of(seat, w, window_name(&w.name))));
+        });
+    }
+    pooled_seats(&seats, &windows, now_ms)
+}
+
+/// A window's name, copied only when it is not one every subscription reads.
+fn window_name(name: &str) -> Cow<'static, str> {
+    match name {
+        "5h" => Cow::Borrowed("5h"),
+        "7d" => Cow::Borrowed("7d"),
+        other => Cow::Owned(other.to_string()),
+    }
 }
 
 /// The pool's quota as `/v1/usage` answers it.
@@ -63,25 +80,72 @@ pub fn pool_headers(generation: &Generation, headers: &mut HeaderMap, now_ms: u6
     let Some(pool) = pool_quota(generation, now_ms) else { return };
     let reset = |ms: Option<u64>| ms.map(|r| r.div_ceil(1000).to_string());
     for w in &pool.windows {
-        put(headers, &format!("{}-utilization", w.name), Some(fraction(w.utilization)));
-        put(headers, &format!("{}-reset", w.name), reset(w.reset_ms));
-        put(headers, &format!("{}-status", w.name), status(w.status));
-        put(headers, &format!("{}-surpassed-threshold", w.name), None);
+        let [utilization, reset_name, status_name, surpassed] = window_names(&w.name);
+        put(headers, utilization, Some(fraction(w.utilization)));
+        put(headers, reset_name, reset(w.reset_ms));
+        put(headers, status_name, status(w.status));
+        put(headers, surpassed, None);
     }
-    put(headers, "status", status(pool.status));
+    put(headers, Name::Static(&STATUS), status(pool.status));
     if let Some(b) = pool.binding() {
-        put(headers, "representative-claim", Some(claim(&b.name)));
-        put(headers, "reset", reset(b.reset_ms));
+        put(headers, Name::Static(&CLAIM), Some(claim(&b.name)));
+        put(headers, Name::Static(&RESET), reset(b.reset_ms));
     }
     headers.insert(
-        "x-poolgate-unified",
+        HeaderName::from_static("x-poolgate-unified"),
         HeaderValue::from_str(&format!("pool; accounts={}", pool.accounts)).expect("ascii"),
     );
 }
 
-/// Sets `PREFIX<suffix>` to `value`, or takes it away (`None`).
-fn put(headers: &mut HeaderMap, suffix: &str, value: Option<String>) {
-    let Ok(name) = HeaderName::try_from(format!("{PREFIX}{suffix}")) else { return };
+/// A header's name: written out once (the headers of every pool's windows),
+/// or made for a window of another name.
+enum Name {
+    Static(&'static HeaderName),
+    Made(String),
+}
+
+static STATUS: HeaderName = HeaderName::from_static("anthropic-ratelimit-unified-status");
+static CLAIM: HeaderName = HeaderName::from_static("anthropic-ratelimit-unified-representative-claim");
+static RESET: HeaderName = HeaderName::from_static("anthropic-ratelimit-unified-reset");
+/// The `-utilization`, `-reset`, `-status` and `-surpassed-threshold` names
+/// of the 5h and 7d windows, which every subscription's answer carries: not
+/// joined and parsed again for every answer (#30).
+static FIVE_HOUR: [HeaderName; 4] = [
+    HeaderName::from_static("anthropic-ratelimit-unified-5h-utilization"),
+    HeaderName::from_static("anthropic-ratelimit-unified-5h-reset"),
+    HeaderName::from_static("anthropic-ratelimit-unified-5h-status"),
+    HeaderName::from_static("anthropic-ratelimit-unified-5h-surpassed-threshold"),
+];
+static SEVEN_DAY: [HeaderName; 4] = [
+    HeaderName::from_static("anthropic-ratelimit-unified-7d-utilization"),
+    HeaderName::from_static("anthropic-ratelimit-unified-7d-reset"),
+    HeaderName::from_static("anthropic-ratelimit-unified-7d-status"),
+    HeaderName::from_static("anthropic-ratelimit-unified-7d-surpassed-threshold"),
+];
+const SUFFIXES: [&str; 4] = ["utilization", "reset", "status", "surpassed-threshold"];
+
+/// `PREFIX<window>-<suffix>` for each of [`SUFFIXES`].
+fn window_names(window: &str) -> [Name; 4] {
+    let known = match window {
+        "5h" => Some(&FIVE_HOUR),
+        "7d" => Some(&SEVEN_DAY),
+        _ => None,
+    };
+    std::array::from_fn(|i| match known {
+        Some(names) => Name::Static(&names[i]),
+        None => Name::Made(format!("{PREFIX}{window}-{}", SUFFIXES[i])),
+    })
+}
+
+/// Sets header `name` to `value`, or takes it away (`None`).
+fn put(headers: &mut HeaderMap, name: Name, value: Option<String>) {
+    let name = match name {
+        Name::Static(n) => n.clone(),
+        Name::Made(n) => match HeaderName::try_from(n) {
+            Ok(n) => n,
+            Err(_) => return,
+        },
+    };
     match value.and_then(|v| HeaderValue::try_from(v).ok()) {
         Some(v) => drop(headers.insert(name, v)),
         None => drop(headers.remove(name)),
@@ -107,6 +171,21 @@ fn status(s: Status) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn window_header_names_are_the_prefix_the_window_and_the_suffix() {
+        for window in ["5h", "7d", "7d_opus", "7d_oauth_apps"] {
+            let names = window_names(window).map(|n| match n {
+                Name::Static(n) => n.as_str().to_string(),
+                Name::Made(n) => n,
+            });
+            let want = SUFFIXES.map(|s| format!("{PREFIX}{window}-{s}"));
+            assert_eq!(names, want);
+        }
+        for (name, suffix) in [(&STATUS, "status"), (&CLAIM, "representative-claim"), (&RESET, "reset")] {
+            assert_eq!(name.as_str(), format!("{PREFIX}{suffix}"));
+        }
+    }
 
     #[test]
     fn fractions_read_as_anthropic_writes_them() {

@@ -348,6 +348,37 @@ impl AccountState {
         }
     }
 
+    /// What [`snapshot`](Self::snapshot) says, for a request's ranking:
+    /// `f` gets the snapshot without its id, alias and windows, and the
+    /// windows as they are, under the lock. A ranking reads neither id nor
+    /// alias, and copying them and every window (with its name) cost a few
+    /// allocations per account per request (#30).
+    pub fn with_view<R>(
+        &self,
+        config: &AccountConfig,
+        now_ms: u64,
+        f: impl FnOnce(&AccountSnapshot, std::collections::btree_map::Values<'_, String, WindowReading>) -> R,
+    ) -> R {
+        let seat = self.seat();
+        let unusable = seat.as_ref().and_then(|s| s.unusable_until(now_ms));
+        let l = self.learned.lock();
+        let snapshot = AccountSnapshot {
+            id: String::new(),
+            alias: None,
+            primary: config.primary,
+            usable: None,
+            disabled: !config.enabled || seat.is_some_and(|s| s.needs_login()),
+            cooldown: with_seat(l.cooldown, unusable),
+            model_gates: l.model_gates.clone(),
+            in_flight: self.in_flight(),
+            max_in_flight: config.max_in_flight,
+            status: l.status,
+            resets_at_ms: l.reset_ms,
+            windows: Vec::new(),
+        };
+        f(&snapshot, l.windows.values())
+    }
+
     /// The cooldown in force at `now`, if any.
     pub fn cooldown(&self, now: u64) -> Option<Cooldown> {
         self.learned.lock().cooldown.filter(|c| c.until_ms > now)
@@ -370,7 +401,11 @@ impl AccountState {
                 tracing::warn!(organization = %org, "the account answers as another organization now; its old quota readings and cooldowns are dropped");
                 *l = Learned::default();
             }
-            l.organization_id = Some(org.clone());
+            // Every answer names it, and every seat of the organization
+            // merges it (`merge_shared`): copied only when it changes.
+            if l.organization_id.as_deref() != Some(org.as_str()) {
+                l.organization_id = Some(org.clone());
+            }
         }
         if r.is_empty() {
             return;
@@ -379,7 +414,12 @@ impl AccountState {
             return;
         }
         for w in &r.windows {
-            l.windows.insert(w.name.clone(), w.clone());
+            // A window read before is updated in place: its name (twice, as
+            // key and field) is not copied again for every answer (#30).
+            match l.windows.get_mut(&w.name) {
+                Some(known) => known.clone_from(w),
+                None => drop(l.windows.insert(w.name.clone(), w.clone())),
+            }
         }
         if let Some(s) = r.status {
             // A rejection attributed to one bucket is on that bucket's window;
@@ -387,11 +427,11 @@ impl AccountState {
             (l.status, l.reset_ms) = if account_wide { (s, r.reset_ms) } else { (Status::AllowedWarning, None) };
         }
         if r.representative_claim.is_some() {
-            l.representative_claim = r.representative_claim.clone();
+            l.representative_claim.clone_from(&r.representative_claim);
         }
         if r.overage_status.is_some() {
             l.overage_status = r.overage_status;
-            l.overage_disabled_reason = r.overage_disabled_reason.clone();
+            l.overage_disabled_reason.clone_from(&r.overage_disabled_reason);
         }
         l.last_reading_ms = Some(now);
     }

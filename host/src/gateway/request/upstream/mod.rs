@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::Result;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, header};
 use http_body_util::{BodyDataStream, BodyExt, Full};
 
@@ -100,8 +101,7 @@ impl Transport for Upstream {
         body: &Bytes,
         timeout: Duration,
     ) -> Result<UpstreamResponse, String> {
-        let path = uri.path_and_query().map_or("/", |p| p.as_str());
-        let uri: Uri = format!("{}{path}", target.prefix).parse().map_err(|e| format!("request error: {e}"))?;
+        let uri = target.uri(uri).map_err(|e| format!("request error: {e}"))?;
         let mut request = Request::new(Full::new(body.clone()));
         *request.method_mut() = method.clone();
         *request.uri_mut() = uri;
@@ -119,6 +119,10 @@ impl Transport for Upstream {
 pub struct Target {
     /// Scheme, authority and base path, without a trailing slash.
     prefix: String,
+    /// The prefix's scheme and authority when it is only those (no base
+    /// path): a request's URI is then built from them and the client's path
+    /// as it is, with no string joined and parsed per request.
+    origin: Option<(Scheme, Authority)>,
     kind: AccountKind,
     /// `x-api-key` or `authorization`, marked sensitive.
     credential: Auth,
@@ -154,13 +158,14 @@ impl Target {
         let mut value = HeaderValue::from_str(&value)
             .map_err(|_| anyhow::anyhow!("the credential holds characters a header cannot carry"))?;
         value.set_sensitive(true);
-        Ok(Target { prefix, kind, credential: Auth::Fixed(name, value), forward })
+        Ok(Target { origin: origin(&prefix), prefix, kind, credential: Auth::Fixed(name, value), forward })
     }
 
     /// The target of an OAuth seat: its bearer token is whatever the seat
     /// holds when a request is sent.
     pub fn seat(prefix: &str, seat: std::sync::Arc<crate::oauth::Seat>, forward: Arc<ForwardPolicy>) -> Target {
-        Target { prefix: prefix.to_string(), kind: AccountKind::Oauth, credential: Auth::Seat(seat), forward }
+        let (origin, prefix) = (origin(prefix), prefix.to_string());
+        Target { prefix, origin, kind: AccountKind::Oauth, credential: Auth::Seat(seat), forward }
     }
 
     /// The target of a fallback backend (an OpenAI-compatible API) at
@@ -177,7 +182,27 @@ impl Target {
             None => Auth::Nothing,
         };
         let forward = Arc::new(ForwardPolicy::default());
-        Ok(Target { prefix: prefix.to_string(), kind: AccountKind::ApiKey, credential, forward })
+        Ok(Target {
+            prefix: prefix.to_string(),
+            origin: origin(prefix),
+            kind: AccountKind::ApiKey,
+            credential,
+            forward,
+        })
+    }
+
+    /// The URI a client request for `client`'s path and query goes to: the
+    /// prefix joined with them.
+    pub fn uri(&self, client: &Uri) -> Result<Uri, http::Error> {
+        let path = client.path_and_query();
+        match &self.origin {
+            Some((scheme, authority)) => Ok(Uri::builder()
+                .scheme(scheme.clone())
+                .authority(authority.clone())
+                .path_and_query(path.cloned().unwrap_or_else(|| PathAndQuery::from_static("/")))
+                .build()?),
+            None => Ok(format!("{}{}", self.prefix, path.map_or("/", |p| p.as_str())).parse::<Uri>()?),
+        }
     }
 
     /// The seat, for an OAuth seat's target.
@@ -232,6 +257,14 @@ impl Target {
         }
         headers
     }
+}
+
+/// The scheme and authority of `prefix` when that is all it holds, written
+/// as they are written back (see [`Target::uri`]).
+fn origin(prefix: &str) -> Option<(Scheme, Authority)> {
+    let uri: Uri = prefix.parse().ok()?;
+    let (scheme, authority) = (uri.scheme()?.clone(), uri.authority()?.clone());
+    (format!("{scheme}://{authority}") == prefix).then_some((scheme, authority))
 }
 
 /// What failed, from the error's chain of causes.

@@ -138,3 +138,29 @@ fn a_credential_a_header_cannot_carry_is_refused_without_showing_it() {
     assert!(e.to_string().contains("header"), "{e}");
     assert!(!e.to_string().contains("bad\nkey"), "the credential is never in an error");
 }
+
+#[test]
+fn a_request_uri_is_the_prefix_joined_with_the_clients_path_and_query() {
+    let joined = |prefix: &str, path: &str| format!("{prefix}{path}").parse::<Uri>().unwrap();
+    let prefixes =
+        ["http://127.0.0.1:9", "https://api.example.test", "https://api.example.test/base", "http://h:80/a/b"];
+    let paths = ["/v1/messages", "/v1/models?limit=2&after_id=x", "/", "/v1/messages/count_tokens?beta=true"];
+    for prefix in prefixes {
+        let t = Target::backend(prefix, None).unwrap();
+        assert_eq!(t.origin.is_some(), !prefix.contains("/base") && !prefix.contains("/a/b"), "{prefix}");
+        for path in paths {
+            let client: Uri = path.parse().unwrap();
+            let uri = t.uri(&client).unwrap();
+            assert_eq!(uri, joined(prefix, path), "{prefix} + {path}");
+            assert_eq!(uri.to_string(), joined(prefix, path).to_string());
+        }
+        // A client URI in absolute form: only its path and query go along.
+        let absolute: Uri = "http://client.example/v1/messages?x=1".parse().unwrap();
+        assert_eq!(t.uri(&absolute).unwrap(), joined(prefix, "/v1/messages?x=1"));
+    }
+    // A prefix written otherwise than it reads back (a trailing slash) is
+    // joined as a string, as before.
+    let t = Target::backend("http://h:1/", None).unwrap();
+    assert!(t.origin.is_none());
+    assert_eq!(t.uri(&"/v1/messages".parse().unwrap()).unwrap(), joined("http://h:1/", "/v1/messages"));
+}
