@@ -34,6 +34,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::conn::head::Sniff;
 use super::conn::track::{AtEnd, Shared, Ticket};
 use super::conn::{self, Guard, Limits};
 use super::routes::{self, AppState, router};
@@ -347,12 +348,16 @@ impl Acceptor {
         let _ = tcp.set_nodelay(true);
         let slot = self.gateway.lifecycle.open_connection();
         let shared = Arc::new(Shared::default());
-        let io = Guard::new(tcp, shared.clone(), self.gateway.clone(), limits);
-        let service = service(self.gateway.clone(), self.app.clone(), shared.clone());
-        let builder = builder(&limits, closes_at == Stage::Draining);
-        let conn = builder.serve_connection(TokioIo::new(io), service).into_owned();
-        let stage = self.stage.subscribe();
-        tokio::spawn(drive(conn, shared, stage, closes_at, limits.header_timeout, slot));
+        let mut io = Guard::new(tcp, shared.clone(), self.gateway.clone(), limits);
+        let (gateway, app, mut stage) = (self.gateway.clone(), self.app.clone(), self.stage.subscribe());
+        tokio::spawn(async move {
+            // Dropped (with its slot) when it ends before its first byte.
+            let Some(opens) = first_bytes(&mut io, &mut stage).await else { return };
+            let service = service(gateway, app, shared.clone());
+            let builder = builder(&limits, closes_at == Stage::Draining, opens);
+            let conn = builder.serve_connection(TokioIo::new(io), service).into_owned();
+            drive(conn, shared, stage, closes_at, limits.header_timeout, slot).await;
+        });
     }
 
     /// A connection over the limit: answered (and closed) on a task of its
@@ -379,6 +384,16 @@ impl Acceptor {
                 drop(tcp);
             }
         }
+    }
+}
+
+/// Waits for a connection's first bytes (see [`Guard::poll_opens`]): what
+/// they open, or `None` when it ends first — or the listener closes while it
+/// is still silent.
+async fn first_bytes(io: &mut Guard, stage: &mut watch::Receiver<Stage>) -> Option<Sniff> {
+    tokio::select! {
+        opens = std::future::poll_fn(|cx| io.poll_opens(cx)) => opens,
+        _ = stage.wait_for(|s| *s >= Stage::Closed) => None,
     }
 }
 
@@ -520,11 +535,16 @@ fn service(
     })
 }
 
-/// The HTTP server for one connection. Its own head timer (hyper's) is a
-/// backstop behind the guard's: it runs from the start of a head read,
-/// kept-alive idleness included.
-fn builder(limits: &Limits, keep_alive: bool) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+/// The HTTP server for one connection, for the protocol its first bytes
+/// open (`opens`; undecided, the server tells from the bytes itself). Its own
+/// head timer (hyper's) is a backstop behind the guard's: it runs from the
+/// start of a head read, kept-alive idleness included.
+fn builder(limits: &Limits, keep_alive: bool, opens: Sniff) -> auto::Builder<TokioExecutor> {
+    let mut builder = match opens {
+        Sniff::Http1 => auto::Builder::new(TokioExecutor::new()).http1_only(),
+        Sniff::Http2 => auto::Builder::new(TokioExecutor::new()).http2_only(),
+        Sniff::Undecided => auto::Builder::new(TokioExecutor::new()),
+    };
     builder
         .http1()
         .max_headers(routes::MAX_HEADERS * 10)

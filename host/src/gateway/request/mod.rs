@@ -358,6 +358,9 @@ impl Exchange {
         }
         let account = self.generation.account(attempted.account).map(|a| a.config.id.clone());
         self.record.account.clone_from(&account);
+        // Room for this attempt alone: a first push would make room for
+        // four, held in the record for as long as the answer streams.
+        self.record.attempts.reserve_exact(1);
         self.record.attempts.push(Attempt {
             attempt: ranked.attempt,
             decision: ranked.decision,

@@ -150,6 +150,32 @@ impl Guard {
         }
     }
 
+    /// Waits for the connection's first bytes without taking them, and says
+    /// what they open: the server built for that protocol alone reads the
+    /// head whole in its first read. (hyper's own detection hands it the 24
+    /// bytes it sniffed first, and the rest of the head in a second read that
+    /// doubles its read buffer to 16 KiB, kept for the connection's life.)
+    /// [`Sniff::Undecided`]: a partial preface so far, for the server's own
+    /// detection to finish; `None`: the connection ended first — closed, or
+    /// silent past `server.header_timeout_ms` (counted idle, as ever).
+    pub fn poll_opens(&mut self, cx: &mut Context<'_>) -> Poll<Option<Sniff>> {
+        let Some(io) = self.io.as_ref() else { return Poll::Ready(None) };
+        let mut first = [0u8; head::H2_PREFACE.len()];
+        let mut buf = ReadBuf::new(&mut first);
+        match io.poll_peek(cx, &mut buf) {
+            Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(None),
+            Poll::Ready(Ok(n)) => return Poll::Ready(Some(Sniffer::default().feed(&first[..n]))),
+            Poll::Pending => {}
+        }
+        match self.poll_deadline(cx) {
+            None => Poll::Pending,
+            Some(expired) => {
+                self.act(expired);
+                Poll::Ready(None)
+            }
+        }
+    }
+
     /// Follows the requests the server started and ended since the last read.
     fn sync(&mut self) {
         let r = self.shared.requests();
