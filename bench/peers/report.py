@@ -1,0 +1,175 @@
+"""The comparison as a markdown table and three SVG plots, from one run's results.
+
+Every figure is put next to the direct path (the client on the mock) and next
+to HAProxy measured in the same run: absolute times on this machine move with
+its load, ratios within one interleaved run hold much better.
+"""
+
+import os
+
+
+def fmt(x, digits=0):
+    if x is None:
+        return "—"
+    if x != x:
+        return "failed"
+    if digits == 0:
+        return f"{x:,.0f}"
+    return f"{x:,.{digits}f}"
+
+
+def ratio(a, b):
+    if a is None or b is None or b <= 0:
+        return "—"
+    return f"{a / b:.2f}×" if a / b < 10 else f"{a / b:.0f}×"
+
+
+def rows(result, kind):
+    fig = result["figures"]
+    d = fig.get("direct", {}).get(kind)
+    h = fig.get("haproxy", {}).get(kind)
+    h_add50 = h["c1"]["p50_us"] - d["c1"]["p50_us"] if h else None
+    h_add99 = h["c1"]["p99_us"] - d["c1"]["p99_us"] if h else None
+    out = []
+    for name, kinds in fig.items():
+        if kind not in kinds:
+            why = result["failed"].get(name, {}).get(kind, "not measured")
+            out.append(f"| {name} | FAILED: {str(why)[:160]} |" + " |" * 11)
+            continue
+        f = kinds[kind]
+        c1, c32 = f["c1"], f["c32"]
+        add50 = c1["p50_us"] - d["c1"]["p50_us"] if name != "direct" else None
+        add99 = c1["p99_us"] - d["c1"]["p99_us"] if name != "direct" else None
+        cpu = c32["cpu_us_per_req"]
+        hcpu = h["c32"]["cpu_us_per_req"] if h else None
+        errors = c1["errors"] + c32["errors"]
+        served = c1["requests"] + c32["requests"]
+        out.append(
+            "| "
+            + " | ".join(
+                [
+                    f"**{name}**" if name == "poolgate" else name,
+                    fmt(c1["p50_us"]),
+                    fmt(c1["p99_us"]),
+                    fmt(add50),
+                    fmt(add99),
+                    ratio(add50, h_add50) if name not in ("direct", "haproxy") else "—",
+                    fmt(c32["rps"]),
+                    ratio(c32["rps"], d["c32"]["rps"]),
+                    ratio(c32["rps"], h["c32"]["rps"]) if h else "—",
+                    fmt(cpu) if name != "direct" else f"({fmt(cpu)} mock)",
+                    ratio(cpu, hcpu) if name != "direct" else "—",
+                    fmt(c1["cpu_us_per_req"]) if name != "direct" else "—",
+                    f"{errors} / {served:,}",
+                ]
+            )
+            + " |"
+        )
+    return out, (h_add50, h_add99)
+
+
+HEAD = (
+    "| target | p50 c=1 µs | p99 c=1 µs | added p50 µs | added p99 µs | added p50 × HAProxy's "
+    "| req/s c=32 | × direct | × HAProxy | CPU µs/req c=32 | × HAProxy | CPU µs/req c=1 | errors / requests |\n"
+    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+)
+
+
+def markdown(result):
+    v = result["versions"]
+    lines = [
+        "## poolgate and its peers on one mock upstream",
+        "",
+        "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + ".",
+        f"{result['rounds']} interleaved rounds of {result['seconds']:g} s per phase (median of rounds); "
+        f"LiteLLM with {result['litellm_workers']} worker(s). Load average at each round's start: "
+        + "; ".join(" ".join(x) for x in result["loadavg_per_round"][:-1])
+        + f" (at the end: {' '.join(result['loadavg_per_round'][-1])}).",
+        "",
+        "Added latency is the target's minus the direct path's; it includes all the gateway's JSON "
+        "work (body parsing, translation, routing). CPU is the gateway's whole process tree "
+        "(utime+stime from /proc, all workers and threads) over the c=32 phase, per request served.",
+        "",
+    ]
+    for kind, title in (("json", "JSON answer"), ("stream", "Streamed answer (SSE)")):
+        body, _ = rows(result, kind)
+        lines += [f"### {title}", "", HEAD, *body, ""]
+    if result["failed"]:
+        lines += ["### Answers that failed the check (that body kind not measured for that target)", ""]
+        for name, problems in result["failed"].items():
+            for kind, problem in problems.items():
+                lines.append(f"- **{name}**, {kind}: {problem}")
+        lines.append("")
+    stages = result.get("poolgate_stages")
+    if stages:
+        lines += [
+            "### poolgate's chain, per stage (from its /metrics, mean over every ranking of the run)",
+            "",
+            "| stage | rankings | mean µs |",
+            "|---|--:|--:|",
+        ]
+        for name, s in sorted(stages.items(), key=lambda kv: kv[0] == "(whole chain)"):
+            lines.append(f"| {name} | {s['count']:,.0f} | {s['mean_us']:.1f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plots(result, out):
+    """Three SVGs: CPU per request, added latency at c=1, throughput at c=32."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plots")
+        return
+    fig = result["figures"]
+    names = [n for n in fig if n != "direct"]
+
+    def val(n, k, c, key):
+        return fig[n][k][c][key] if k in fig[n] else float("nan")
+
+    kinds = (("json", "JSON"), ("stream", "stream (SSE)"))
+    meta = f"{result['rounds']} rounds × {result['seconds']:g} s, loadavg {' '.join(result['loadavg_per_round'][0])}"
+
+    def bars(ax, series, ylabel, title):
+        width = 0.8 / len(series)
+        for i, (label, vals) in enumerate(series):
+            xs = [x + (i - (len(series) - 1) / 2) * width for x in range(len(names))]
+            rects = ax.bar(xs, vals, width, label=label)
+            ax.bar_label(rects, labels=[fmt(v) for v in vals], fontsize=7, rotation=90, padding=2)
+        ax.set_xticks(range(len(names)), names)
+        ax.set_yscale("log")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+        ax.margins(y=0.3)
+
+    def save(f, name):
+        f.text(0.99, 0.01, meta, ha="right", fontsize=6, color="gray")
+        f.tight_layout()
+        f.savefig(os.path.join(out, name))
+        plt.close(f)
+
+    f, ax = plt.subplots(figsize=(7, 4))
+    cpu = [(label, [val(n, k, "c32", "cpu_us_per_req") for n in names]) for k, label in kinds]
+    bars(ax, cpu, "µs of CPU per request (log)", "Gateway CPU per request at c=32 (whole process tree)")
+    save(f, "peers-cpu.svg")
+
+    f, ax = plt.subplots(figsize=(7, 4))
+    d = fig["direct"]
+    lat = []
+    for k, label in kinds:
+        for q in ("p50", "p99"):
+            lat.append(
+                (f"{label} {q}", [max(val(n, k, "c1", f"{q}_us") - d[k]["c1"][f"{q}_us"], 1) for n in names])
+            )
+    bars(ax, lat, "µs added over direct (log)", "Latency added at c=1 (target minus direct)")
+    save(f, "peers-latency.svg")
+
+    f, ax = plt.subplots(figsize=(7, 4))
+    names = list(fig)
+    thr = [(label, [val(n, k, "c32", "rps") for n in names]) for k, label in kinds]
+    bars(ax, thr, "requests/s (log)", "Throughput at c=32 (2 shared cores, wrk on the same machine)")
+    save(f, "peers-throughput.svg")
