@@ -130,6 +130,10 @@ def scrape_stages(url):
     for kind, field, stage, value in pat.findall(text):
         name = stage if kind == "stage" else "(whole chain)"
         out.setdefault(name, {})[field] = float(value)
+    buckets = re.compile(r'^poolgate_(stage|chain)_duration_seconds_bucket\{le="([^"]+)"(?:,stage="([^"]+)")?\} (\S+)$', re.M)
+    for kind, le, stage, value in buckets.findall(text):
+        name = stage if kind == "stage" else "(whole chain)"
+        out.setdefault(name, {}).setdefault("buckets", {})[float(le)] = float(value)
     return out
 
 
@@ -140,5 +144,8 @@ def stage_means(before, after):
         b = before.get(name, {})
         n = a.get("count", 0) - b.get("count", 0)
         if n > 0:
-            means[name] = {"count": n, "mean_us": (a.get("sum", 0) - b.get("sum", 0)) / n * 1e6}
+            bb = b.get("buckets", {})
+            cum = sorted((le, v - bb.get(le, 0.0)) for le, v in a.get("buckets", {}).items())
+            p50 = next((le * 1e6 for le, v in cum if v >= n / 2), None)
+            means[name] = {"count": n, "mean_us": (a.get("sum", 0) - b.get("sum", 0)) / n * 1e6, "p50_le_us": p50}
     return means
