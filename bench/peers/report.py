@@ -123,6 +123,8 @@ def plots(result, out):
         import matplotlib
 
         matplotlib.use("Agg")
+        # Text as text and no date or random ids: small SVGs that diff.
+        matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "poolgate-peers"})
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib missing: no plots")
@@ -156,7 +158,7 @@ def plots(result, out):
     def save(f, name):
         f.text(0.99, 0.01, meta, ha="right", fontsize=6, color="gray")
         f.tight_layout()
-        f.savefig(os.path.join(out, name))
+        f.savefig(os.path.join(out, name), metadata={"Date": None})
         plt.close(f)
 
     f, ax = plt.subplots(figsize=(7, 4))
