@@ -24,9 +24,12 @@ import targets
 ALL = ["direct", "haproxy", "poolgate", "litellm", "portkey"]
 
 
+SESSION = "7f9c1a52-3b1e-4c1a-9d3e-5a8b2c7d9e01"
+
+
 def claude_code_request(stream):
     """The body and headers Claude Code sends (as `bench/loadgen` sends them)."""
-    session = "7f9c1a52-3b1e-4c1a-9d3e-5a8b2c7d9e01"
+    session = SESSION
     user_id = json.dumps(
         {"device_id": "0123456789abcdef" * 4, "account_uuid": "", "session_id": session}, separators=(",", ":")
     )
@@ -162,6 +165,7 @@ def main():
     up = targets.mock(args.bin, work)
     tgts = {"direct": up}
     failed = {}
+    spreads = {}
     try:
         try:
             start(names, args, work, tgts)
@@ -171,6 +175,9 @@ def main():
         body_stream, _ = claude_code_request(True)
         for name, t in tgts.items():
             problems = targets.check(t, headers, body_json, body_stream)
+            spreads[name] = targets.spread(t, headers, body_json, SESSION)
+            if spreads[name]:
+                print(f"{name} spread 24 requests of 24 sessions over: {spreads[name]}", file=sys.stderr)
             for kind, problem in problems.items():
                 failed.setdefault(name, {})[kind] = problem
                 print(f"{name} {kind} FAILED the answer check: {problem}", file=sys.stderr)
@@ -186,6 +193,7 @@ def main():
             "loadavg_per_round": loads,
             "wall_s": time.time() - t0,
             "failed": failed,
+            "spread": spreads,
             "figures": summarize(runs),
             "poolgate_stages": stages,
         }

@@ -100,6 +100,13 @@ def markdown(result):
             for kind, problem in problems.items():
                 lines.append(f"- **{name}**, {kind}: {problem}")
         lines.append("")
+    spreads = {k: v for k, v in result.get("spread", {}).items() if v}
+    if spreads:
+        lines += ["### Keys chosen (24 JSON requests of 24 sessions before the rounds, by each gateway's own header; "
+            "the measured load is one session, which poolgate keeps on one account)", ""]
+        for name, counts in spreads.items():
+            lines.append(f"- {name}: {len(counts)} distinct — " + ", ".join(f"{k}: {n}" for k, n in counts.items()))
+        lines.append("")
     stages = result.get("poolgate_stages")
     if stages:
         lines += [

@@ -186,6 +186,39 @@ def portkey(prefix, upstream, work):
     return Target("portkey", f"http://127.0.0.1:{port}", proc, headers=headers, client_key="peers-client", log=log)
 
 
+# The response header in which each gateway names the key (deployment, target,
+# account) it chose: how the run sees that it spreads requests over the 8 keys.
+CHOICE_HEADER = {
+    "poolgate": "x-poolgate-account",
+    "litellm": "x-litellm-model-id",
+    "portkey": "x-portkey-last-used-option-index",
+}
+
+
+def spread(target, request_headers, body_json, session, n=24):
+    """How many of `n` JSON requests, each of its own session, went to each key,
+    by the gateway's own header. (One session stays on one account in poolgate,
+    for the prompt cache: the measured load, one session, uses one account.)"""
+    name = CHOICE_HEADER.get(target.name)
+    if not name:
+        return None
+    counts = {}
+    for i in range(n):
+        own = f"{session[:-4]}{i:04d}"
+        headers = {k: v.replace(session, own) for k, v in dict(request_headers, **target.headers).items()}
+        headers["x-api-key"] = target.client_key
+        body = body_json.replace(session, own).encode()
+        req = urllib.request.Request(f"{target.url}/v1/messages", data=body, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                r.read()
+                key = r.headers.get(name, "(none)")
+        except OSError as e:
+            key = f"error: {e}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def check(target, request_headers, body_json, body_stream):
     """One JSON and one streamed request through `target`: the problems of each body kind, if any."""
     problems = {}
