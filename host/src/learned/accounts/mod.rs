@@ -18,11 +18,11 @@ use serde::Serialize;
 
 use super::cooldown::{self, Answer, CooldownConfig, Plan, Streaks};
 use super::quota::QuotaReading;
-use crate::account::{AccountSnapshot, Cooldown, CooldownReason, ModelGate, Status, WindowReading};
-use crate::config::AccountConfig;
+use crate::account::{Cooldown, CooldownReason, ModelGate, Status, WindowReading};
 use crate::oauth::Seat;
 
 mod status;
+mod view;
 pub use status::{AccountStatus, CooldownStatus, mark_shared_subscriptions};
 
 /// Learned state of one account.
@@ -325,58 +325,6 @@ impl AccountState {
     /// Gives a slot back.
     pub fn give_back(&self) {
         let _ = self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
-    }
-
-    /// The chain's view of the account at `now_ms`.
-    pub fn snapshot(&self, config: &AccountConfig, now_ms: u64) -> AccountSnapshot {
-        let seat = self.seat();
-        let unusable = seat.as_ref().and_then(|s| s.unusable_until(now_ms));
-        let l = self.learned.lock();
-        AccountSnapshot {
-            id: self.id.clone(),
-            alias: config.alias.clone(),
-            primary: config.primary,
-            usable: None,
-            disabled: !config.enabled || seat.is_some_and(|s| s.needs_login()),
-            cooldown: with_seat(l.cooldown, unusable),
-            model_gates: l.model_gates.clone(),
-            in_flight: self.in_flight(),
-            max_in_flight: config.max_in_flight,
-            status: l.status,
-            resets_at_ms: l.reset_ms,
-            windows: l.windows.values().cloned().collect(),
-        }
-    }
-
-    /// What [`snapshot`](Self::snapshot) says, for a request's ranking:
-    /// `f` gets the snapshot without its id, alias and windows, and the
-    /// windows as they are, under the lock. A ranking reads neither id nor
-    /// alias, and copying them and every window (with its name) cost a few
-    /// allocations per account per request (#30).
-    pub fn with_view<R>(
-        &self,
-        config: &AccountConfig,
-        now_ms: u64,
-        f: impl FnOnce(&AccountSnapshot, std::collections::btree_map::Values<'_, String, WindowReading>) -> R,
-    ) -> R {
-        let seat = self.seat();
-        let unusable = seat.as_ref().and_then(|s| s.unusable_until(now_ms));
-        let l = self.learned.lock();
-        let snapshot = AccountSnapshot {
-            id: String::new(),
-            alias: None,
-            primary: config.primary,
-            usable: None,
-            disabled: !config.enabled || seat.is_some_and(|s| s.needs_login()),
-            cooldown: with_seat(l.cooldown, unusable),
-            model_gates: l.model_gates.clone(),
-            in_flight: self.in_flight(),
-            max_in_flight: config.max_in_flight,
-            status: l.status,
-            resets_at_ms: l.reset_ms,
-            windows: Vec::new(),
-        };
-        f(&snapshot, l.windows.values())
     }
 
     /// The cooldown in force at `now`, if any.

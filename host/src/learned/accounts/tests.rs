@@ -1,5 +1,6 @@
 use super::*;
 use crate::account::WindowReading;
+use crate::config::AccountConfig;
 
 const NOW: u64 = 1_760_000_000_000;
 
