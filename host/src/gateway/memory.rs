@@ -5,8 +5,9 @@
 //! 10,000 streams closed the gateway still held their ~500 MiB, and grew
 //! round after round of them (the soak in docs/reliability.md). `malloc_trim`
 //! hands every arena's free pages back to the system (`madvise`), so once the
-//! open client connections have fallen to half their height, the gateway
-//! trims — and once more after the upstream connections those streams used
+//! open client connections and requests in flight (an HTTP/2 client carries
+//! a hundred streams on one connection) have fallen to half their height,
+//! the gateway trims — and once more after the upstream connections those streams used
 //! have outlived their idle timeout and closed too. A trim walks the arenas'
 //! free lists (milliseconds, under each arena's lock), so it runs only after
 //! such a drop, at most every 10 s, on a blocking thread.
@@ -61,7 +62,11 @@ pub fn spawn(gateway: &Arc<Gateway>) {
         loop {
             tick.tick().await;
             let Some(gw) = gw.upgrade() else { return };
-            if trimmer.observe(gw.lifecycle.connections(), gw.clock.now_ms()) {
+            // Streams count with connections: 1,000 streams over ten HTTP/2
+            // connections closing is a drop of ten connections, which alone
+            // never reached `MIN_DROP` (#30: 63 MiB kept after them).
+            let streams: usize = gw.generation().accounts.iter().map(|a| a.state.in_flight() as usize).sum();
+            if trimmer.observe(gw.lifecycle.connections() + streams, gw.clock.now_ms()) {
                 drop(gw);
                 let _ = tokio::task::spawn_blocking(trim).await;
             }
