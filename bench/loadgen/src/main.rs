@@ -15,7 +15,7 @@
 //! - memory ([`memory`]): RSS per open stream at 1,000 and 10,000 streams,
 //!   idle, at the height and after they close.
 //!
-//! Every hop is its own process; CPU is utime+stime from /proc/<pid>/stat over
+//! Every hop is its own process; CPU is utime+stime from `/proc/<pid>/stat` over
 //! a phase divided by the requests of the phase, the fairest figure on 2 shared
 //! cores where the load generator, the mock and the hop compete for the CPUs.
 

@@ -20,14 +20,14 @@ pub fn cpu_seconds(pid: u32) -> Result<f64> {
     Ok(ticks / 100.0)
 }
 
-/// A field of /proc/<pid>/status, in KiB.
+/// A field of `/proc/<pid>/status`, in KiB.
 pub fn status_kib(pid: u32, field: &str) -> Result<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let line = s.lines().find(|l| l.starts_with(field)).context("status field")?;
     Ok(line.split_whitespace().nth(1).context("value")?.parse()?)
 }
 
-/// Read and write system calls `pid` has made (`syscr`, `syscw` of /proc/<pid>/io):
+/// Read and write system calls `pid` has made (`syscr`, `syscw` of `/proc/<pid>/io`):
 /// reads include recv, writes include writev and sendmsg.
 pub fn syscalls(pid: u32) -> Result<(u64, u64)> {
     let io = std::fs::read_to_string(format!("/proc/{pid}/io"))?;
