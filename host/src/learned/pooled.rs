@@ -25,11 +25,11 @@
 //! The top-level `status` follows the same rule over the accounts' top-level
 //! statuses; `representative-claim` names the window with the highest
 //! pooled utilization and `reset` is that window's. Plain data, a pure
-//! function of the snapshots and the time.
+//! function of the accounts' readings ([`pooled_seats`]) and the time.
 
 use std::borrow::Cow;
 
-use crate::account::{AccountSnapshot, Status, WindowReading};
+use crate::account::{Status, WindowReading};
 
 /// One window of the pool.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,20 +96,6 @@ fn least_severe(statuses: impl Iterator<Item = Status>) -> Option<Status> {
     statuses.filter(|s| *s != Status::Unknown).min_by_key(|s| rank(*s))
 }
 
-/// The pool's unified quota at `now_ms`, from the accounts' snapshots;
-/// `None` when no serving account has read a subscription window or a
-/// unified status (an API-key pool: nothing to pool).
-pub fn pooled(accounts: &[AccountSnapshot], now_ms: u64) -> Option<PooledQuota> {
-    let mut seats = Vec::with_capacity(accounts.len());
-    let mut windows = Vec::new();
-    for a in accounts {
-        seats.push(Seat { disabled: a.disabled, status: a.status, resets_at_ms: a.resets_at_ms });
-        let seat = seats.len() - 1;
-        windows.extend(a.windows.iter().filter_map(|w| SeatWindow::of(seat, w, Cow::Borrowed(w.name.as_str()))));
-    }
-    pooled_seats(&seats, &windows, now_ms)
-}
-
 /// What pooling reads of one account besides its windows.
 #[derive(Debug, Clone, Copy)]
 pub struct Seat {
@@ -144,10 +130,11 @@ impl<'a> SeatWindow<'a> {
     }
 }
 
-/// [`pooled`], from each account's top-level reading (`seats`, in pool
-/// order) and its pooled windows (`windows`, each account's in its order):
-/// what the gateway pools for every answer, read under each account's lock
-/// in turn without copying a snapshot of it (#30).
+/// The pool's unified quota at `now_ms`, from each account's top-level
+/// reading (`seats`, in pool order) and its pooled windows (`windows`, each
+/// account's in its order), read under each account's lock in turn without
+/// copying a snapshot of it (#30); `None` when no serving account has read a
+/// subscription window or a unified status (an API-key pool: nothing to pool).
 pub fn pooled_seats(seats: &[Seat], windows: &[SeatWindow<'_>], now_ms: u64) -> Option<PooledQuota> {
     let has_window = |seat: usize| windows.iter().any(|w| w.seat == seat);
     let serving: Vec<usize> = (0..seats.len())
@@ -192,7 +179,19 @@ pub fn pooled_seats(seats: &[Seat], windows: &[SeatWindow<'_>], now_ms: u64) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::account::WindowReading;
+    use crate::account::AccountSnapshot;
+
+    /// [`pooled_seats`] of whole snapshots, as the tests write them.
+    fn pooled(accounts: &[AccountSnapshot], now_ms: u64) -> Option<PooledQuota> {
+        let mut seats = Vec::with_capacity(accounts.len());
+        let mut windows = Vec::new();
+        for a in accounts {
+            seats.push(Seat { disabled: a.disabled, status: a.status, resets_at_ms: a.resets_at_ms });
+            let seat = seats.len() - 1;
+            windows.extend(a.windows.iter().filter_map(|w| SeatWindow::of(seat, w, Cow::Borrowed(w.name.as_str()))));
+        }
+        pooled_seats(&seats, &windows, now_ms)
+    }
 
     const NOW: u64 = 1_800_000_000_000;
 
